@@ -1,0 +1,74 @@
+"""bnnsfw: Apple's Accelerate BNNS layers (LSTM, normalization) in NumPy and SciPy.
+
+Layers are created from frozen parameter objects, run forward and backward on a pluggable
+compute backend, and follow BNNS semantics so results can be compared with BNNS itself.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+from .activation import Activation
+from .backends import (
+    Backend,
+    available_backends,
+    current_backend,
+    get_backend,
+    register_backend,
+    use_backend,
+)
+from .enums import (
+    ActivationFunction,
+    DataLayout,
+    DataType,
+    FilterType,
+    LayerFlags,
+    LearningPhase,
+    NDArrayFlags,
+)
+from .errors import (
+    BNNSError,
+    DTypeError,
+    FilterClosedError,
+    InvalidParameterError,
+    ShapeError,
+    UnknownBackendError,
+    UnknownNameError,
+)
+from .filter import Filter, FilterParameters
+
+try:
+    __version__ = _metadata.version("bnnsfw")
+except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "__version__",
+    # parameters and values
+    "Activation",
+    "ActivationFunction",
+    "DataLayout",
+    "DataType",
+    "FilterType",
+    "LayerFlags",
+    "LearningPhase",
+    "NDArrayFlags",
+    "FilterParameters",
+    # layers
+    "Filter",
+    # backends
+    "Backend",
+    "available_backends",
+    "current_backend",
+    "get_backend",
+    "register_backend",
+    "use_backend",
+    # errors
+    "BNNSError",
+    "DTypeError",
+    "FilterClosedError",
+    "InvalidParameterError",
+    "ShapeError",
+    "UnknownBackendError",
+    "UnknownNameError",
+]

@@ -1,0 +1,149 @@
+"""Compute backends: a registry by name and a context manager that switches the default.
+
+Layers take their backend when they are created: ``FilterParameters(backend=...)`` names one
+(or hands over a backend object); otherwise the current default is used, which
+:func:`use_backend` changes inside a ``with`` block. Third-party packages register factories
+under the entry-point group ``bnnsfw.backends`` or call :func:`register_backend`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+from importlib import metadata
+from typing import Callable, Iterator, Union
+
+from ..errors import InvalidParameterError, UnknownBackendError, must_be
+from .base import Backend
+from .numpy import NumpyBackend
+
+__all__ = [
+    "Backend",
+    "NumpyBackend",
+    "ENTRY_POINT_GROUP",
+    "register_backend",
+    "get_backend",
+    "available_backends",
+    "use_backend",
+    "current_backend",
+]
+
+ENTRY_POINT_GROUP = "bnnsfw.backends"
+_log = logging.getLogger("bnnsfw")
+
+BackendSpec = Union[str, Backend]
+
+_lock = threading.RLock()
+_factories: dict[str, Callable[[], Backend]] = {}
+_instances: dict[str, Backend] = {}
+_entry_points_loaded = False
+_default: contextvars.ContextVar[BackendSpec] = contextvars.ContextVar("bnnsfw_backend", default="auto")
+
+
+def _scipy_blas() -> Backend:
+    from .scipy_blas import ScipyBlasBackend
+
+    return ScipyBlasBackend()
+
+
+def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool = False) -> None:
+    """Register ``factory`` (a class or a zero-argument callable) under ``name``.
+
+    Raises :class:`~bnnsfw.InvalidParameterError` when the name is taken (unless
+    ``replace=True``) or is ``"auto"``.
+    """
+    if not isinstance(name, str) or not name or name == "auto":
+        raise InvalidParameterError(must_be("register_backend(name)", "a non-empty string other than 'auto'", name))
+    if not callable(factory):
+        raise InvalidParameterError(must_be("register_backend(factory)", "callable", factory))
+    with _lock:
+        if name in _factories and not replace:
+            raise InvalidParameterError(
+                must_be("register_backend(name)", "not yet registered (pass replace=True to override)", name)
+            )
+        _factories[name] = factory
+        _instances.pop(name, None)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    with _lock:
+        if _entry_points_loaded:
+            return
+        _entry_points_loaded = True
+        for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if entry.name in _factories:
+                continue
+            try:
+                _factories[entry.name] = entry.load()
+            except Exception as exc:  # a broken plug-in must not break bnnsfw
+                _log.warning("backend entry point %r could not be loaded: %s", entry.name, exc)
+
+
+def available_backends() -> list[str]:
+    """Names of every registered backend (built-in, registered, and entry points)."""
+    _load_entry_points()
+    with _lock:
+        return sorted(_factories)
+
+
+def _auto() -> str:
+    try:
+        import scipy.linalg.blas  # noqa: F401
+    except ImportError:  # pragma: no cover - SciPy is a dependency
+        return "numpy"
+    return "scipy-blas"
+
+
+def get_backend(spec: BackendSpec | None = None) -> Backend:
+    """The backend for ``spec``: a registered name, ``"auto"``, a backend object, or
+    ``None`` for the current default (see :func:`use_backend`)."""
+    if spec is None:
+        spec = _default.get()
+    if not isinstance(spec, str):
+        if isinstance(spec, Backend):
+            return spec
+        raise InvalidParameterError(
+            must_be("backend", "a registered name or an object with a gemm method and a name", spec)
+        )
+    name = _auto() if spec == "auto" else spec
+    with _lock:
+        if name not in _factories:
+            _load_entry_points()
+        if name not in _factories:
+            names = ", ".join(["auto", *sorted(_factories)])
+            raise UnknownBackendError(must_be("backend", f"one of {names}", spec))
+        if name not in _instances:
+            _instances[name] = _factories[name]()
+        return _instances[name]
+
+
+def current_backend() -> Backend:
+    """The backend new layers get when they do not name one."""
+    return get_backend(None)
+
+
+@contextlib.contextmanager
+def use_backend(spec: BackendSpec) -> Iterator[Backend]:
+    """Within the block, layers created without a backend use ``spec``.
+
+    The default lives in a :class:`contextvars.ContextVar`, so blocks nest and threads or
+    asyncio tasks do not see each other's choice. The name is checked on entry.
+
+    >>> from bnnsfw.backends import use_backend, current_backend
+    >>> with use_backend("numpy"):
+    ...     current_backend().name
+    'numpy'
+    """
+    backend = get_backend(spec)
+    token = _default.set(spec)
+    try:
+        yield backend
+    finally:
+        _default.reset(token)
+
+
+register_backend("numpy", NumpyBackend)
+register_backend("scipy-blas", _scipy_blas)

@@ -1,0 +1,80 @@
+"""The ``bnnsfw`` command line.
+
+``bnnsfw`` alone prints the version, the backends and a one-line health check; the
+subcommands run the main jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["main"]
+
+
+def _health() -> tuple[bool, str]:
+    """Run one small product on every backend and compare it with ``numpy.matmul``."""
+    from . import backends
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((7, 5)), rng.standard_normal((5, 3))
+    expected = a @ b
+    failures = []
+    names = backends.available_backends()
+    for name in names:
+        try:
+            got = backends.get_backend(name).gemm(a, b)
+            if not np.allclose(got, expected, rtol=1e-12, atol=1e-12):
+                failures.append(f"{name}: wrong product")
+        except Exception as exc:  # report, do not crash the health check
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+    if failures:
+        return False, "health: FAILED (" + "; ".join(failures) + ")"
+    return True, f"health: ok (a matrix product agrees with NumPy on {', '.join(names)})"
+
+
+def _info() -> int:
+    import bnnsfw
+
+    from . import backends
+
+    print(f"bnnsfw {bnnsfw.__version__} (numpy {np.__version__})")
+    auto = backends.get_backend("auto").name
+    print(f"backends: {', '.join(backends.available_backends())} (auto -> {auto})")
+    ok, line = _health()
+    print(line)
+    print("commands: bnnsfw demo | bnnsfw bench | bnnsfw deprecations  (bnnsfw COMMAND --help)")
+    return 0 if ok else 1
+
+
+def _not_built(what: str) -> int:
+    print(f"bnnsfw {what}: not built yet in this version of bnnsfw.")
+    print("Run `bnnsfw` for the version, the backends and a health check.")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``bnnsfw`` console script; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="bnnsfw", description="BNNS layers (LSTM, normalization) in NumPy and SciPy."
+    )
+    parser.add_argument("command", nargs="?", choices=["demo", "bench", "deprecations"],
+                        help="what to run; without one, print version, backends and a health check")
+    if not args:
+        return _info()
+    if args[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    command, rest = args[0], args[1:]
+    if command == "deprecations":
+        from .deprecation import main as deprecations_main
+
+        return deprecations_main(rest)
+    if command in ("demo", "bench"):
+        return _not_built(command)
+    parser.parse_args(args)  # reports the unknown command and exits with status 2
+    return 2

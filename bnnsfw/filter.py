@@ -1,0 +1,163 @@
+"""The lifecycle shared by every layer, and the options every layer takes.
+
+A layer is created from a parameter object and an optional :class:`FilterParameters`, used
+any number of times, then closed. ``close()`` is idempotent; any use after it raises
+:class:`~bnnsfw.FilterClosedError`. Layers are context managers and release their buffers
+when garbage-collected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+import attrs
+
+from . import backends
+from .backends import Backend, BackendSpec
+from .errors import FilterClosedError, InvalidParameterError, must_be
+
+__all__ = ["FilterParameters", "Filter"]
+
+
+def _check_backend(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if isinstance(value, str):
+        return
+    if not isinstance(value, Backend):
+        raise InvalidParameterError(
+            must_be("FilterParameters.backend", "a backend name or an object with name and gemm", value)
+        )
+
+
+def _check_threads(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidParameterError(must_be("FilterParameters.n_threads", "an integer >= 0 (0: library default)", value))
+
+
+def _check_bool(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidParameterError(must_be(f"FilterParameters.{attribute.name}", "True or False", value))
+
+
+@attrs.frozen(kw_only=True)
+class FilterParameters:
+    """Options of a layer that are not part of its math (``BNNSFilterParameters``).
+
+    Parameters
+    ----------
+    backend : str or Backend
+        A registered backend name, ``"auto"`` (SciPy BLAS when available), or a backend
+        object. ``None`` means the current default (see :func:`bnnsfw.use_backend`).
+    n_threads : int
+        BLAS threads while this layer runs; 0 leaves the library default.
+    use_client_pointer : bool
+        Keep references to the caller's weight arrays instead of copying them
+        (``BNNSFlagsUseClientPtr``): in-place updates to them are seen by the next call.
+    """
+
+    backend: BackendSpec | None = attrs.field(default=None, validator=attrs.validators.optional(_check_backend))
+    n_threads: int = attrs.field(default=0, validator=_check_threads)
+    use_client_pointer: bool = attrs.field(default=False, validator=_check_bool)
+
+
+_thread_controller: Any = None
+_thread_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _blas_threads(n_threads: int) -> Iterator[None]:
+    """Limit BLAS threads to ``n_threads`` inside the block (no-op for 0)."""
+    global _thread_controller
+    if n_threads <= 0:
+        yield
+        return
+    with _thread_lock:
+        if _thread_controller is None:
+            from threadpoolctl import ThreadpoolController
+
+            _thread_controller = ThreadpoolController()
+    with _thread_controller.limit(limits=n_threads, user_api="blas"):
+        yield
+
+
+class Filter:
+    """Base class of every layer: backend, thread limit, lifecycle and ``repr``.
+
+    Subclasses call ``super().__init__(filter_parameters)``, guard each public method with
+    ``self._check_open("method")``, release their arrays in :meth:`_release`, and describe
+    themselves in :meth:`_describe`.
+    """
+
+    def __init__(self, filter_parameters: FilterParameters | None = None) -> None:
+        if filter_parameters is None:
+            filter_parameters = FilterParameters()
+        if not isinstance(filter_parameters, FilterParameters):
+            raise InvalidParameterError(
+                must_be(f"{type(self).__name__}(filter_parameters)", "a FilterParameters or None", filter_parameters)
+            )
+        self._closed = True  # until the backend resolves, so __del__ has nothing to do
+        self._filter_parameters = filter_parameters
+        self._backend: Backend = backends.get_backend(filter_parameters.backend)
+        self._closed = False
+
+    # Lifecycle.
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._closed
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this layer computes with, fixed at creation."""
+        return self._backend
+
+    @property
+    def filter_parameters(self) -> FilterParameters:
+        """The options this layer was created with."""
+        return self._filter_parameters
+
+    def close(self) -> None:
+        """Release the layer's buffers (``BNNSFilterDestroy``). Calling it again does nothing."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._release()
+
+    def __enter__(self) -> "Filter":
+        self._check_open("__enter__")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - never raise from a finalizer
+            pass
+
+    def _check_open(self, method: str) -> None:
+        if self._closed:
+            raise FilterClosedError(
+                f"{type(self).__name__}.{method}() was called after close(); "
+                f"create a new {type(self).__name__} to compute again."
+            )
+
+    def _threads(self) -> contextlib.AbstractContextManager[None]:
+        """Context manager applying this layer's BLAS thread limit."""
+        return _blas_threads(self._filter_parameters.n_threads)
+
+    # Hooks for subclasses.
+    def _release(self) -> None:
+        """Drop every array the layer holds (weights, workspaces)."""
+
+    def _describe(self) -> str:
+        """Shapes and options for :func:`repr`, e.g. ``"input_shape=(3, 4), dtype=float32"``."""
+        return ""
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        details = "" if self._closed else self._describe()
+        parts = [p for p in (details, f"backend={self._backend.name!r}", state) if p]
+        return f"<{type(self).__name__} {', '.join(parts)}>"

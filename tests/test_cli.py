@@ -1,0 +1,33 @@
+import subprocess
+import sys
+
+from bnnsfw import cli
+
+
+def test_info_prints_version_backends_and_health(capsys):
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("bnnsfw ")
+    assert "backends: numpy, scipy-blas" in out
+    assert "health: ok" in out
+
+
+def test_demo_says_it_is_not_built_yet(capsys):
+    assert cli.main(["demo"]) == 0
+    assert "not built yet" in capsys.readouterr().out
+
+
+def test_unknown_command_exits_2(capsys):
+    try:
+        cli.main(["frobnicate"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:  # pragma: no cover
+        raise AssertionError("expected SystemExit")
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_same_command():
+    done = subprocess.run([sys.executable, "-m", "bnnsfw"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "health: ok" in done.stdout

@@ -1,0 +1,122 @@
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+import bnnsfw as bf
+
+
+class ScaleLayer(bf.Filter):
+    """A minimal layer for lifecycle tests: y = w · x through the backend's gemm."""
+
+    def __init__(self, weights, filter_parameters=None):
+        super().__init__(filter_parameters)
+        self.weights = weights if self.filter_parameters.use_client_pointer else weights.copy()
+        self.blas_threads_seen = None
+
+    def apply(self, x):
+        self._check_open("apply")
+        with self._threads():
+            self.blas_threads_seen = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+            return self.backend.gemm(x, self.weights, trans_b=True)
+
+    def _release(self):
+        self.weights = None
+
+    def _describe(self):
+        return f"weights={self.weights.shape}"
+
+
+def test_close_is_idempotent_and_blocks_further_use():
+    layer = ScaleLayer(np.eye(2))
+    assert not layer.closed
+    layer.close()
+    layer.close()
+    assert layer.closed and layer.weights is None
+    with pytest.raises(bf.FilterClosedError, match=r"ScaleLayer.apply\(\) was called after close\(\); create a new ScaleLayer"):
+        layer.apply(np.ones((1, 2)))
+    assert issubclass(bf.FilterClosedError, ValueError)
+
+
+def test_context_manager_closes():
+    with ScaleLayer(np.eye(2)) as layer:
+        np.testing.assert_array_equal(layer.apply(np.ones((1, 2))), [[1.0, 1.0]])
+    assert layer.closed
+    with pytest.raises(bf.FilterClosedError):
+        with layer:
+            pass  # pragma: no cover
+
+
+def test_garbage_collection_releases_buffers():
+    weights = np.eye(3)
+    layer = ScaleLayer(weights)
+    held = weakref.ref(layer)
+    del layer
+    gc.collect()
+    assert held() is None
+
+
+def test_repr_shows_type_shapes_backend_and_state():
+    layer = ScaleLayer(np.eye(3), bf.FilterParameters(backend="numpy"))
+    assert repr(layer) == "<ScaleLayer weights=(3, 3), backend='numpy', open>"
+    layer.close()
+    assert repr(layer) == "<ScaleLayer backend='numpy', closed>"
+
+
+def test_backend_captured_at_creation():
+    with bf.use_backend("numpy"):
+        layer = ScaleLayer(np.eye(2))
+    assert layer.backend.name == "numpy"
+    assert ScaleLayer(np.eye(2)).backend.name == "scipy-blas"
+    assert ScaleLayer(np.eye(2), bf.FilterParameters(backend="numpy")).backend.name == "numpy"
+
+
+def test_client_pointer_keeps_callers_array():
+    w = np.eye(2)
+    shared = ScaleLayer(w, bf.FilterParameters(use_client_pointer=True))
+    copied = ScaleLayer(w)
+    w *= 3.0
+    np.testing.assert_array_equal(shared.apply(np.ones((1, 2))), [[3.0, 3.0]])
+    np.testing.assert_array_equal(copied.apply(np.ones((1, 2))), [[1.0, 1.0]])
+
+
+def test_n_threads_limits_blas_only_while_running():
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    layer = ScaleLayer(np.eye(2), bf.FilterParameters(n_threads=1))
+    layer.apply(np.ones((1, 2)))
+    assert layer.blas_threads_seen and set(layer.blas_threads_seen) == {1}
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"n_threads": -1}, r"FilterParameters.n_threads must be an integer >= 0 \(0: library default\); got -1"),
+        ({"n_threads": 1.5}, "n_threads must be"),
+        ({"use_client_pointer": 1}, "FilterParameters.use_client_pointer must be True or False; got 1"),
+        ({"backend": 3.0}, "FilterParameters.backend must be"),
+    ],
+)
+def test_filter_parameters_validate(kwargs, message):
+    with pytest.raises(bf.InvalidParameterError, match=message):
+        bf.FilterParameters(**kwargs)
+
+
+def test_filter_parameters_are_frozen_keyword_only():
+    with pytest.raises(TypeError):
+        bf.FilterParameters("numpy")  # type: ignore[misc]
+    fp = bf.FilterParameters()
+    with pytest.raises(AttributeError):
+        fp.n_threads = 2  # type: ignore[misc]
+
+
+def test_unknown_backend_name_fails_at_creation():
+    with pytest.raises(bf.UnknownBackendError, match="'nope'"):
+        ScaleLayer(np.eye(2), bf.FilterParameters(backend="nope"))
+
+
+def test_wrong_filter_parameters_type():
+    with pytest.raises(bf.InvalidParameterError, match=r"ScaleLayer\(filter_parameters\) must be a FilterParameters"):
+        ScaleLayer(np.eye(2), {"backend": "numpy"})
