@@ -1,0 +1,1 @@
+"""The layers: one module per layer, each with its parameter objects beside it."""
