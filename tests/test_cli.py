@@ -31,3 +31,9 @@ def test_python_dash_m_runs_the_same_command():
     done = subprocess.run([sys.executable, "-m", "bnnsfw"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "health: ok" in done.stdout
+
+
+def test_deprecations_subcommand_is_wired(capsys):
+    assert cli.main(["deprecations", "BNNSDirectApplyLSTMBatchBackward"]) == 0
+    out = capsys.readouterr().out
+    assert "bnnsfw.LSTMLayer.apply_backward" in out and "Use BNNSGraph* APIs" in out
