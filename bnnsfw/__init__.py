@@ -36,6 +36,8 @@ from .errors import (
     UnknownNameError,
 )
 from .filter import Filter, FilterParameters
+from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer, FullyConnectedParameters
+from . import losses, optimizers
 
 try:
     __version__ = _metadata.version("bnnsfw")
@@ -54,8 +56,14 @@ __all__ = [
     "LearningPhase",
     "NDArrayFlags",
     "FilterParameters",
-    # layers
+    "FullyConnectedParameters",
+    # layers and their results
     "Filter",
+    "FullyConnectedLayer",
+    "FullyConnectedGradients",
+    # training
+    "losses",
+    "optimizers",
     # backends
     "Backend",
     "available_backends",
