@@ -79,11 +79,19 @@ class DataLayout(_Parse, enum.IntEnum):
     """``BNNSDataLayout``: how an n-dimensional array is laid out."""
 
     vector = 0x10000
+    last_major_1d = 0x18000
+    first_major_1d = 0x18001
     row_major_matrix = 0x20000
     column_major_matrix = 0x20001
+    last_major_2d = 0x28000
+    first_major_2d = 0x28001
     image_chw = 0x30000
     sne = 0x30001
     nse = 0x30002
+    last_major_3d = 0x38000
+    first_major_3d = 0x38001
+    last_major_4d = 0x48000
+    first_major_4d = 0x48001
 
     @property
     def rank(self) -> int:

@@ -11,6 +11,7 @@ def test_raw_values_match_bnns_headers():
     assert bf.DataLayout.vector == 0x10000 and bf.DataLayout.row_major_matrix == 0x20000
     assert bf.DataLayout.column_major_matrix == 0x20001 and bf.DataLayout.image_chw == 0x30000
     assert bf.DataLayout.sne == 0x30001 and bf.DataLayout.nse == 0x30002
+    assert bf.DataLayout.last_major_3d == 0x38000 and bf.DataLayout.first_major_4d == 0x48001
     assert [bf.FilterType(i).name for i in range(9)] == [
         "convolution", "fully_connected", "batch_norm", "instance_norm", "layer_norm",
         "group_norm", "transposed_convolution", "quantization", "arithmetic"]
@@ -24,6 +25,7 @@ def test_layout_rank():
     assert bf.DataLayout.vector.rank == 1
     assert bf.DataLayout.column_major_matrix.rank == 2
     assert bf.DataLayout.sne.rank == 3
+    assert bf.DataLayout.last_major_1d.rank == 1 and bf.DataLayout.last_major_4d.rank == 4
 
 
 @pytest.mark.parametrize("value", ["training", "Training", 0, bf.LearningPhase.training])
