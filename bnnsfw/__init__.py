@@ -37,6 +37,12 @@ from .errors import (
 )
 from .filter import Filter, FilterParameters
 from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer, FullyConnectedParameters
+from .layers.normalization import (
+    NormalizationGradients,
+    NormalizationLayer,
+    NormalizationParameters,
+    NormalizationType,
+)
 from . import losses, optimizers
 
 try:
@@ -57,8 +63,12 @@ __all__ = [
     "NDArrayFlags",
     "FilterParameters",
     "FullyConnectedParameters",
+    "NormalizationParameters",
+    "NormalizationType",
     # layers and their results
     "Filter",
+    "NormalizationLayer",
+    "NormalizationGradients",
     "FullyConnectedLayer",
     "FullyConnectedGradients",
     # training
@@ -80,3 +90,14 @@ __all__ = [
     "UnknownBackendError",
     "UnknownNameError",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """BNNS C-style names (``bnnsfw.BNNSDirectApplyLSTMBatchBackward``…) come from
+    :mod:`bnnsfw.bnns`, loaded on first use; the deprecated ones warn when called."""
+    if name.startswith("BNNS"):
+        from . import bnns
+
+        if name in bnns.__all__:
+            return getattr(bnns, name)
+    raise AttributeError(f"module 'bnnsfw' has no attribute {name!r}")

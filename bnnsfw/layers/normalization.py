@@ -1,0 +1,732 @@
+"""Batch, instance, layer and group normalization (``BNNSFilterCreateLayerNormalization``).
+
+:class:`NormalizationType` says which statistics to take (and carries the options of that
+kind), :class:`NormalizationParameters` is the validated description of a layer, and
+:class:`NormalizationLayer` runs it forward (``apply``) and backward (``apply_backward``,
+returning :class:`NormalizationGradients`). The math lives in the backend's kernels
+(:mod:`bnnsfw.backends._normalization_kernels`); this module checks arguments, reshapes the
+data to the kernels' canonical ``(N, G, K, S)`` view and keeps the moving statistics.
+The semantics are those of ``docs/normalization.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .._validation import as_input, as_output, describe, finite_float, layer_dtype, parameter_array, positive_int
+from ..activation import Activation
+from ..enums import FilterType, LearningPhase
+from ..errors import InvalidParameterError, ShapeError, must_be
+from ..filter import Filter, FilterParameters
+
+__all__ = [
+    "NormalizationType",
+    "NormalizationParameters",
+    "NormalizationGradients",
+    "NormalizationLayer",
+]
+
+Array = np.ndarray
+
+_KINDS = (FilterType.batch_norm, FilterType.instance_norm, FilterType.layer_norm, FilterType.group_norm)
+_WITH_MOVING = (FilterType.batch_norm, FilterType.instance_norm)
+
+
+# --- small converters and validators (one rule each) -------------------------------------
+
+
+def _array_eq(a: object, b: object) -> bool:
+    if a is None or b is None:
+        return a is b
+    return bool(np.array_equal(a, b))  # type: ignore[arg-type]
+
+
+def _array_repr(value: object) -> str:
+    return "None" if value is None else f"<array {describe(value)}>"  # type: ignore[arg-type]
+
+
+def _array_field(**kwargs: Any) -> Any:
+    """An optional array field: compared by value, left out of the hash, shown by shape."""
+    return attrs.field(default=None, eq=attrs.cmp_using(eq=_array_eq), hash=False, repr=_array_repr, **kwargs)
+
+
+def _to_kind(value: object) -> FilterType:
+    kind = FilterType.parse(value, "NormalizationType.kind")
+    if kind not in _KINDS:
+        names = ", ".join(k.name for k in _KINDS)
+        raise InvalidParameterError(must_be("NormalizationType.kind", f"one of {names}", kind.name))
+    return kind
+
+
+def _optional_array(where: str, value: object) -> Array | None:
+    """Keep ndarrays as they are (client pointers), turn other array-likes into arrays."""
+    if value is None or isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(must_be(where, "None or an array of numbers", type(value).__name__)) from None
+
+
+def _to_moving_mean(value: object) -> Array | None:
+    return _optional_array("NormalizationType.moving_mean", value)
+
+
+def _to_moving_variance(value: object) -> Array | None:
+    return _optional_array("NormalizationType.moving_variance", value)
+
+
+def _to_shape(value: object) -> tuple[int, ...]:
+    where = "NormalizationParameters.input_shape"
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or not value:
+        raise InvalidParameterError(must_be(where, "a tuple of positive extents (C, *spatial), rank >= 1", value))
+    return tuple(positive_int(f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
+def _to_momentum(value: object) -> float:
+    return finite_float("NormalizationParameters.momentum", value)
+
+
+def _to_epsilon(value: object) -> float:
+    return finite_float("NormalizationParameters.epsilon", value)
+
+
+def _to_activation(value: object) -> object:
+    return Activation.identity() if value is None else value
+
+
+def _check_activation(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, Activation):
+        raise InvalidParameterError(must_be("NormalizationParameters.activation", "an Activation", value))
+    value.require_elementwise("NormalizationParameters.activation")
+
+
+def _check_type(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, NormalizationType):
+        raise InvalidParameterError(
+            must_be("NormalizationParameters.type", "a NormalizationType (e.g. NormalizationType.batch())", value)
+        )
+
+
+def _in_unit_interval(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise InvalidParameterError(must_be(f"NormalizationParameters.{attribute.name}", "in [0, 1]", value))
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if value < 0.0:
+        raise InvalidParameterError(must_be(f"NormalizationParameters.{attribute.name}", ">= 0", value))
+
+
+def _to_dtype(value: object) -> np.dtype:
+    return layer_dtype(value, "NormalizationParameters.dtype")
+
+
+# --- the values ------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class NormalizationType:
+    """Which normalization, with the options of that kind (Swift ``BNNS.NormalizationType``).
+
+    Build it with one of the constructors: :meth:`batch`, :meth:`instance`, :meth:`layer`,
+    :meth:`group`.
+
+    Parameters
+    ----------
+    kind : FilterType
+        ``batch_norm`` (2), ``instance_norm`` (3), ``layer_norm`` (4) or ``group_norm`` (5).
+    moving_mean, moving_variance : array-like of shape (C,), optional
+        Running statistics of batch and instance norm: both or neither. The layer updates
+        its copies (or, with client pointers, these arrays) in place in training forwards
+        and normalizes with them in inference.
+    normalization_axis : int, optional
+        Layer norm only: the first per-sample axis normalized (0 = all of ``(C, *spatial)``).
+    group_count : int, optional
+        Group norm only: the number of channel groups ``G``.
+
+    Examples
+    --------
+    >>> t = NormalizationType.group(group_count=2)
+    >>> t.kind, t.group_count
+    (<FilterType.group_norm: 5>, 2)
+    >>> NormalizationType.batch(moving_mean=[0.0, 0.0], moving_variance=[1.0, 1.0]).has_moving_statistics
+    True
+    """
+
+    kind: FilterType = attrs.field(converter=_to_kind)
+    moving_mean: Array | None = _array_field(converter=_to_moving_mean)
+    moving_variance: Array | None = _array_field(converter=_to_moving_variance)
+    normalization_axis: int | None = attrs.field(default=None)
+    group_count: int | None = attrs.field(default=None)
+
+    def __attrs_post_init__(self) -> None:
+        kind = self.kind
+        if kind in _WITH_MOVING:
+            if (self.moving_mean is None) != (self.moving_variance is None):
+                raise InvalidParameterError(
+                    must_be("NormalizationType.moving_mean and moving_variance", "given together or not at all",
+                            "only " + ("moving_mean" if self.moving_variance is None else "moving_variance"))
+                )
+        else:
+            for name in ("moving_mean", "moving_variance"):
+                if getattr(self, name) is not None:
+                    raise InvalidParameterError(
+                        must_be(f"NormalizationType.{name}", "None for " + kind.name + " (only batch and instance "
+                                "norm keep moving statistics)", "an array")
+                    )
+        if kind is FilterType.layer_norm:
+            positive_int("NormalizationType.normalization_axis", self.normalization_axis, minimum=0)
+            object.__setattr__(self, "normalization_axis", int(self.normalization_axis))  # type: ignore[arg-type]
+        elif self.normalization_axis is not None:
+            raise InvalidParameterError(
+                must_be("NormalizationType.normalization_axis", f"None for {kind.name}", self.normalization_axis)
+            )
+        if kind is FilterType.group_norm:
+            positive_int("NormalizationType.group_count", self.group_count)
+            object.__setattr__(self, "group_count", int(self.group_count))  # type: ignore[arg-type]
+        elif self.group_count is not None:
+            raise InvalidParameterError(must_be("NormalizationType.group_count", f"None for {kind.name}", self.group_count))
+
+    @classmethod
+    def batch(cls, moving_mean: Any = None, moving_variance: Any = None) -> "NormalizationType":
+        """Batch norm: statistics per channel over the batch and every spatial position."""
+        return cls(kind=FilterType.batch_norm, moving_mean=moving_mean, moving_variance=moving_variance)
+
+    @classmethod
+    def instance(cls, moving_mean: Any = None, moving_variance: Any = None) -> "NormalizationType":
+        """Instance norm: statistics per sample and channel over the spatial positions."""
+        return cls(kind=FilterType.instance_norm, moving_mean=moving_mean, moving_variance=moving_variance)
+
+    @classmethod
+    def layer(cls, normalization_axis: int = 0) -> "NormalizationType":
+        """Layer norm: statistics per sample over per-sample axes ``normalization_axis`` … end."""
+        return cls(kind=FilterType.layer_norm, normalization_axis=normalization_axis)
+
+    @classmethod
+    def group(cls, group_count: int) -> "NormalizationType":
+        """Group norm: statistics per sample and group of ``C / group_count`` channels."""
+        return cls(kind=FilterType.group_norm, group_count=group_count)
+
+    @property
+    def has_moving_statistics(self) -> bool:
+        """True when moving statistics were given (batch and instance norm only)."""
+        return self.moving_mean is not None
+
+
+@attrs.frozen(kw_only=True)
+class NormalizationParameters:
+    """Everything that describes a normalization layer (``BNNSLayerParametersNormalization``).
+
+    Parameters
+    ----------
+    type : NormalizationType
+        The kind of normalization and its options (moving statistics, axis, groups).
+    input_shape : tuple of int
+        Per-sample shape ``(C, *spatial)``, channels first, rank >= 1.
+    gamma, beta : array-like, optional
+        Scale and shift: shape ``(C,)``, or for layer norm the normalized trailing shape
+        ``input_shape[normalization_axis:]``. ``None`` means ones and zeros.
+    momentum : float
+        Weight of the old moving statistics in ``moving = momentum·moving +
+        (1 − momentum)·batch_statistic``; in ``[0, 1]``.
+    epsilon : float
+        Added to the variance; ``>= 0``.
+    activation : Activation
+        Per-element activation fused after the affine step (default identity).
+    dtype : numpy dtype
+        ``float32`` (default) or ``float64``; gamma, beta and the moving statistics are
+        converted to it (ndarrays already of this dtype are kept, not copied).
+
+    Raises
+    ------
+    InvalidParameterError, ShapeError, DTypeError
+        For any rule broken (see ``docs/normalization.md``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> p = NormalizationParameters(type=NormalizationType.layer(normalization_axis=1),
+    ...                             input_shape=(2, 3), gamma=[1.0, 2.0, 3.0])
+    >>> p.gamma
+    array([1., 2., 3.], dtype=float32)
+    >>> p.channels, p.affine_shape
+    (2, (3,))
+    """
+
+    type: NormalizationType = attrs.field(validator=_check_type)
+    input_shape: tuple[int, ...] = attrs.field(converter=_to_shape)
+    gamma: Array | None = _array_field()
+    beta: Array | None = _array_field()
+    momentum: float = attrs.field(default=0.0, converter=_to_momentum,
+                                  validator=_in_unit_interval)
+    epsilon: float = attrs.field(default=1e-5, converter=_to_epsilon,
+                                 validator=_non_negative)
+    activation: Activation = attrs.field(factory=Activation.identity, converter=_to_activation,
+                                         validator=_check_activation)
+    dtype: np.dtype = attrs.field(default=np.dtype(np.float32), converter=_to_dtype)
+
+    def __attrs_post_init__(self) -> None:
+        """The cross-field rules, in one place: sizes against the type, arrays to the dtype."""
+        where = "NormalizationParameters"
+        kind, shape, dtype = self.type.kind, self.input_shape, self.dtype
+        channels = shape[0]
+        if kind is FilterType.group_norm and channels % self.type.group_count:  # type: ignore[operator]
+            raise InvalidParameterError(
+                must_be(f"{where}.input_shape[0] (channels)",
+                        f"divisible by NormalizationType.group_count = {self.type.group_count}", channels)
+            )
+        if kind is FilterType.layer_norm and self.type.normalization_axis >= len(shape):  # type: ignore[operator]
+            raise InvalidParameterError(
+                must_be(f"{where}.type.normalization_axis",
+                        f"in [0, {len(shape) - 1}] for input_shape {shape}", self.type.normalization_axis)
+            )
+        affine = self.affine_shape
+        for name in ("gamma", "beta"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, parameter_array(f"{where}.{name}", value, dtype, affine, copy=False))
+        if self.type.has_moving_statistics:
+            mean = parameter_array(f"{where}.type.moving_mean", self.type.moving_mean, dtype, (channels,), copy=False)
+            var = parameter_array(f"{where}.type.moving_variance", self.type.moving_variance, dtype, (channels,),
+                                  copy=False)
+            if (var < 0).any():
+                raise InvalidParameterError(
+                    must_be(f"{where}.type.moving_variance", ">= 0 everywhere", "an array with negative values")
+                )
+            if mean is not self.type.moving_mean or var is not self.type.moving_variance:
+                object.__setattr__(self, "type", attrs.evolve(self.type, moving_mean=mean, moving_variance=var))
+
+    @property
+    def channels(self) -> int:
+        """``C``, the first per-sample extent."""
+        return self.input_shape[0]
+
+    @property
+    def affine_shape(self) -> tuple[int, ...]:
+        """Shape of gamma, beta and their gradients: ``(C,)``, or for layer norm the
+        normalized trailing shape ``input_shape[normalization_axis:]``."""
+        if self.type.kind is FilterType.layer_norm:
+            return self.input_shape[self.type.normalization_axis:]  # type: ignore[misc]
+        return (self.channels,)
+
+
+@attrs.frozen(eq=False)
+class NormalizationGradients:
+    """What :meth:`NormalizationLayer.apply_backward` returns.
+
+    Attributes
+    ----------
+    input : ndarray, shape (N, *input_shape)
+        Gradient of the loss with respect to the layer's input.
+    beta, gamma : ndarray, shaped like the layer's gamma
+        Gradients with respect to beta and gamma, summed over the batch and every position.
+    """
+
+    input: Array
+    beta: Array
+    gamma: Array
+
+
+# --- the layer -------------------------------------------------------------------------
+
+
+def _same_memory(a: Array, b: Array) -> bool:
+    """True when ``a`` and ``b`` are the same elements (same start, shape and strides)."""
+    return (a is b) or (
+        a.shape == b.shape
+        and a.strides == b.strides
+        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    )
+
+
+class NormalizationLayer(Filter):
+    """A batch, instance, layer or group normalization layer with a fused activation.
+
+    ``y = act(gamma · (x − μ) / sqrt(σ² + ε) + beta)``, with the mean ``μ`` and biased
+    variance ``σ²`` taken over the reduction set of the type (``docs/normalization.md``).
+
+    Parameters
+    ----------
+    parameters : NormalizationParameters
+        The layer description.
+    filter_parameters : FilterParameters, optional
+        Backend, BLAS thread limit and client-pointer flag. With
+        ``use_client_pointer=True`` the layer works on the parameter object's arrays (the
+        caller's own ndarrays when they already had the layer's dtype) instead of copies.
+
+    Notes
+    -----
+    The layer's :attr:`gamma`, :attr:`beta`, :attr:`moving_mean` and :attr:`moving_variance`
+    are live arrays: an optimizer may update them in place between calls. Training forwards
+    of batch and instance norm with moving statistics update those in place.
+
+    NaN or infinity in the weights is refused at creation; NaN in the input data is not
+    checked (that would cost a pass over memory) and propagates to the outputs of the
+    affected statistics set. ``epsilon = 0`` with a constant statistics set gives NaN
+    there, as ``0 / 0`` does.
+
+    Examples
+    --------
+    Apple's instance-norm example: three channels holding 1…9, 10…90 and 100…900 all
+    normalize to the same values.
+
+    >>> import numpy as np
+    >>> from bnnsfw.layers.normalization import (
+    ...     NormalizationLayer, NormalizationParameters, NormalizationType)
+    >>> x = np.arange(1, 10, dtype=np.float32) * np.array([1, 10, 100], np.float32)[:, None]
+    >>> x = x.reshape(1, 3, 1, 9)
+    >>> params = NormalizationParameters(type=NormalizationType.instance(),
+    ...                                  input_shape=(3, 1, 9), epsilon=0.0)
+    >>> with NormalizationLayer(params) as layer:
+    ...     y = layer.apply(x, phase="inference")
+    ...     g = layer.apply_backward(x, np.ones_like(y), phase="inference")
+    >>> print(np.round(y[0, :, 0], 3))
+    [[-1.549 -1.162 -0.775 -0.387  0.     0.387  0.775  1.162  1.549]
+     [-1.549 -1.162 -0.775 -0.387  0.     0.387  0.775  1.162  1.549]
+     [-1.549 -1.162 -0.775 -0.387  0.     0.387  0.775  1.162  1.549]]
+    >>> g.beta
+    array([9., 9., 9.], dtype=float32)
+    """
+
+    def __init__(self, parameters: NormalizationParameters, filter_parameters: FilterParameters | None = None) -> None:
+        if not isinstance(parameters, NormalizationParameters):
+            raise InvalidParameterError(
+                must_be("NormalizationLayer(parameters)", "a NormalizationParameters", type(parameters).__name__)
+            )
+        super().__init__(filter_parameters)
+        self._parameters = parameters
+        client = self.filter_parameters.use_client_pointer
+        dtype, affine = parameters.dtype, parameters.affine_shape
+
+        def own(array: Array | None, fill: float | None = None) -> Array | None:
+            if array is None:
+                return None if fill is None else np.full(affine, fill, dtype=dtype)
+            return array if client else array.copy()
+
+        self._gamma: Array | None = own(parameters.gamma, 1.0)
+        self._beta: Array | None = own(parameters.beta, 0.0)
+        self._moving_mean: Array | None = own(parameters.type.moving_mean)
+        self._moving_variance: Array | None = own(parameters.type.moving_variance)
+        for name in ("moving_mean", "moving_variance"):
+            array = getattr(self, f"_{name}")
+            if array is not None and not array.flags.writeable:
+                raise InvalidParameterError(
+                    must_be(f"NormalizationType.{name}", "writable (training updates it in place)", "a read-only array")
+                )
+        self._layout = _Layout.of(parameters)
+        # Workspaces reused by apply_backward (two x-sized arrays at most); a call finding
+        # them in use by another thread allocates its own.
+        self._scratch: list[Array] = []
+        self._scratch_lock = threading.Lock()
+        self._moving_lock = threading.Lock()
+
+    # Properties.
+    @property
+    def parameters(self) -> NormalizationParameters:
+        """The parameters this layer was created from."""
+        return self._parameters
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Per-sample input shape ``(C, *spatial)``."""
+        return self._parameters.input_shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The layer's dtype (float32 or float64)."""
+        return self._parameters.dtype
+
+    @property
+    def gamma(self) -> Array:
+        """The live scale array (ones if none was given).
+
+        Assigning to it copies the values into the live array (``layer.gamma -= lr * g``
+        works), checked like the parameter: the same shape, finite.
+        """
+        self._check_open("gamma")
+        return self._gamma  # type: ignore[return-value]
+
+    @gamma.setter
+    def gamma(self, value: Any) -> None:
+        self._assign("gamma", value)
+
+    @property
+    def beta(self) -> Array:
+        """The live shift array (zeros if none was given); assignable like :attr:`gamma`."""
+        self._check_open("beta")
+        return self._beta  # type: ignore[return-value]
+
+    @beta.setter
+    def beta(self, value: Any) -> None:
+        self._assign("beta", value)
+
+    @property
+    def moving_mean(self) -> Array | None:
+        """The live moving mean ``(C,)``, or ``None`` without moving statistics."""
+        self._check_open("moving_mean")
+        return self._moving_mean
+
+    @property
+    def moving_variance(self) -> Array | None:
+        """The live moving (biased) variance ``(C,)``, or ``None`` without moving statistics."""
+        self._check_open("moving_variance")
+        return self._moving_variance
+
+    def _assign(self, name: str, value: Any) -> None:
+        self._check_open(name)
+        live = getattr(self, f"_{name}")
+        if value is live:  # an in-place update such as ``layer.gamma -= step``
+            return
+        array = parameter_array(f"NormalizationLayer.{name}", value, self.dtype, live.shape, copy=False)
+        np.copyto(live, array)
+
+    # Forward.
+    def apply(self, x: Any, phase: LearningPhase | str = "training", output: Array | None = None) -> Array:
+        """Normalize a batch (``BNNSNormalizationFilterApplyBatch``).
+
+        Parameters
+        ----------
+        x : ndarray, shape (N, *input_shape), the layer's dtype
+            The batch (N >= 1). Never modified, unless it is also ``output``.
+        phase : LearningPhase or {"training", "inference"}
+            Training normalizes with the batch statistics and updates the moving statistics
+            in place; inference uses the moving statistics when the layer has them.
+        output : ndarray, shape (N, *input_shape), optional
+            Buffer for the result; may be ``x`` itself (in place).
+
+        Returns
+        -------
+        ndarray, shape (N, *input_shape)
+            ``output`` when given, else a new array.
+        """
+        self._check_open("apply")
+        phase = LearningPhase.parse(phase, "NormalizationLayer.apply(phase)")
+        x = self._batch("NormalizationLayer.apply(x)", x)
+        out = as_output("NormalizationLayer.apply(output)", output, self.dtype, x.shape)
+        if out is not None and not _same_memory(out, x) and np.may_share_memory(out, x):
+            raise InvalidParameterError(
+                must_be("NormalizationLayer.apply(output)", "x itself or an array that does not overlap x",
+                        "an array overlapping x")
+            )
+        layout, n = self._layout, x.shape[0]
+        x4 = np.ascontiguousarray(x).reshape(layout.view(n))
+        result = out if out is not None else np.empty_like(x4)
+        direct = result.flags.c_contiguous
+        out4 = result.reshape(x4.shape) if direct else np.empty_like(x4)
+        mean = variance = None
+        use_moving = phase is LearningPhase.inference and self._moving_mean is not None
+        if use_moving:
+            mean, variance = self._moving_view()
+        with self._threads(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            _, mean, variance = self.backend.normalization_forward(
+                x4, *self._affine_views(), epsilon=self._parameters.epsilon, reduce_axes=layout.reduce_axes,
+                activation=self._parameters.activation, out=out4, mean=mean, variance=variance,
+            )
+            if phase is LearningPhase.training and self._moving_mean is not None:
+                with self._moving_lock:
+                    self._update_moving(mean, variance)
+        if not direct:
+            np.copyto(result, out4.reshape(result.shape))
+        return result.reshape(x.shape) if out is None else out
+
+    # Backward.
+    def apply_backward(
+        self,
+        x: Any,
+        dy: Any,
+        output: Array | None = None,
+        phase: LearningPhase | str = "training",
+        input_gradient: Array | None = None,
+        beta_gradient: Array | None = None,
+        gamma_gradient: Array | None = None,
+        accumulate: bool = False,
+    ) -> NormalizationGradients:
+        """Gradients of a forward (``BNNSNormalizationFilterApplyBackwardBatch``).
+
+        The gradients are those of the forward run in ``phase``: in inference with moving
+        statistics the statistics are constants (``dx = dz · gamma / sqrt(moving_variance +
+        ε)``); otherwise (training, inference without moving statistics, layer and group
+        norm) the gradient also flows through the batch statistics. ``dz`` is ``dy`` times the
+        activation's derivative. The moving statistics are not touched.
+
+        Parameters
+        ----------
+        x : ndarray, shape (N, *input_shape)
+            The forward's input.
+        dy : ndarray, shape (N, *input_shape)
+            Gradient of the loss with respect to the forward's output.
+        output : ndarray, shape (N, *input_shape), optional
+            The forward's output; required for a non-identity activation (as in BNNS).
+            The derivative is taken from it when the activation allows that, otherwise from
+            the pre-activation recomputed from ``x``.
+        phase : LearningPhase or {"training", "inference"}
+            The phase of the forward being differentiated.
+        input_gradient : ndarray, shape (N, *input_shape), optional
+            Buffer for the input gradient. It may be ``dy`` itself (unless ``accumulate``)
+            but must not overlap ``x`` or ``output``.
+        beta_gradient, gamma_gradient : ndarray, shaped like gamma, optional
+            Buffers for the beta and gamma gradients.
+        accumulate : bool
+            Add into the given buffers instead of overwriting them (BNNS
+            ``BNNSNDArrayFlagBackpropAccumulate``); gradients without a buffer are returned
+            as new arrays either way.
+
+        Returns
+        -------
+        NormalizationGradients
+            ``input``, ``beta`` and ``gamma`` (the given buffers when there are some).
+        """
+        self._check_open("apply_backward")
+        where = "NormalizationLayer.apply_backward"
+        phase = LearningPhase.parse(phase, f"{where}(phase)")
+        if not isinstance(accumulate, (bool, np.bool_)):
+            raise InvalidParameterError(must_be(f"{where}(accumulate)", "True or False", accumulate))
+        x = self._batch(f"{where}(x)", x)
+        dtype = self.dtype
+        dy = as_input(f"{where}(dy)", dy, dtype, x.shape)
+        activation = self._parameters.activation
+        if output is not None:
+            output = as_input(f"{where}(output)", output, dtype, x.shape)
+        elif not activation.is_identity:
+            raise InvalidParameterError(
+                must_be(f"{where}(output)", f"the forward output (the fused {activation.function.name} activation "
+                        "needs it, as in BNNS)", None)
+            )
+        affine = self._parameters.affine_shape
+        dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
+        dbeta_buffer = as_output(f"{where}(beta_gradient)", beta_gradient, dtype, affine)
+        dgamma_buffer = as_output(f"{where}(gamma_gradient)", gamma_gradient, dtype, affine)
+        if dx_buffer is not None:
+            self._check_input_gradient(dx_buffer, x, dy, output, bool(accumulate))
+
+        layout, n = self._layout, x.shape[0]
+        view = layout.view(n)
+        x4, dy4 = np.ascontiguousarray(x).reshape(view), np.ascontiguousarray(dy).reshape(view)
+        output4 = None if output is None else np.ascontiguousarray(output).reshape(view)
+        direct = dx_buffer is not None and not accumulate and dx_buffer.flags.c_contiguous
+        work = dx_buffer.reshape(view) if direct else None  # type: ignore[union-attr]
+        mean = variance = None
+        if phase is LearningPhase.inference and self._moving_mean is not None:
+            mean, variance = self._moving_view()
+        owns_scratch = self._scratch_lock.acquire(blocking=False)
+        try:
+            scratch = self._scratch_for(x4) if owns_scratch else ()
+            with self._threads(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                dx4, dgamma4, dbeta4 = self.backend.normalization_backward(
+                    x4, dy4, *self._affine_views(), epsilon=self._parameters.epsilon,
+                    reduce_axes=layout.reduce_axes, activation=activation, output=output4, out=work,
+                    mean=mean, variance=variance, scratch=scratch,
+                )
+        finally:
+            if owns_scratch:
+                self._scratch_lock.release()
+        dx = _deliver(dx4.reshape(x.shape), dx_buffer, bool(accumulate), direct)
+        dbeta = _deliver(dbeta4.reshape(affine), dbeta_buffer, bool(accumulate), False)
+        dgamma = _deliver(dgamma4.reshape(affine), dgamma_buffer, bool(accumulate), False)
+        return NormalizationGradients(input=dx, beta=dbeta, gamma=dgamma)
+
+    # Helpers.
+    def _batch(self, where: str, x: Any) -> Array:
+        shape = self.input_shape
+        array = as_input(where, x, self.dtype, (None, *shape), shape_text=f"(N, {', '.join(map(str, shape))})")
+        if array.shape[0] < 1:
+            raise ShapeError(must_be(where, "a batch of at least one sample", describe(array)))
+        return array
+
+    def _check_input_gradient(self, buffer: Array, x: Array, dy: Array, output: Array | None, accumulate: bool) -> None:
+        where = "NormalizationLayer.apply_backward(input_gradient)"
+        for name, other in (("x", x), ("output", output)):
+            if other is not None and np.may_share_memory(buffer, other):
+                raise InvalidParameterError(must_be(where, f"an array that does not overlap {name}", f"one overlapping {name}"))
+        if np.may_share_memory(buffer, dy) and (accumulate or not _same_memory(buffer, dy)):
+            rule = "an array that does not overlap dy when accumulate=True" if accumulate else "dy itself or an array that does not overlap dy"
+            raise InvalidParameterError(must_be(where, rule, "one overlapping dy"))
+
+    def _scratch_for(self, like: Array) -> list[Array]:
+        """The layer's two workspaces, (re)allocated to ``like``'s shape when it changed."""
+        if not self._scratch or self._scratch[0].shape != like.shape:
+            self._scratch = [np.empty_like(like), np.empty_like(like)]
+        return self._scratch
+
+    def _affine_views(self) -> tuple[Array, Array]:
+        shape = self._layout.affine_view
+        return self._gamma.reshape(shape), self._beta.reshape(shape)  # type: ignore[union-attr]
+
+    def _moving_view(self) -> tuple[Array, Array]:
+        shape = (1, self.input_shape[0], 1, 1)
+        return self._moving_mean.reshape(shape), self._moving_variance.reshape(shape)  # type: ignore[union-attr]
+
+    def _update_moving(self, mean: Array, variance: Array) -> None:
+        """``moving = momentum·moving + (1 − momentum)·batch_statistic``, in place.
+
+        Instance norm's batch statistic is the mean over the batch of the per-instance ones.
+        """
+        momentum = self._parameters.momentum
+        channels = self.input_shape[0]
+        for moving, stat in ((self._moving_mean, mean), (self._moving_variance, variance)):
+            assert moving is not None
+            batch = stat.reshape(-1, channels).mean(axis=0)
+            np.multiply(moving, momentum, out=moving)
+            np.add(moving, (1.0 - momentum) * batch, out=moving)
+
+    def _release(self) -> None:
+        self._gamma = self._beta = self._moving_mean = self._moving_variance = None
+        self._scratch = []
+
+    def _describe(self) -> str:
+        p = self._parameters
+        options = ""
+        if p.type.kind is FilterType.layer_norm:
+            options = f", normalization_axis={p.type.normalization_axis}"
+        elif p.type.kind is FilterType.group_norm:
+            options = f", group_count={p.type.group_count}"
+        return (f"type={p.type.kind.name}{options}, input_shape={p.input_shape}, dtype={p.dtype.name}, "
+                f"activation={p.activation.function.name}")
+
+
+def _deliver(result: Array, buffer: Array | None, accumulate: bool, written: bool) -> Array:
+    """Put a gradient where the caller asked: a new array, a buffer, or added to a buffer."""
+    if buffer is None:
+        return result
+    if accumulate:
+        np.add(buffer, result, out=buffer)
+    elif not written:
+        np.copyto(buffer, result)
+    return buffer
+
+
+@attrs.frozen
+class _Layout:
+    """How a kind maps ``(N, C, *spatial)`` onto the kernels' ``(N, G, K, S)`` view."""
+
+    groups: int
+    per_group: int
+    positions: int
+    reduce_axes: tuple[int, ...]
+    affine_view: tuple[int, int, int, int]
+
+    def view(self, n: int) -> tuple[int, int, int, int]:
+        return (n, self.groups, self.per_group, self.positions)
+
+    @classmethod
+    def of(cls, p: NormalizationParameters) -> "_Layout":
+        kind, shape = p.type.kind, p.input_shape
+        channels, positions = shape[0], math.prod(shape[1:])
+        if kind is FilterType.layer_norm:
+            axis = p.type.normalization_axis
+            outer, inner = math.prod(shape[:axis]), math.prod(shape[axis:])  # type: ignore[misc]
+            return cls(outer, inner, 1, (2, 3), (1, 1, inner, 1))
+        if kind is FilterType.group_norm:
+            groups = p.type.group_count
+            per_group = channels // groups  # type: ignore[operator]
+            return cls(groups, per_group, positions, (2, 3), (1, groups, per_group, 1))  # type: ignore[arg-type]
+        axes = (0, 2, 3) if kind is FilterType.batch_norm else (2, 3)
+        return cls(channels, 1, positions, axes, (1, channels, 1, 1))
