@@ -37,6 +37,14 @@ from .errors import (
 )
 from .filter import Filter, FilterParameters
 from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer, FullyConnectedParameters
+from .layers.lstm import (
+    LSTMGateDescriptor,
+    LSTMGateGradients,
+    LSTMGradients,
+    LSTMLayer,
+    LSTMOutput,
+    LSTMParameters,
+)
 from .layers.normalization import (
     NormalizationGradients,
     NormalizationLayer,
@@ -65,10 +73,16 @@ __all__ = [
     "FullyConnectedParameters",
     "NormalizationParameters",
     "NormalizationType",
+    "LSTMGateDescriptor",
+    "LSTMParameters",
     # layers and their results
     "Filter",
     "NormalizationLayer",
     "NormalizationGradients",
+    "LSTMLayer",
+    "LSTMOutput",
+    "LSTMGradients",
+    "LSTMGateGradients",
     "FullyConnectedLayer",
     "FullyConnectedGradients",
     # training

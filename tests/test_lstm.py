@@ -1,0 +1,767 @@
+"""LSTMLayer: agreement with a plain per-step LSTM, finite-difference gradients, the training
+cache, and the errors. Every test runs on every registered backend."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+
+import bnnsfw as bf
+import lstm_reference as ref
+from bnnsfw.layers.lstm import (
+    LSTMGateDescriptor,
+    LSTMGateGradients,
+    LSTMGradients,
+    LSTMLayer,
+    LSTMOutput,
+    LSTMParameters,
+)
+from gradcheck import assert_gradient_close, numerical_gradient
+
+GATES = ("input_gate", "forget_gate", "candidate_gate", "output_gate")
+A = bf.Activation
+
+
+# ------------------------------------------------------------------------------------------
+# Helpers.
+# ------------------------------------------------------------------------------------------
+def reference_activation(act):
+    """The reference module's formula for a bnnsfw activation (None: the gate default)."""
+    name = act.function.name
+    simple = {"sigmoid": ref.sigmoid, "tanh": ref.tanh, "softsign": ref.softsign, "silu": ref.silu,
+              "gelu": ref.gelu, "relu": ref.relu, "identity": ref.identity}
+    if name in simple:
+        return simple[name]
+    if name == "scaled_tanh":
+        return ref.make_scaled_tanh(act.alpha, act.beta)
+    if name == "elu":
+        return ref.make_elu(act.alpha)
+    if name == "hard_sigmoid":
+        assert (act.alpha, act.beta) == (0.2, 0.5)
+        return ref.hard_sigmoid
+    raise AssertionError(name)
+
+
+def gate_arrays(params):
+    return [dict(iw0=g.input_weights[0], iw1=g.input_weights[1], hw=g.hidden_weights, cw=g.cell_weights,
+                 b=g.bias) for g in params.gates]
+
+
+def run_reference(params, x, hidden=None, cell=None, lengths=None, dropout_scales=None):
+    return ref.reference_lstm(
+        x, gate_arrays(params), hidden_size=params.hidden_size, num_layers=params.num_layers,
+        bidirectional=params.bidirectional, batch_first=params.batch_first,
+        activations=tuple(reference_activation(a) for a in params.gate_activations),
+        hidden_activation=reference_activation(params.cell_activation),
+        hidden=hidden, cell=cell, lengths=lengths, dropout_scales=dropout_scales,
+    )
+
+
+def with_gates(params, **per_gate):
+    """``params`` with gate fields replaced: ``with_gates(p, input_gate=dict(activation=...))``."""
+    changes = {name: attrs.evolve(getattr(params, name), **fields) for name, fields in per_gate.items()}
+    return attrs.evolve(params, **changes)
+
+
+def mixed_peepholes(params, rng):
+    """Input gate full, forget diagonal, candidate full, output diagonal."""
+    size_l, size_d, h = params.num_layers, params.num_directions, params.hidden_size
+    full = lambda: rng.uniform(-0.5, 0.5, (size_l, size_d, h, h))  # noqa: E731
+    diag = lambda: rng.uniform(-0.5, 0.5, (size_l, size_d, h))  # noqa: E731
+    return with_gates(params, input_gate=dict(cell_weights=full()), forget_gate=dict(cell_weights=diag()),
+                      candidate_gate=dict(cell_weights=full()), output_gate=dict(cell_weights=diag()))
+
+
+SMOOTH_ACTIVATIONS = dict(
+    input_gate=dict(activation=A.softsign()),
+    forget_gate=dict(activation=A.scaled_tanh(0.9, 1.3)),
+    candidate_gate=dict(activation=A.silu()),
+    output_gate=dict(activation=A.gelu()),
+)
+
+
+def shapes(params, seq_len, batch):
+    p = params
+    x = (batch, seq_len, p.input_size) if p.batch_first else (seq_len, batch, p.input_size)
+    y = (batch, seq_len, p.num_directions * p.hidden_size) if p.batch_first else (
+        seq_len, batch, p.num_directions * p.hidden_size)
+    state = (p.num_layers * p.num_directions, batch, p.hidden_size)
+    return x, y, state
+
+
+def dropout_scales(params, seq_len, batch, seed):
+    """The documented draw: for l = 1…L−1, u = rng.random((T, N, D·H)); keep where u >= p."""
+    rng = np.random.default_rng(seed)
+    width = params.num_directions * params.hidden_size
+    scales = {}
+    for layer in range(1, params.num_layers):
+        u = rng.random((seq_len, batch, width), dtype=params.dtype)
+        scales[layer] = (u >= params.dropout) / (1.0 - params.dropout)
+    return scales
+
+
+def layer_for(params, backend_name, **options):
+    return LSTMLayer(params, bf.FilterParameters(backend=backend_name, **options))
+
+
+# ------------------------------------------------------------------------------------------
+# Forward agrees with the plain reference.
+# ------------------------------------------------------------------------------------------
+REFERENCE_CASES = {
+    "one_layer": dict(num_layers=1),
+    "stacked_bidirectional_lengths": dict(num_layers=2, bidirectional=True, lengths=True),
+    "three_layers_full_peepholes_states": dict(num_layers=3, peepholes="full", states=True),
+    "diagonal_peepholes_batch_first_lengths": dict(num_layers=2, bidirectional=True, peepholes="diagonal",
+                                                   batch_first=True, lengths=True, states=True),
+    "mixed_peepholes_no_bias": dict(num_layers=2, bidirectional=True, mixed=True, bias=False, states=True),
+    "odd_activations_lengths": dict(num_layers=2, bidirectional=True, lengths=True, odd=True, states=True),
+    "default_activations_flag": dict(num_layers=1, bidirectional=True, odd=True, default_activations=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFERENCE_CASES))
+def test_forward_matches_plain_reference(backend_name, case):
+    spec = REFERENCE_CASES[case]
+    rng = np.random.default_rng(sorted(REFERENCE_CASES).index(case))
+    size_i, h = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+    seq_len, batch = int(rng.integers(1, 7)), int(rng.integers(1, 5))
+    params = LSTMParameters.random(
+        input_size=size_i, hidden_size=h, num_layers=spec["num_layers"],
+        bidirectional=spec.get("bidirectional", False), peepholes=spec.get("peepholes"),
+        bias=spec.get("bias", True), seed=int(rng.integers(1000)), dtype=np.float64,
+        batch_first=spec.get("batch_first", False),
+        default_activations=spec.get("default_activations", False))
+    if spec.get("mixed"):
+        params = mixed_peepholes(params, rng)
+    if spec.get("odd"):
+        params = with_gates(params, input_gate=dict(activation=A.hard_sigmoid()),
+                            forget_gate=dict(activation=A.elu(0.7)), candidate_gate=dict(activation=A.relu()),
+                            output_gate=dict(activation=A.identity()))
+        params = attrs.evolve(params, hidden_activation=A.softsign())
+    x_shape, _, state_shape = shapes(params, seq_len, batch)
+    x = rng.standard_normal(x_shape)
+    hidden = rng.standard_normal(state_shape) if spec.get("states") else None
+    cell = rng.standard_normal(state_shape) if spec.get("states") else None
+    lengths = rng.integers(1, seq_len + 1, batch) if spec.get("lengths") else None
+    with layer_for(params, backend_name) as layer:
+        out = layer.apply(x, hidden, cell, sequence_lengths=lengths)
+    want = run_reference(params, x, hidden, cell, lengths)
+    for got, expected, name in zip((out.output, out.hidden, out.cell), want, ("output", "hidden", "cell")):
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+def test_forward_matches_reference_on_random_configurations(backend_name):
+    rng = np.random.default_rng(7)
+    for trial in range(12):
+        num_layers = int(rng.integers(1, 4))
+        params = LSTMParameters.random(
+            input_size=int(rng.integers(1, 5)), hidden_size=int(rng.integers(1, 5)), num_layers=num_layers,
+            bidirectional=bool(rng.integers(2)), peepholes=[None, "full", "diagonal"][int(rng.integers(3))],
+            bias=bool(rng.integers(2)), seed=trial, dtype=np.float64, batch_first=bool(rng.integers(2)))
+        seq_len, batch = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        x_shape, _, state_shape = shapes(params, seq_len, batch)
+        x = rng.standard_normal(x_shape)
+        states = rng.standard_normal((2, *state_shape)) if rng.integers(2) else (None, None)
+        lengths = rng.integers(1, seq_len + 1, batch) if rng.integers(2) else None
+        with layer_for(params, backend_name) as layer:
+            out = layer.apply(x, *states, sequence_lengths=lengths, training=bool(rng.integers(2)))
+        want = run_reference(params, x, *states, lengths=lengths)
+        for got, expected in zip((out.output, out.hidden, out.cell), want):
+            np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10, err_msg=f"trial {trial}")
+
+
+def test_float32_agrees_with_float64(backend_name, rng):
+    p64 = LSTMParameters.random(input_size=5, hidden_size=6, num_layers=2, bidirectional=True, seed=3,
+                                dtype=np.float64)
+    p32 = attrs.evolve(p64, dtype=np.float32)
+    assert p32.input_gate.hidden_weights.dtype == np.float32
+    x = rng.standard_normal((7, 3, 5))
+    with layer_for(p64, backend_name) as l64, layer_for(p32, backend_name) as l32:
+        o64 = l64.apply(x)
+        o32 = l32.apply(x.astype(np.float32), training=True)
+        g32 = l32.apply_backward(x.astype(np.float32), np.ones_like(o32.output),
+                                 training_cache=o32.training_cache)
+        g64 = l64.apply_backward(x, np.ones_like(o64.output))
+    assert o32.output.dtype == np.float32 and g32.forget_gate.hidden_weights.dtype == np.float32
+    np.testing.assert_allclose(o32.output, o64.output, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(g32.input, g64.input, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(g32.output_gate.input_weights[1], g64.output_gate.input_weights[1], rtol=1e-3,
+                               atol=1e-4)
+
+
+def test_variable_lengths_semantics(backend_name, rng):
+    """Zero outputs past the end, final states at each sequence's end, and the reverse
+    direction starting at the last valid step: each sequence run alone, truncated."""
+    params = LSTMParameters.random(input_size=3, hidden_size=4, num_layers=2, bidirectional=True, seed=5,
+                                   dtype=np.float64)
+    x = rng.standard_normal((6, 3, 3))
+    lengths = [6, 2, 4]
+    padded = x.copy()
+    padded[2:, 1] = np.nan  # whatever lies past the end is ignored, even NaN
+    padded[4:, 2] = 1e30
+    with layer_for(params, backend_name) as layer:
+        out = layer.apply(padded, sequence_lengths=lengths, training=True)
+        grads = layer.apply_backward(padded, np.ones_like(out.output), sequence_lengths=lengths,
+                                     training_cache=out.training_cache)
+        for n, length in enumerate(lengths):
+            alone = layer.apply(x[:length, n:n + 1])
+            np.testing.assert_allclose(out.output[:length, n:n + 1], alone.output, rtol=1e-12, atol=1e-12)
+            np.testing.assert_array_equal(out.output[length:, n], 0.0)
+            np.testing.assert_allclose(out.hidden[:, n:n + 1], alone.hidden, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(out.cell[:, n:n + 1], alone.cell, rtol=1e-12, atol=1e-12)
+            np.testing.assert_array_equal(grads.input[length:, n], 0.0)
+    assert np.isfinite(grads.input).all() and np.isfinite(grads.forget_gate.hidden_weights).all()
+
+
+def test_lengths_all_full_equal_no_lengths(backend_name, rng):
+    params = LSTMParameters.random(input_size=2, hidden_size=3, bidirectional=True, seed=1, dtype=np.float64)
+    x = rng.standard_normal((4, 2, 2))
+    with layer_for(params, backend_name) as layer:
+        a = layer.apply(x, sequence_lengths=np.array([4, 4], dtype=np.int32), training=True)
+        b = layer.apply(x)
+        np.testing.assert_array_equal(a.output, b.output)
+        # a cache written with full lengths serves a backward without lengths
+        layer.apply_backward(x, None, hidden_gradient=np.ones((2, 2, 3)), training_cache=a.training_cache)
+
+
+def test_default_activations_ignore_the_gate_activations(backend_name, rng):
+    plain = LSTMParameters.random(input_size=3, hidden_size=3, seed=2, dtype=np.float64)
+    odd = with_gates(plain, **SMOOTH_ACTIVATIONS)
+    odd = attrs.evolve(odd, hidden_activation=A.relu(), default_activations=True)
+    explicit = with_gates(plain, input_gate=dict(activation=A.sigmoid()),
+                          candidate_gate=dict(activation=A.tanh()))
+    x = rng.standard_normal((3, 2, 3))
+    with layer_for(plain, backend_name) as a, layer_for(odd, backend_name) as b, \
+            layer_for(explicit, backend_name) as c:
+        np.testing.assert_array_equal(a.apply(x).output, b.apply(x).output)
+        np.testing.assert_array_equal(a.apply(x).output, c.apply(x).output)
+    assert odd.gate_activations[2] == A.tanh() and odd.cell_activation == A.tanh()
+
+
+# ------------------------------------------------------------------------------------------
+# Backward agrees with finite differences (float64).
+# ------------------------------------------------------------------------------------------
+GRADIENT_CASES = {
+    "one_layer": dict(num_layers=1),
+    "two_layers_bidirectional": dict(num_layers=2, bidirectional=True),
+    "full_peepholes": dict(num_layers=1, bidirectional=True, peepholes="full"),
+    "diagonal_peepholes": dict(num_layers=2, peepholes="diagonal"),
+    "mixed_peepholes_candidate_too": dict(num_layers=1, mixed=True),
+    "one_gate_peephole": dict(num_layers=1, bidirectional=True, forget_peephole_only=True),
+    "gate_and_hidden_activations": dict(num_layers=2, smooth=True, peepholes="full"),
+    "batch_first": dict(num_layers=2, bidirectional=True, batch_first=True),
+    "final_state_gradients_only": dict(num_layers=2, bidirectional=True, no_output_gradient=True),
+    "variable_lengths_bidirectional_stack": dict(num_layers=2, bidirectional=True, lengths=[3, 1, 2]),
+    "dropout_with_cache": dict(num_layers=3, bidirectional=True, dropout=0.4),
+}
+
+
+def gradient_params(spec, rng):
+    params = LSTMParameters.random(
+        input_size=3, hidden_size=2, num_layers=spec["num_layers"],
+        bidirectional=spec.get("bidirectional", False), peepholes=spec.get("peepholes"), seed=11,
+        dtype=np.float64, batch_first=spec.get("batch_first", False), dropout=spec.get("dropout", 0.0))
+    if spec.get("mixed"):
+        params = mixed_peepholes(params, rng)
+    if spec.get("forget_peephole_only"):
+        params = with_gates(params, forget_gate=dict(cell_weights=rng.uniform(-0.5, 0.5, (1, 2, 2, 2))))
+    if spec.get("smooth"):
+        params = attrs.evolve(with_gates(params, **SMOOTH_ACTIVATIONS), hidden_activation=A.softsign())
+    return params
+
+
+@pytest.mark.parametrize("case", list(GRADIENT_CASES))
+def test_gradients_match_finite_differences(backend_name, case):
+    spec = GRADIENT_CASES[case]
+    rng = np.random.default_rng(list(GRADIENT_CASES).index(case) + 100)
+    params = gradient_params(spec, rng)
+    seq_len, batch = 3, 3
+    x_shape, y_shape, state_shape = shapes(params, seq_len, batch)
+    x = rng.standard_normal(x_shape)
+    h0, c0 = rng.standard_normal(state_shape), rng.standard_normal(state_shape)
+    lengths = spec.get("lengths")
+    wy = None if spec.get("no_output_gradient") else rng.standard_normal(y_shape)
+    wh, wc = rng.standard_normal(state_shape), rng.standard_normal(state_shape)
+
+    def make():  # client pointers: the finite differences perturb the parameters' arrays in place
+        return layer_for(params, backend_name, use_client_pointer=True)
+
+    shared = make()
+    dropout = spec.get("dropout", 0.0) > 0
+
+    def loss():
+        # with dropout, a fresh layer (same seed) redraws the same masks in training
+        out = make().apply(x, h0, c0, lengths, training=True) if dropout else shared.apply(x, h0, c0, lengths)
+        total = np.sum(wh * out.hidden) + np.sum(wc * out.cell)
+        return total if wy is None else total + np.sum(wy * out.output)
+
+    layer = make()
+    out = layer.apply(x, h0, c0, lengths, training=True)
+    grads = layer.apply_backward(x, wy, h0, c0, wh, wc, lengths, training_cache=out.training_cache)
+    assert isinstance(grads, LSTMGradients)
+    assert_gradient_close(grads.input, numerical_gradient(loss, x), name="input")
+    assert_gradient_close(grads.hidden, numerical_gradient(loss, h0), name="hidden")
+    assert_gradient_close(grads.cell, numerical_gradient(loss, c0), name="cell")
+    for name in GATES:
+        gate, grad = getattr(params, name), getattr(grads, name)
+        assert isinstance(grad, LSTMGateGradients)
+        pairs = [("input_weights[0]", gate.input_weights[0], grad.input_weights[0]),
+                 ("input_weights[1]", gate.input_weights[1], grad.input_weights[1]),
+                 ("hidden_weights", gate.hidden_weights, grad.hidden_weights),
+                 ("cell_weights", gate.cell_weights, grad.cell_weights),
+                 ("bias", gate.bias, grad.bias)]
+        for label, weights, analytic in pairs:
+            if weights is None:
+                assert analytic is None, f"{name}.{label}"
+                continue
+            assert analytic.shape == weights.shape and analytic.dtype == np.float64
+            assert_gradient_close(analytic, numerical_gradient(loss, weights), name=f"{name}.{label}")
+    if not dropout:  # without a cache the forward is recomputed, to the same result
+        again = shared.apply_backward(x, wy, h0, c0, wh, wc, lengths)
+        np.testing.assert_allclose(again.input, grads.input, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(again.output_gate.hidden_weights, grads.output_gate.hidden_weights,
+                                   rtol=1e-13, atol=1e-15)
+
+
+def test_backward_with_no_gradients_is_zero(backend_name, rng):
+    params = LSTMParameters.random(input_size=2, hidden_size=2, seed=0, dtype=np.float64)
+    with layer_for(params, backend_name) as layer:
+        grads = layer.apply_backward(rng.standard_normal((3, 1, 2)), None)
+    assert not grads.input.any() and not grads.hidden.any() and not grads.input_gate.bias.any()
+
+
+def test_backward_can_run_twice_from_one_cache(backend_name, rng):
+    params = LSTMParameters.random(input_size=2, hidden_size=3, num_layers=2, seed=0, dtype=np.float64)
+    x = rng.standard_normal((4, 2, 2))
+    with layer_for(params, backend_name) as layer:
+        out = layer.apply(x, training=True)
+        dy = rng.standard_normal(out.output.shape)
+        first = layer.apply_backward(x, dy, training_cache=out.training_cache)
+        second = layer.apply_backward(x, dy, training_cache=out.training_cache)
+    np.testing.assert_array_equal(first.input, second.input)
+    np.testing.assert_array_equal(first.forget_gate.input_weights[1], second.forget_gate.input_weights[1])
+
+
+# ------------------------------------------------------------------------------------------
+# Dropout.
+# ------------------------------------------------------------------------------------------
+def test_dropout_follows_the_documented_draw_and_only_in_training(backend_name, rng):
+    params = LSTMParameters.random(input_size=3, hidden_size=4, num_layers=3, bidirectional=True, seed=42,
+                                   dtype=np.float64, dropout=0.3)
+    x = rng.standard_normal((5, 2, 3))
+    with layer_for(params, backend_name) as layer:
+        first = layer.apply(x, training=True)
+        second = layer.apply(x, training=True)
+        inference = layer.apply(x)
+    want = run_reference(params, x, dropout_scales=dropout_scales(params, 5, 2, seed=42))
+    np.testing.assert_allclose(first.output, want[0], rtol=1e-10, atol=1e-10)
+    assert not np.allclose(first.output, second.output)  # the generator moves on
+    np.testing.assert_allclose(inference.output, run_reference(params, x)[0], rtol=1e-10, atol=1e-10)
+    with layer_for(params, backend_name) as again:  # same seed, same sequence of masks
+        np.testing.assert_array_equal(again.apply(x, training=True).output, first.output)
+
+
+def test_dropout_needs_a_cache_for_backward(backend_name, rng):
+    params = LSTMParameters.random(input_size=2, hidden_size=2, num_layers=2, seed=0, dtype=np.float64,
+                                   dropout=0.5)
+    with layer_for(params, backend_name) as layer:
+        with pytest.raises(bf.InvalidParameterError,
+                           match=r"apply_backward\(training_cache\) must be the cache"):
+            layer.apply_backward(np.ones((2, 1, 2)), np.ones((2, 1, 2)))
+
+
+def test_dropout_on_a_single_layer_changes_nothing(backend_name, rng):
+    params = LSTMParameters.random(input_size=2, hidden_size=2, seed=0, dtype=np.float64, dropout=0.9)
+    x = rng.standard_normal((3, 2, 2))
+    with layer_for(params, backend_name) as layer:
+        np.testing.assert_array_equal(layer.apply(x, training=True).output, layer.apply(x).output)
+        layer.apply_backward(x, np.ones((3, 2, 2)))  # no masks, so no cache needed
+
+
+# ------------------------------------------------------------------------------------------
+# Training cache.
+# ------------------------------------------------------------------------------------------
+def cache_params():
+    """Every optional part of the cache present: stacked, bidirectional, dropout, pre-activations."""
+    params = LSTMParameters.random(input_size=3, hidden_size=4, num_layers=3, bidirectional=True,
+                                   peepholes="full", seed=9, dtype=np.float32, dropout=0.25)
+    return with_gates(params, input_gate=dict(activation=A.softsign()))
+
+
+def test_capacity_is_exact(backend_name, rng):
+    params = cache_params()
+    x = rng.standard_normal((5, 3, 3)).astype(np.float32)
+    with layer_for(params, backend_name) as layer:
+        capacity = layer.training_cache_capacity(batch_size=3, seq_len=5)
+        buffer = np.full(capacity + 4096, 0xA5, dtype=np.uint8)
+        out = layer.apply(x, training=True, training_cache=buffer)
+        assert out.training_cache is buffer
+        assert (buffer[capacity:] == 0xA5).all(), "the forward wrote past training_cache_capacity"
+        assert (buffer[capacity - 16:capacity] != 0xA5).any(), "the capacity is larger than what is written"
+        exact = np.empty(capacity, dtype=np.uint8)
+        layer.apply(x, training=True, training_cache=exact)
+        with pytest.raises(bf.InvalidParameterError,
+                           match=rf"at least {capacity} bytes .*got '{capacity - 1} bytes'"):
+            layer.apply(x, training=True, training_cache=np.empty(capacity - 1, dtype=np.uint8))
+        allocated = layer.apply(x, training=True).training_cache
+        assert isinstance(allocated, np.ndarray) and allocated.dtype == np.uint8
+        assert allocated.size == capacity
+
+
+def test_capacity_is_affine_in_steps_times_batch(backend_name):
+    for params in (cache_params(), LSTMParameters.random(input_size=7, hidden_size=5, seed=0)):
+        with layer_for(params, backend_name) as layer:
+            base = layer.training_cache_capacity(1, 1)
+            slope = layer.training_cache_capacity(1, 2) - base
+            assert slope > 0
+            for seq_len, batch in [(3, 1), (1, 7), (4, 5), (64, 32), (10, 3)]:
+                capacity = layer.training_cache_capacity(batch_size=batch, seq_len=seq_len)
+                assert capacity == base + slope * (seq_len * batch - 1)
+            assert layer.training_cache_capacity(2, 6) == layer.training_cache_capacity(3, 4)
+
+
+@pytest.mark.parametrize("kind", ["uint8", "bytearray", "memoryview", "misaligned"])
+def test_cache_accepts_writable_buffers(backend_name, rng, kind):
+    params = cache_params()
+    x = rng.standard_normal((4, 2, 3)).astype(np.float32)
+    with layer_for(params, backend_name) as layer:
+        capacity = layer.training_cache_capacity(2, 4)
+        storage = {"uint8": lambda: np.zeros(capacity + 3, np.uint8),
+                   "bytearray": lambda: bytearray(capacity),
+                   "memoryview": lambda: memoryview(bytearray(capacity + 10)),
+                   "misaligned": lambda: memoryview(bytearray(capacity + 3))[3:]}[kind]()
+        out = layer.apply(x, training=True, training_cache=storage)
+        assert out.training_cache is storage
+        dy = np.ones_like(out.output)
+        grads = layer.apply_backward(x, dy, training_cache=storage)
+        frozen = layer.apply_backward(x, dy, training_cache=bytes(storage))  # read-only is fine for backward
+        np.testing.assert_array_equal(grads.input, frozen.input)
+
+
+def test_cache_mismatches_are_detected(backend_name, rng):
+    params = LSTMParameters.random(input_size=2, hidden_size=3, num_layers=2, seed=0, dtype=np.float64)
+    x = rng.standard_normal((4, 2, 2))
+    dy = np.ones((4, 2, 3))
+    with layer_for(params, backend_name) as layer:
+        cache = layer.apply(x, sequence_lengths=[4, 2], training=True).training_cache
+        with pytest.raises(bf.InvalidParameterError, match="another configuration or other sequence lengths"):
+            layer.apply_backward(x, dy, training_cache=cache)  # written with other lengths
+        with pytest.raises(bf.InvalidParameterError, match="written for T=3, N=2.*T=4, N=2"):
+            layer.apply_backward(x[:3], dy[:3], training_cache=cache)
+        other = LSTMParameters.random(input_size=2, hidden_size=3, num_layers=2, seed=0, dtype=np.float64,
+                                      peepholes="diagonal")
+        # same sizes and capacity, another cell: rejected by the fingerprint
+        with layer_for(other, backend_name) as stranger:
+            assert stranger.training_cache_capacity(2, 4) == layer.training_cache_capacity(2, 4)
+            with pytest.raises(bf.InvalidParameterError, match="another configuration"):
+                stranger.apply_backward(x, dy, sequence_lengths=[4, 2], training_cache=cache)
+        single = attrs.evolve(params, dtype=np.float32)
+        with layer_for(single, backend_name) as narrow:
+            big = np.zeros(layer.training_cache_capacity(2, 4), np.uint8)
+            layer.apply(x, training=True, training_cache=big)
+            with pytest.raises(bf.InvalidParameterError, match="float32 data"):
+                narrow.apply_backward(x.astype(np.float32), None, training_cache=big)
+        with pytest.raises(bf.InvalidParameterError, match="without an LSTM cache header"):
+            blank = np.zeros(layer.training_cache_capacity(2, 4), np.uint8)
+            layer.apply_backward(x, dy, training_cache=blank)
+        with pytest.raises(bf.InvalidParameterError, match="at least"):
+            layer.apply_backward(x, dy, training_cache=bytearray(10))
+
+
+def test_cache_buffer_errors(backend_name, rng):
+    params = LSTMParameters.random(input_size=2, hidden_size=2, seed=0, dtype=np.float64)
+    x = rng.standard_normal((2, 1, 2))
+    with layer_for(params, backend_name) as layer:
+        size = layer.training_cache_capacity(1, 2)
+        with pytest.raises(bf.InvalidParameterError, match="a numpy.uint8 array.*float64 array"):
+            layer.apply(x, training=True, training_cache=np.zeros(size))
+        read_only = np.zeros(size, np.uint8)
+        read_only.flags.writeable = False
+        with pytest.raises(bf.InvalidParameterError, match="must be writable"):
+            layer.apply(x, training=True, training_cache=read_only)
+        with pytest.raises(bf.InvalidParameterError, match="must be writable"):
+            layer.apply(x, training=True, training_cache=bytes(size))
+        with pytest.raises(bf.InvalidParameterError, match="C-contiguous"):
+            layer.apply(x, training=True, training_cache=np.zeros(2 * size, np.uint8)[::2])
+        with pytest.raises(bf.InvalidParameterError, match="writable buffer"):
+            layer.apply(x, training=True, training_cache=[0] * size)
+        with pytest.raises(bf.InvalidParameterError, match="None when training=False"):
+            layer.apply(x, training_cache=np.zeros(size, np.uint8))
+
+
+# ------------------------------------------------------------------------------------------
+# Contracts: inputs untouched, client pointers, lifecycle, parameter objects.
+# ------------------------------------------------------------------------------------------
+def test_inputs_are_never_modified(backend_name, rng):
+    params = LSTMParameters.random(input_size=3, hidden_size=2, num_layers=2, bidirectional=True,
+                                   peepholes="diagonal", seed=0, dtype=np.float64, batch_first=True)
+    x, dy = rng.standard_normal((2, 4, 3)), rng.standard_normal((2, 4, 4))
+    h0, c0, dh, dc = (rng.standard_normal((4, 2, 2)) for _ in range(4))
+    lengths = np.array([4, 3])
+    arrays = [x, dy, h0, c0, dh, dc, lengths] + [a for g in params.gates for a in
+                                                 (g.input_weights[0], g.input_weights[1], g.hidden_weights,
+                                                  g.cell_weights, g.bias) if a is not None]
+    before = [a.copy() for a in arrays]
+    for options in ({}, {"use_client_pointer": True}):
+        with layer_for(params, backend_name, **options) as layer:
+            out = layer.apply(x, h0, c0, lengths, training=True)
+            layer.apply_backward(x, dy, h0, c0, dh, dc, lengths, training_cache=out.training_cache)
+            layer.apply_backward(x, dy, h0, c0, dh, dc, lengths)
+    for a, b in zip(arrays, before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_parameters_keep_arrays_of_the_right_dtype_and_cast_the_others(backend_name):
+    hw = np.zeros((1, 1, 2, 2), np.float32)
+    gate = LSTMGateDescriptor(input_weights=[np.zeros((1, 2, 3)), None], hidden_weights=hw)
+    params = make_params({"input_gate": gate}, dtype=np.float32)
+    assert params.input_gate.hidden_weights is hw  # kept: a client-pointer layer sees updates
+    assert params.input_gate.input_weights[0].dtype == np.float32  # float64 cast, so a copy
+    assert params.input_gate.peephole is None and repr(params.input_gate).startswith("LSTMGateDescriptor(")
+    with layer_for(params, backend_name) as layer:  # the layer copies them (no client pointers)
+        hw += 1.0
+        assert layer.apply(np.zeros((1, 1, 3), np.float32)).output.shape == (1, 1, 2)
+
+
+def test_concurrent_calls_get_their_own_scratch_space(backend_name, rng):
+    import threading
+
+    params = LSTMParameters.random(input_size=3, hidden_size=8, num_layers=2, bidirectional=True, seed=0,
+                                   dtype=np.float64)
+    inputs = [rng.standard_normal((12, 4, 3)) for _ in range(4)]
+    with layer_for(params, backend_name) as layer:
+        expected = [layer.apply(x).output for x in inputs]
+        results: dict[int, np.ndarray] = {}
+
+        def work(k):
+            for _ in range(5):
+                results[k] = layer.apply(inputs[k]).output
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for k in range(4):
+        np.testing.assert_array_equal(results[k], expected[k])
+
+
+def test_client_pointer_sees_in_place_updates(backend_name, rng):
+    params = LSTMParameters.random(input_size=2, hidden_size=2, seed=0, dtype=np.float64)
+    x = rng.standard_normal((3, 1, 2))
+    copied = layer_for(params, backend_name)
+    shared = layer_for(params, backend_name, use_client_pointer=True)
+    before = copied.apply(x).output
+    weights = params.forget_gate.hidden_weights
+    weights *= 2.0  # an optimizer step, in place
+    np.testing.assert_array_equal(copied.apply(x).output, before)
+    assert not np.allclose(shared.apply(x).output, before)
+    rebuilt = layer_for(params, backend_name)
+    np.testing.assert_array_equal(shared.apply(x).output, rebuilt.apply(x).output)
+
+
+def test_lifecycle_and_repr(backend_name):
+    params = LSTMParameters.random(input_size=2, hidden_size=3, seed=0)
+    layer = layer_for(params, backend_name)
+    assert repr(layer) == (f"<LSTMLayer input_size=2, hidden_size=3, num_layers=1, bidirectional=False, "
+                           f"dtype=float32, backend='{backend_name}', open>")
+    out = layer.apply(np.zeros((1, 1, 2), np.float32))
+    assert isinstance(out, LSTMOutput) and out.training_cache is None
+    layer.close()
+    layer.close()
+    for call in (lambda: layer.apply(np.zeros((1, 1, 2), np.float32)),
+                 lambda: layer.apply_backward(np.zeros((1, 1, 2), np.float32), None),
+                 lambda: layer.training_cache_capacity(1, 1)):
+        with pytest.raises(bf.FilterClosedError, match="after close"):
+            call()
+
+
+def test_random_parameters(backend_name):
+    params = LSTMParameters.random(input_size=3, hidden_size=16, num_layers=2, bidirectional=True,
+                                   peepholes="full", seed=4)
+    again = LSTMParameters.random(input_size=3, hidden_size=16, num_layers=2, bidirectional=True,
+                                  peepholes="full", seed=4)
+    np.testing.assert_array_equal(params.output_gate.cell_weights, again.output_gate.cell_weights)
+    assert params.candidate_gate.cell_weights is None and params.input_gate.peephole == "full"
+    assert params.dtype == np.float32 and params.input_gate.bias.dtype == np.float32
+    everything = np.concatenate([a.ravel() for g in params.gates for a in
+                                 (g.input_weights[0], g.input_weights[1], g.hidden_weights, g.bias)])
+    assert np.abs(everything).max() <= 0.25 and np.abs(everything).max() > 0.2
+    assert LSTMParameters.random(input_size=1, hidden_size=2, peepholes="diagonal",
+                                 bias=False).forget_gate.cell_weights.shape == (1, 1, 2)
+    assert LSTMParameters.random(input_size=1, hidden_size=2, bias=False).forget_gate.bias is None
+
+
+def make_gate(size_l=1, size_d=1, h=2, size_i=3, **changes):
+    fields = dict(input_weights=(np.zeros((size_d, h, size_i)), np.zeros((size_l - 1, size_d, h, size_d * h))
+                                 if size_l > 1 else None),
+                  hidden_weights=np.zeros((size_l, size_d, h, h)))
+    fields.update(changes)
+    return LSTMGateDescriptor(**fields)
+
+
+def make_params(gate_changes=None, **changes):
+    fields = dict(input_size=3, hidden_size=2, num_layers=1)
+    fields.update(changes)
+    size_l, size_d = fields["num_layers"], 2 if fields.get("bidirectional") else 1
+    gate = make_gate(size_l, size_d, fields["hidden_size"], fields["input_size"])
+    gates = {name: gate for name in GATES}
+    for name, value in (gate_changes or {}).items():
+        gates[name] = value
+    return LSTMParameters(**fields, **gates)
+
+
+def test_parameter_errors_name_the_field(backend_name):
+    with layer_for(make_params(), backend_name):  # the baseline is valid
+        pass
+    with pytest.raises(bf.ShapeError, match=re_escape(
+            "LSTMParameters.forget_gate.hidden_weights must be of shape (2, 1, 8, 8); "
+            "got 'shape (2, 1, 8, 4) float32'.")):
+        gate = make_gate(2, 1, 8, 3)
+        make_params({"forget_gate": attrs.evolve(gate, hidden_weights=np.zeros((2, 1, 8, 4)))},
+                    hidden_size=8, num_layers=2, dtype=np.float32)
+    with pytest.raises(bf.ShapeError, match=r"input_gate.input_weights\[0\] must be of shape \(1, 2, 3\)"):
+        make_params({"input_gate": make_gate(size_i=4)})
+    with pytest.raises(bf.ShapeError,
+                       match=r"output_gate.input_weights\[1\] must be an array of shape \(1, 2, 2, 4\)"):
+        make_params({"output_gate": make_gate(2, 2, 2, 3, input_weights=(np.zeros((2, 2, 3)), None))},
+                    num_layers=2, bidirectional=True)
+    with pytest.raises(bf.ShapeError,
+                       match=r"input_weights\[1\] must be None \(or of shape \(0, 1, 2, 2\)\)"):
+        make_params({"input_gate": make_gate(input_weights=(np.zeros((1, 2, 3)), np.zeros((1, 1, 2, 2))))})
+    with pytest.raises(bf.ShapeError,
+                       match=r"candidate_gate.cell_weights must be None, of shape \(1, 1, 2, 2\)"):
+        make_params({"candidate_gate": make_gate(cell_weights=np.zeros((1, 1, 3)))})
+    with pytest.raises(bf.ShapeError, match=r"output_gate.bias must be of shape \(1, 1, 2\)"):
+        make_params({"output_gate": make_gate(bias=np.zeros(2))})
+    with pytest.raises(bf.InvalidParameterError, match=r"input_gate.bias must be finite"):
+        make_params({"input_gate": make_gate(bias=np.full((1, 1, 2), np.nan))})
+    with pytest.raises(bf.InvalidParameterError,
+                       match="LSTMParameters.forget_gate must be an LSTMGateDescriptor"):
+        make_params({"forget_gate": "sigmoid"})
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(bf.InvalidParameterError, match="LSTMParameters.dropout must be"):
+            make_params(dropout=bad)
+    with pytest.raises(bf.InvalidParameterError, match="LSTMParameters.hidden_size must be an integer >= 1"):
+        make_params(hidden_size=0)
+    with pytest.raises(bf.InvalidParameterError, match="LSTMParameters.seed must be None or an integer"):
+        make_params(seed=-1)
+    with pytest.raises(bf.InvalidParameterError, match="LSTMParameters.bidirectional must be True or False"):
+        make_params(bidirectional=1)
+    with pytest.raises(bf.DTypeError, match="LSTMParameters.dtype must be float32 or float64"):
+        make_params(dtype=np.float16)
+    with pytest.raises(bf.InvalidParameterError, match="LSTMGateDescriptor.activation must be a per-element"):
+        make_gate(activation=A(bf.ActivationFunction.softmax))
+    with pytest.raises(bf.InvalidParameterError,
+                       match="LSTMParameters.hidden_activation must be an Activation"):
+        make_params(hidden_activation="tanh")
+    with pytest.raises(bf.InvalidParameterError, match="LSTMGateDescriptor.input_weights must be a pair"):
+        LSTMGateDescriptor(input_weights=(np.zeros((1, 2, 3)),), hidden_weights=np.zeros((1, 1, 2, 2)))
+    with pytest.raises(bf.InvalidParameterError,
+                       match="random\\(peepholes\\) must be None, 'full' or 'diagonal'"):
+        LSTMParameters.random(input_size=1, hidden_size=1, peepholes="yes")
+    with pytest.raises(bf.InvalidParameterError, match=r"LSTMLayer\(parameters\) must be an LSTMParameters"):
+        LSTMLayer("params")
+
+
+def re_escape(text):
+    import re
+
+    return re.escape(text)
+
+
+def test_apply_errors(backend_name, rng):
+    params = LSTMParameters.random(input_size=3, hidden_size=2, num_layers=2, bidirectional=True, seed=0)
+    x = rng.standard_normal((4, 2, 3)).astype(np.float32)
+    state = np.zeros((4, 2, 2), np.float32)
+    with layer_for(params, backend_name) as layer:
+        with pytest.raises(bf.ShapeError,
+                           match=r"apply\(x\) must be of shape \(T, N, 3\); got 'shape \(4, 2, 2\)"):
+            layer.apply(x[:, :, :2])
+        with pytest.raises(bf.ShapeError, match=r"apply\(x\) must be of shape \(T, N, 3\)"):
+            layer.apply(x[0])
+        with pytest.raises(bf.ShapeError, match="T >= 1 and N >= 1"):
+            layer.apply(x[:0])
+        with pytest.raises(bf.DTypeError, match=r"apply\(x\) must be a float32 array .*float64"):
+            layer.apply(x.astype(np.float64))
+        with pytest.raises(bf.ShapeError,
+                           match=r"apply\(hidden\) must be of shape \(L·D, N, H\) = \(4, 2, 2\)"):
+            layer.apply(x, hidden=state[:2])
+        with pytest.raises(bf.DTypeError, match=r"apply\(cell\) must be a float32 array"):
+            layer.apply(x, cell=state.astype(np.float64))
+        with pytest.raises(bf.InvalidParameterError, match=r"sequence_lengths\) must be in \[1, 4\]"):
+            layer.apply(x, sequence_lengths=[0, 4])
+        with pytest.raises(bf.InvalidParameterError, match=r"sequence_lengths\) must be in \[1, 4\]"):
+            layer.apply(x, sequence_lengths=[5, 4])
+        with pytest.raises(bf.ShapeError, match=r"sequence_lengths\) must be of shape \(2,\) \(one length"):
+            layer.apply(x, sequence_lengths=[4, 4, 4])
+        with pytest.raises(bf.InvalidParameterError, match=r"sequence_lengths\) must be integers"):
+            layer.apply(x, sequence_lengths=[4.0, 2.0])
+        with pytest.raises(bf.InvalidParameterError, match=r"apply\(training\) must be True or False"):
+            layer.apply(x, training="yes")
+        with pytest.raises(bf.ShapeError,
+                           match=r"apply_backward\(output_gradient\) must be of shape \(4, 2, 4\)"):
+            layer.apply_backward(x, np.zeros((4, 2, 2), np.float32))
+        with pytest.raises(bf.DTypeError, match=r"apply_backward\(hidden_gradient\) must be a float32"):
+            layer.apply_backward(x, None, hidden_gradient=state.astype(np.float64))
+        with pytest.raises(bf.ShapeError, match=r"apply_backward\(cell_gradient\) must be of shape"):
+            layer.apply_backward(x, None, cell_gradient=state[:, :1])
+        with pytest.raises(bf.InvalidParameterError, match=r"training_cache_capacity\(batch_size\) must be"):
+            layer.training_cache_capacity(0, 3)
+    first = attrs.evolve(params, batch_first=True)
+    with layer_for(first, backend_name) as layer:
+        with pytest.raises(bf.ShapeError, match=r"must be of shape \(N, T, 3\)"):
+            layer.apply(x[:, :, :2])
+
+
+# ------------------------------------------------------------------------------------------
+# Optional cross-check against PyTorch (skipped without torch).
+# ------------------------------------------------------------------------------------------
+def test_matches_pytorch(backend_name, rng):
+    try:
+        import torch
+    except ImportError:  # also a broken install: this cross-check is optional
+        pytest.skip("PyTorch is not installed")
+    params = LSTMParameters.random(input_size=4, hidden_size=5, num_layers=2, bidirectional=True, seed=8,
+                                   dtype=np.float64, batch_first=True)
+    net = torch.nn.LSTM(4, 5, num_layers=2, bidirectional=True, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        for layer in range(2):
+            for d, suffix in enumerate(("", "_reverse")):
+                for kind, field in (("ih", "input_weights"), ("hh", "hidden_weights")):
+                    rows = []
+                    for gate in params.gates:
+                        if kind == "hh":
+                            rows.append(gate.hidden_weights[layer, d])
+                        elif layer == 0:
+                            rows.append(gate.input_weights[0][d])
+                        else:
+                            rows.append(gate.input_weights[1][layer - 1, d])
+                    stacked = torch.from_numpy(np.concatenate(rows))
+                    getattr(net, f"weight_{kind}_l{layer}{suffix}").copy_(stacked)
+                bias = np.concatenate([g.bias[layer, d] for g in params.gates])
+                getattr(net, f"bias_ih_l{layer}{suffix}").copy_(torch.from_numpy(0.25 * bias))
+                getattr(net, f"bias_hh_l{layer}{suffix}").copy_(torch.from_numpy(0.75 * bias))
+    x = rng.standard_normal((3, 6, 4))
+    h0, c0 = rng.standard_normal((2, 4, 3, 5))
+    dy, dh = rng.standard_normal((3, 6, 10)), rng.standard_normal((4, 3, 5))
+    tx, th, tc = (torch.tensor(a, requires_grad=True) for a in (x, h0, c0))
+    ty, (thn, tcn) = net(tx, (th, tc))
+    ((ty * torch.from_numpy(dy)).sum() + (thn * torch.from_numpy(dh)).sum()).backward()
+    with layer_for(params, backend_name) as layer:
+        out = layer.apply(x, h0, c0, training=True)
+        grads = layer.apply_backward(x, dy, h0, c0, hidden_gradient=dh, training_cache=out.training_cache)
+    np.testing.assert_allclose(out.output, ty.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out.cell, tcn.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(grads.input, tx.grad.numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(grads.hidden, th.grad.numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(grads.cell, tc.grad.numpy(), rtol=1e-9, atol=1e-12)
+    h = 5
+    for k, gate in enumerate(grads.gates):
+        rows = slice(k * h, (k + 1) * h)
+        np.testing.assert_allclose(gate.input_weights[1][0, 1], net.weight_ih_l1_reverse.grad.numpy()[rows],
+                                   rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(gate.hidden_weights[0, 0], net.weight_hh_l0.grad.numpy()[rows],
+                                   rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(gate.bias[1, 0], net.bias_hh_l1.grad.numpy()[rows], rtol=1e-9, atol=1e-12)
