@@ -397,17 +397,9 @@ def test_bnnsfw_replacements_are_exactly_the_expected_targets():
     assert mapped == BNNSFW_REPLACEMENTS
 
 
-def _has_top_level(path: str) -> bool:
-    package = importlib.import_module("bnnsfw")
-    return hasattr(package, path.split(".")[1])
-
-
-# Only targets whose top-level name already exists on the bnnsfw package are resolved; the
-# others are skipped (and reported as skips) until their layers land.
+# Every bnnsfw replacement the registry names must exist.
 @pytest.mark.parametrize("target", sorted(set(BNNSFW_REPLACEMENTS.values())))
 def test_bnnsfw_replacement_resolves(target):
-    if not _has_top_level(target):
-        pytest.skip(f"{target.split('.')[1]} is not on the bnnsfw package yet")
     obj = importlib.import_module("bnnsfw")
     for part in target.split(".")[1:]:
         obj = getattr(obj, part)

@@ -1,0 +1,181 @@
+"""Reading and writing NumPy data through BNNS n-dimensional array descriptors.
+
+A ``BNNSNDArrayDescriptor`` lists sizes and strides fastest dimension first, strides in
+elements, 0 meaning "contiguous". The functions here turn a descriptor into a NumPy view of
+its data (slowest dimension first) and back, so that the C-style API converts exactly once,
+at its boundary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .enums import DataLayout, DataType
+from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
+
+MAX_RANK = 8
+
+# Layouts whose size[0] is the fastest dimension and whose stride[i] goes with size[i]:
+# the NumPy view is the reversed sizes; the column-major matrix is that view transposed.
+_LAST_MAJOR = {
+    DataLayout.vector, DataLayout.last_major_1d, DataLayout.row_major_matrix,
+    DataLayout.column_major_matrix, DataLayout.last_major_2d, DataLayout.image_chw,
+    DataLayout.sne, DataLayout.nse, DataLayout.last_major_3d, DataLayout.last_major_4d,
+}
+
+
+def layout_of(where: str, value: object) -> DataLayout:
+    layout = DataLayout.parse(value, f"{where}.layout")
+    if layout not in _LAST_MAJOR:
+        supported = ", ".join(sorted(m.name for m in _LAST_MAJOR))
+        raise InvalidParameterError(must_be(f"{where}.layout", f"one of the supported layouts ({supported})",
+                                            layout.name))
+    return layout
+
+
+def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    """Element strides of a dense array whose sizes are listed fastest first."""
+    strides, step = [], 1
+    for s in sizes:
+        strides.append(step)
+        step *= max(int(s), 1)
+    return tuple(strides)
+
+
+def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
+    """The descriptor's data as a flat 1-D array of ``dtype`` sharing its memory."""
+    if isinstance(data, np.ndarray):
+        if data.dtype != dtype:
+            raise DTypeError(must_be(f"{where}.data", f"an array of {dtype.name} (the descriptor's data_type)",
+                                     data.dtype.name))
+        if not (data.flags.c_contiguous or data.flags.f_contiguous):
+            raise InvalidParameterError(must_be(f"{where}.data", "a contiguous array (describe strides in the "
+                                                "descriptor instead)", "a strided view"))
+        return data.ravel(order="K")  # memory order: a view for contiguous data
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidParameterError(must_be(f"{where}.data", "a NumPy array, a buffer or None",
+                                            type(data).__name__)) from None
+    raw = np.frombuffer(view.cast("B"), dtype=np.uint8)
+    if raw.size % dtype.itemsize:
+        raise InvalidParameterError(must_be(f"{where}.data", f"a whole number of {dtype.name} elements",
+                                            f"{raw.size} bytes"))
+    return raw.view(dtype)
+
+
+def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
+         writable: bool = False, data_types: Sequence[DataType] = (DataType.float32,),
+         batch: tuple[int, int] | None = None) -> np.ndarray | None:
+    """NumPy view (slowest dimension first) of ``desc``'s data, or ``None`` when it has no data.
+
+    Size fields that are all 0 take ``expected_shape``. The element count and, when given,
+    the shape must match ``expected_shape`` (a view of another shape with the same element
+    count in the same order is reshaped, as BNNS reads a dense buffer).
+    """
+    data = getattr(desc, "data")
+    if data is None:
+        return None
+    layout = layout_of(where, getattr(desc, "layout"))
+    data_type = DataType.parse(getattr(desc, "data_type"), f"{where}.data_type")
+    if data_type not in data_types:
+        names = " or ".join(f"DataType.{t.name}" for t in data_types)
+        raise DTypeError(must_be(f"{where}.data_type", f"{names} (the types the C-style API takes here)",
+                                 data_type.name))
+    dtype = data_type.numpy_dtype
+    rank = layout.rank
+    sizes = [int(s) for s in getattr(desc, "size")[:rank]]
+    if all(s == 0 for s in sizes):
+        if expected_shape is None:
+            raise ShapeError(must_be(f"{where}.size", "set (non-zero)", tuple(sizes)))
+        numpy_shape = tuple(int(s) for s in expected_shape)
+        if len(numpy_shape) != rank:
+            raise ShapeError(must_be(f"{where}.size", f"set explicitly: a {layout.name} layout has rank {rank} "
+                                     f"but the data has shape {numpy_shape}", tuple(sizes)))
+        if layout is DataLayout.column_major_matrix:
+            sizes = [numpy_shape[0], numpy_shape[1]]
+        else:
+            sizes = list(reversed(numpy_shape))
+    if any(s < 0 for s in sizes):
+        raise ShapeError(must_be(f"{where}.size", "non-negative", tuple(sizes)))
+    strides = [int(s) for s in getattr(desc, "stride")[:rank]]
+    if all(s == 0 for s in strides):
+        strides = list(contiguous_strides(sizes))
+    elif any(s <= 0 for s in strides):
+        raise InvalidParameterError(must_be(f"{where}.stride", "all positive, or all 0 for contiguous",
+                                            tuple(strides)))
+    flat = _flat(where, data, dtype)
+    if writable and not flat.flags.writeable:
+        raise InvalidParameterError(must_be(f"{where}.data", "writable", "a read-only buffer"))
+    shape, step = list(reversed(sizes)), list(reversed(strides))
+    if batch is not None:  # a leading batch dimension: batch_size samples batch_stride apart
+        count, batch_stride = batch
+        if batch_stride == 0:
+            batch_stride = 1 + sum((s - 1) * st for s, st in zip(sizes, strides)) if all(sizes) else 0
+        shape, step = [count, *shape], [batch_stride, *step]
+    span = 1 + sum((s - 1) * st for s, st in zip(shape, step)) if all(shape) else 0
+    if span > flat.size:
+        raise ShapeError(must_be(f"{where}.data", f"at least {span} elements for sizes {tuple(sizes)}, "
+                                 f"strides {tuple(strides)}" + (f" and batch {batch}" if batch else ""),
+                                 f"{flat.size} elements"))
+    arr = np.lib.stride_tricks.as_strided(
+        flat, shape=tuple(shape), strides=tuple(s * dtype.itemsize for s in step), writeable=writable,
+    )
+    if layout is DataLayout.column_major_matrix:
+        arr = arr.swapaxes(-1, -2)
+    lead = arr.shape[:1] if batch is not None else ()
+    sample = arr.shape[len(lead):]
+    if expected_shape is not None and tuple(sample) != tuple(expected_shape):
+        if math.prod(sample) != math.prod(expected_shape):
+            raise ShapeError(must_be(f"{where}.size", f"describing {math.prod(expected_shape)} elements, "
+                                     f"shaped {tuple(expected_shape)}", tuple(sizes)))
+        if writable:
+            return _ShapedWrite(arr, (*lead, *expected_shape))  # type: ignore[return-value]
+        arr = arr.reshape((*lead, *expected_shape))
+    return arr
+
+
+class _ShapedWrite:
+    """A writable target whose memory shape differs from its logical shape (same order)."""
+
+    def __init__(self, target: np.ndarray, shape: tuple[int, ...]) -> None:
+        self.target, self.shape = target, shape
+
+
+def read(where: str, desc: object, expected_shape: Sequence[int] | None, *, required: bool = True,
+         data_types: Sequence[DataType] = (DataType.float32,),
+         batch: tuple[int, int] | None = None) -> np.ndarray | None:
+    """A C-contiguous copy of ``desc``'s data in ``expected_shape`` (``None`` if no data)."""
+    if desc is None:
+        if required:
+            raise InvalidParameterError(must_be(where, "a BNNSNDArrayDescriptor", None))
+        return None
+    arr = view(where, desc, expected_shape, data_types=data_types, batch=batch)
+    if arr is None:
+        if required:
+            raise InvalidParameterError(must_be(f"{where}.data", "set", None))
+        return None
+    return np.array(arr, copy=True, order="C")
+
+
+def write(where: str, desc: object, value: np.ndarray, *, accumulate: bool = False,
+          batch: tuple[int, int] | None = None) -> bool:
+    """Store ``value`` into ``desc``'s data (add to it with ``accumulate``); False if no data."""
+    if desc is None:
+        return False
+    shape = value.shape[1:] if batch is not None else value.shape
+    target = view(where, desc, shape, writable=True, batch=batch)
+    if target is None:
+        return False
+    if isinstance(target, _ShapedWrite):
+        dest, src = target.target, value.reshape(target.target.shape)
+    else:
+        dest, src = target, value
+    if accumulate:
+        dest += src
+    else:
+        dest[...] = src
+    return True

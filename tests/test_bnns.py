@@ -1,0 +1,303 @@
+"""The BNNS C-style API gives the object API's results, through BNNS-shaped descriptors."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import pytest
+
+import bnnsfw as bf
+from bnnsfw import bnns
+from bnnsfw.bnns import BNNSNDArrayDescriptor as Desc
+from bnnsfw.layers.lstm import LSTMLayer, LSTMParameters
+from bnnsfw.layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+F32 = np.float32
+
+
+def desc(array: np.ndarray, layout=None, flags: int = 0) -> Desc:
+    return Desc.from_array(np.ascontiguousarray(array, dtype=F32), layout, flags=flags)
+
+
+def strided(array: np.ndarray, layout, pad: int = 3) -> tuple[Desc, np.ndarray]:
+    """A descriptor whose innermost stride is ``pad`` elements: data spread over a larger buffer."""
+    shape = array.shape
+    sizes = tuple(reversed(shape))
+    strides, step = [], pad
+    for s in sizes:
+        strides.append(step)
+        step *= s
+    buf = np.full(step + pad, np.nan, F32)
+    view = np.lib.stride_tricks.as_strided(buf, shape=shape,
+                                           strides=tuple(4 * s for s in reversed(strides)), writeable=True)
+    view[...] = array
+    return Desc(layout=layout, size=sizes, stride=tuple(strides), data=buf), buf
+
+
+# ------------------------------------------------------------------ normalization ------
+
+NORM_CASES = [
+    ("batch_norm", NormalizationType.batch(moving_mean=np.zeros(4), moving_variance=np.ones(4)), {}),
+    ("instance_norm", NormalizationType.instance(), {}),
+    ("layer_norm", NormalizationType.layer(normalization_axis=1), {"normalization_axis": 1}),
+    ("group_norm", NormalizationType.group(group_count=2), {"num_groups": 2}),
+]
+
+
+@pytest.mark.parametrize("filter_type, ntype, extra", NORM_CASES, ids=[c[0] for c in NORM_CASES])
+def test_normalization_matches_object_api(filter_type, ntype, extra, rng):
+    n, shape = 3, (4, 2, 3)
+    x = rng.standard_normal((n, *shape)).astype(F32)
+    dy = rng.standard_normal((n, *shape)).astype(F32)
+    affine = shape[1:] if filter_type == "layer_norm" else (4,)
+    gamma = rng.uniform(0.5, 1.5, affine).astype(F32)
+    beta = rng.standard_normal(affine).astype(F32)
+    act = bf.Activation.tanh()
+    reference = NormalizationLayer(NormalizationParameters(
+        type=ntype, input_shape=shape, gamma=gamma, beta=beta, momentum=0.8, epsilon=1e-3, activation=act))
+    y_ref = reference.apply(x, phase="training")
+    g_ref = reference.apply_backward(x, dy, output=y_ref, phase="training")
+
+    moving_mean, moving_var = np.zeros(4, F32), np.ones(4, F32)
+    params = bnns.BNNSLayerParametersNormalization(
+        i_desc=Desc.shape_only(shape, "image_chw"), o_desc=Desc.shape_only(shape, "image_chw"),
+        gamma_desc=desc(gamma), beta_desc=desc(beta), momentum=0.8, epsilon=1e-3,
+        activation=bnns.BNNSActivation(function="tanh"),
+        moving_mean_desc=desc(moving_mean) if filter_type == "batch_norm" else None,
+        moving_variance_desc=desc(moving_var) if filter_type == "batch_norm" else None, **extra)
+    f = bnns.BNNSFilterCreateLayerNormalization(getattr(bf.FilterType, filter_type), params, None)
+    assert f is not None
+    sample = int(np.prod(shape))
+    in_stride = sample + 5                       # samples 5 elements apart: not contiguous
+    inp = np.zeros(n * in_stride, F32)
+    for b in range(n):
+        inp[b * in_stride:b * in_stride + sample] = x[b].ravel()
+    out = np.zeros(n * sample, F32)
+    assert bnns.BNNSNormalizationFilterApplyBatch(f, n, inp, in_stride, out, 0, True) == 0
+    np.testing.assert_allclose(out.reshape(n, *shape), y_ref, rtol=1e-6, atol=1e-6)
+    if filter_type == "batch_norm":
+        np.testing.assert_allclose(params.moving_mean_desc.data, reference.moving_mean, rtol=1e-6)
+
+    in_delta = np.zeros(n * sample, F32)
+    beta_delta = Desc.from_array(np.zeros(affine, F32), "row_major_matrix" if len(affine) == 2 else None)
+    gamma_delta = Desc.from_array(np.ones(affine, F32), "row_major_matrix" if len(affine) == 2 else None,
+                                  flags=bf.NDArrayFlags.backprop_accumulate)
+    assert bnns.BNNSNormalizationFilterApplyBackwardBatch(
+        f, n, in_delta, 0, out, 0, dy.ravel().copy(), 0, beta_delta, gamma_delta) == 0
+    np.testing.assert_allclose(in_delta.reshape(n, *shape), g_ref.input, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(beta_delta.data, g_ref.beta, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gamma_delta.data, 1 + g_ref.gamma, rtol=1e-5, atol=1e-6)  # accumulated
+    bnns.BNNSFilterDestroy(f)
+    assert bnns.BNNSNormalizationFilterApplyBatch(f, n, inp, in_stride, out, 0, True) == -1
+
+
+def test_normalization_failures_return_none_or_minus_one_with_reason(caplog):
+    caplog.set_level(logging.ERROR, logger="bnnsfw")
+    shape = (6, 2, 2)
+    params = bnns.BNNSLayerParametersNormalization(
+        i_desc=Desc.shape_only(shape, "image_chw"), o_desc=Desc.shape_only(shape, "image_chw"), num_groups=4)
+    assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.group_norm, params, None) is None
+    assert "group_count" in caplog.text and "divisible" in caplog.text
+    caplog.clear()
+    params.num_groups = 3
+    params.o_desc = Desc.shape_only((6, 2, 3), "image_chw")
+    assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.group_norm, params, None) is None
+    assert "o_desc.size" in caplog.text
+    caplog.clear()
+    params.o_desc = Desc.shape_only(shape, "image_chw")
+    params.gamma_desc = Desc(layout="vector", size=(6,), data=np.ones(6, np.int8), data_type="int8")
+    assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.group_norm, params, None) is None
+    assert "gamma_desc.data_type must be DataType.float32" in caplog.text
+    params.gamma_desc = None
+    params.i_desc = None
+    assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.group_norm, params, None) is None
+    assert "i_desc must be a BNNSNDArrayDescriptor" in caplog.text
+    params.i_desc = Desc.shape_only(shape, "image_chw")
+    f = bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.group_norm, params, None)
+    caplog.clear()
+    assert bnns.BNNSNormalizationFilterApplyBatch(f, 2, np.zeros(5, F32), 0, np.zeros(48, F32), 0, True) == -1
+    assert "in.data must be at least 48 elements" in caplog.text
+    caplog.clear()
+    assert bnns.BNNSNormalizationFilterApplyBackwardBatch(f, 2, None, 0, None, 0, np.zeros(48, F32), 0,
+                                                          None, None) == -1
+    assert "applied forward before its backward" in caplog.text
+
+
+def test_entry_points_warn_with_the_callers_line():
+    shape = (2, 1, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        params = bnns.BNNSLayerParametersNormalization(i_desc=Desc.shape_only(shape, "image_chw"),
+                                                       o_desc=Desc.shape_only(shape, "image_chw"))
+        bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.instance_norm, params, None)
+    messages = [(str(w.message), w.filename) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert any("BNNSLayerParametersNormalization" in m and f.endswith("test_bnns.py") for m, f in messages)
+    assert any("BNNSFilterCreateLayerNormalization" in m and "bnnsfw.NormalizationLayer" in m
+               and f.endswith("test_bnns.py") for m, f in messages)
+
+
+# ------------------------------------------------------------------ LSTM ---------------
+
+GATES = ("input_gate", "forget_gate", "candidate_gate", "output_gate")
+
+
+def lstm_params(p: LSTMParameters, n: int, t: int, x_desc: Desc, y_desc: Desc | None,
+                h0: np.ndarray | None = None, c0: np.ndarray | None = None, outputs: dict | None = None,
+                batch_sizes: np.ndarray | None = None) -> bnns.BNNSLayerParametersLSTM:
+    gates = {}
+    for name, g in zip(GATES, p.gates):
+        iw0, iw1 = g.input_weights
+        gates[name] = bnns.BNNSLSTMGateDescriptor(
+            iw_desc=(desc(iw0), desc(iw1) if iw1 is not None else None), hw_desc=desc(g.hidden_weights),
+            cw_desc=None if g.cell_weights is None else desc(g.cell_weights),
+            b_desc=None if g.bias is None else desc(g.bias))
+    states = (p.num_layers * p.num_directions, n, p.hidden_size)
+    outputs = outputs if outputs is not None else {}
+    return bnns.BNNSLayerParametersLSTM(
+        input_size=p.input_size, hidden_size=p.hidden_size, batch_size=n, num_layers=p.num_layers, seq_len=t,
+        dropout=p.dropout, lstm_flags=int(bf.LayerFlags.lstm_bidirectional) if p.bidirectional else 0,
+        sequence_descriptor=None if batch_sizes is None else Desc(
+            layout="vector", size=(t,), data=batch_sizes.astype(np.int32), data_type="int32"),
+        input_descriptor=bnns.BNNSLSTMDataDescriptor(
+            data_desc=x_desc, hidden_desc=None if h0 is None else desc(h0),
+            cell_state_desc=None if c0 is None else desc(c0)),
+        output_descriptor=bnns.BNNSLSTMDataDescriptor(
+            data_desc=y_desc, hidden_desc=desc(outputs.setdefault("h", np.zeros(states, F32))),
+            cell_state_desc=desc(outputs.setdefault("c", np.zeros(states, F32)))),
+        **gates)
+
+
+LSTM_CASES = [
+    dict(num_layers=1, bidirectional=False, peepholes=None, layout="sne", lengths=False),
+    dict(num_layers=2, bidirectional=True, peepholes="full", layout="sne", lengths=True),
+    dict(num_layers=2, bidirectional=False, peepholes="diagonal", layout="nse", lengths=False),
+    dict(num_layers=2, bidirectional=True, peepholes=None, layout="nse", lengths=True),
+]
+
+
+@pytest.mark.parametrize("case", LSTM_CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_lstm_matches_object_api(case, rng):
+    t, n, i, h = 5, 3, 4, 3
+    batch_first = case["layout"] == "nse"
+    p = LSTMParameters.random(input_size=i, hidden_size=h, num_layers=case["num_layers"],
+                              bidirectional=case["bidirectional"], peepholes=case["peepholes"], seed=3,
+                              batch_first=batch_first)
+    d = p.num_directions
+    x = rng.standard_normal((n, t, i) if batch_first else (t, n, i)).astype(F32)
+    h0 = rng.standard_normal((case["num_layers"] * d, n, h)).astype(F32)
+    c0 = rng.standard_normal((case["num_layers"] * d, n, h)).astype(F32)
+    lengths = np.array([5, 3, 2]) if case["lengths"] else None
+    batch_sizes = None if lengths is None else np.array([(lengths > s).sum() for s in range(t)])
+    dy = rng.standard_normal((n, t, d * h) if batch_first else (t, n, d * h)).astype(F32)
+    dht = rng.standard_normal(h0.shape).astype(F32)
+
+    layer = LSTMLayer(p)
+    ref = layer.apply(x, hidden=h0, cell=c0, sequence_lengths=lengths, training=True)
+    ref_g = layer.apply_backward(x, dy, hidden=h0, cell=c0, hidden_gradient=dht, sequence_lengths=lengths,
+                                 training_cache=ref.training_cache)
+
+    x_desc, _ = strided(x, case["layout"])           # non-contiguous input descriptor
+    y_buf = np.zeros(((n, t, d * h) if batch_first else (t, n, d * h)), F32)
+    outputs: dict = {}
+    lp = lstm_params(p, n, t, x_desc, desc(y_buf, case["layout"]), h0, c0, outputs, batch_sizes)
+    capacity = bnns.BNNSComputeLSTMTrainingCacheCapacity(lp)
+    assert capacity == layer.training_cache_capacity(batch_size=n, seq_len=t)
+    cache = np.zeros(capacity, np.uint8)
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, cache, capacity) == 0
+    np.testing.assert_allclose(y_buf, ref.output, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(outputs["h"], ref.hidden, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(outputs["c"], ref.cell, rtol=1e-6, atol=1e-6)
+
+    # the delta structure: dy and dh_T in its output descriptor, dx/dh0/dc0 and gate deltas out
+    dx_desc, dx_buf = strided(np.zeros_like(x), case["layout"], pad=2)
+    states = h0.shape
+    delta_gates = {}
+    for name, g in zip(GATES, p.gates):
+        iw0, iw1 = g.input_weights
+        delta_gates[name] = bnns.BNNSLSTMGateDescriptor(
+            iw_desc=(desc(np.zeros_like(iw0)), None if iw1 is None else desc(np.zeros_like(iw1))),
+            hw_desc=desc(np.zeros_like(g.hidden_weights)),
+            cw_desc=None if g.cell_weights is None else desc(np.zeros_like(g.cell_weights)),
+            b_desc=desc(np.ones_like(g.bias), flags=bf.NDArrayFlags.backprop_accumulate))
+    dlp = bnns.BNNSLayerParametersLSTM(
+        input_size=i, hidden_size=h, batch_size=n, num_layers=p.num_layers, seq_len=t,
+        input_descriptor=bnns.BNNSLSTMDataDescriptor(data_desc=dx_desc, hidden_desc=desc(np.zeros(states)),
+                                                     cell_state_desc=desc(np.zeros(states))),
+        output_descriptor=bnns.BNNSLSTMDataDescriptor(data_desc=desc(dy, case["layout"]), hidden_desc=desc(dht),
+                                                      cell_state_desc=None),
+        **delta_gates)
+    assert bnns.BNNSDirectApplyLSTMBatchBackward(lp, dlp, None, cache, capacity) == 0
+    dx = np.lib.stride_tricks.as_strided(dx_buf, shape=x.shape,
+                                         strides=tuple(np.array(dx_desc.stride[:3][::-1]) * 4))
+    np.testing.assert_allclose(dx, ref_g.input, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dlp.input_descriptor.hidden_desc.data, ref_g.hidden, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dlp.input_descriptor.cell_state_desc.data, ref_g.cell, rtol=1e-5, atol=1e-6)
+    for name in GATES:
+        got, want = delta_gates[name], getattr(ref_g, name)
+        np.testing.assert_allclose(got.iw_desc[0].data, want.input_weights[0], rtol=1e-5, atol=1e-5)
+        if want.input_weights[1] is not None:
+            np.testing.assert_allclose(got.iw_desc[1].data, want.input_weights[1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.hw_desc.data, want.hidden_weights, rtol=1e-5, atol=1e-5)
+        if want.cell_weights is not None:
+            np.testing.assert_allclose(got.cw_desc.data, want.cell_weights, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.b_desc.data, 1 + want.bias, rtol=1e-5, atol=1e-5)  # accumulated
+
+    # without a cache the backward recomputes the forward, as BNNS does
+    for g in delta_gates.values():
+        g.b_desc.flags = 0
+    assert bnns.BNNSDirectApplyLSTMBatchBackward(lp, dlp, None, None, 0) == 0
+    np.testing.assert_allclose(delta_gates["forget_gate"].b_desc.data, ref_g.forget_gate.bias, rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_lstm_padding_between_strided_elements_is_untouched(rng):
+    t, n, i, h = 3, 2, 2, 2
+    p = LSTMParameters.random(input_size=i, hidden_size=h, seed=0)
+    x = rng.standard_normal((t, n, i)).astype(F32)
+    y_desc, y_buf = strided(np.zeros((t, n, h), F32), "sne", pad=2)
+    lp = lstm_params(p, n, t, desc(x, "sne"), y_desc)
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, None, 0) == 0
+    written = ~np.isnan(y_buf)
+    assert written.sum() == t * n * h
+    np.testing.assert_allclose(y_buf[written], LSTMLayer(p).apply(x).output.ravel(), rtol=1e-6, atol=1e-6)
+
+
+def test_lstm_failures_log_the_reason(caplog, rng):
+    caplog.set_level(logging.ERROR, logger="bnnsfw")
+    t, n, i, h = 3, 2, 2, 2
+    p = LSTMParameters.random(input_size=i, hidden_size=h, seed=0)
+    x = rng.standard_normal((t, n, i)).astype(F32)
+    lp = lstm_params(p, n, t, desc(x, "sne"), desc(np.zeros((t, n, h), F32), "sne"))
+    capacity = bnns.BNNSComputeLSTMTrainingCacheCapacity(lp)
+    small = np.zeros(capacity - 1, np.uint8)
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, small, capacity - 1) == -1
+    assert "training_cache" in caplog.text
+    caplog.clear()
+    lp.hidden_size = 3                                  # weights no longer match
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, None, 0) == -1
+    assert "must be of shape" in caplog.text or "describing" in caplog.text
+    caplog.clear()
+    lp.hidden_size = 2
+    lp.input_gate.hw_desc = None                        # a required descriptor missing
+    assert bnns.BNNSComputeLSTMTrainingCacheCapacity(lp) == -1
+    assert "input_gate.hw_desc must be a BNNSNDArrayDescriptor" in caplog.text
+    caplog.clear()
+    lp.input_gate.hw_desc = Desc(layout="last_major_4d", size=(2, 2, 1, 1), data=np.zeros(4, np.int8),
+                                 data_type="int8")
+    assert bnns.BNNSComputeLSTMTrainingCacheCapacity(lp) == -1
+    assert "data_type must be DataType.float32" in caplog.text
+    caplog.clear()
+    lp.input_gate.hw_desc = desc(p.input_gate.hidden_weights)
+    lp.sequence_descriptor = Desc(layout="vector", size=(t,), data=np.array([1, 2, 2], np.int32), data_type="int32")
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, None, 0) == -1
+    assert "non-increasing" in caplog.text
+
+
+def test_deprecated_names_reachable_from_the_package_warn_when_called():
+    with pytest.warns(DeprecationWarning, match="BNNSComputeLSTMTrainingCacheCapacity") as record:
+        assert bf.BNNSComputeLSTMTrainingCacheCapacity(None) == -1
+    assert record[0].filename.endswith("test_bnns.py")
