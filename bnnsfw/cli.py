@@ -50,12 +50,6 @@ def _info() -> int:
     return 0 if ok else 1
 
 
-def _not_built(what: str) -> int:
-    print(f"bnnsfw {what}: not built yet in this version of bnnsfw.")
-    print("Run `bnnsfw` for the version, the backends and a health check.")
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bnnsfw`` console script; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -74,7 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .deprecation import main as deprecations_main
 
         return deprecations_main(rest)
-    if command in ("demo", "bench"):
-        return _not_built(command)
+    if command == "demo":
+        from .demo import main as demo_main
+
+        return demo_main(rest)
+    if command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(rest)
     parser.parse_args(args)  # reports the unknown command and exits with status 2
     return 2

@@ -1,0 +1,377 @@
+"""``bnnsfw bench``: time the LSTM and normalization layers, optionally beside PyTorch.
+
+Each row is timed as the median and the minimum over repeats after a warm-up. LSTM rows also
+report GFLOP/s (forward ``8·T·N·H·(I+H)`` per layer and direction, training three times that)
+and the fraction of the single-precision matrix-multiply peak measured in the same run.
+``--compare torch`` runs the same work, with the same weights and thread count, through
+PyTorch's CPU kernels in the same process and prints the time ratio bnnsfw / PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import attrs
+import numpy as np
+
+__all__ = ["main", "run", "BenchRow", "LSTM_CASES", "NORMALIZATION_CASES"]
+
+
+@attrs.frozen(kw_only=True)
+class LSTMCase:
+    name: str
+    seq_len: int
+    batch: int
+    input_size: int
+    hidden_size: int
+    num_layers: int = 1
+    bidirectional: bool = False
+
+    def flops(self) -> float:
+        """Forward floating-point operations: 8·T·N·H·(I_l + H) summed over layers and directions."""
+        d = 2 if self.bidirectional else 1
+        total = 0.0
+        for layer in range(self.num_layers):
+            width = self.input_size if layer == 0 else d * self.hidden_size
+            total += d * 8.0 * self.seq_len * self.batch * self.hidden_size * (width + self.hidden_size)
+        return total
+
+    def quick(self) -> "LSTMCase":
+        return attrs.evolve(self, seq_len=max(2, self.seq_len // 8), batch=max(1, self.batch // 8))
+
+
+@attrs.frozen(kw_only=True)
+class NormalizationCase:
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    groups: int = 1
+
+    def quick(self) -> "NormalizationCase":
+        n, c, *rest = self.shape
+        return attrs.evolve(self, shape=(max(2, n // 8), c, *[max(2, s // 4) for s in rest]))
+
+
+LSTM_CASES = (
+    LSTMCase(name="S", seq_len=100, batch=1, input_size=32, hidden_size=64),
+    LSTMCase(name="M", seq_len=50, batch=16, input_size=128, hidden_size=128),
+    LSTMCase(name="L", seq_len=64, batch=32, input_size=256, hidden_size=256),
+    LSTMCase(name="XL", seq_len=32, batch=64, input_size=512, hidden_size=512),
+    LSTMCase(name="M-2L-bi", seq_len=50, batch=16, input_size=128, hidden_size=128, num_layers=2,
+             bidirectional=True),
+)
+NORMALIZATION_CASES = (
+    NormalizationCase(name="batch", kind="batch", shape=(64, 64, 32, 32)),
+    NormalizationCase(name="layer", kind="layer", shape=(64, 128, 768)),
+    NormalizationCase(name="group", kind="group", shape=(32, 64, 32, 32), groups=8),
+    NormalizationCase(name="instance", kind="instance", shape=(32, 64, 32, 32)),
+)
+
+
+@attrs.define(kw_only=True)
+class BenchRow:
+    """One measured piece of work."""
+
+    name: str
+    work: str
+    median_ms: float
+    min_ms: float
+    gflops: float | None = None
+    peak_fraction: float | None = None
+    cache_bytes: int | None = None
+    torch_median_ms: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.torch_median_ms is None:
+            return None
+        return self.median_ms / self.torch_median_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        d = attrs.asdict(self)
+        d["ratio"] = self.ratio
+        return d
+
+
+def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float) -> tuple[float, float]:
+    """Median and minimum seconds of ``fn`` over at least ``repeats`` runs after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - start < budget and len(times) < 50):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+def measure_peak(*, quick: bool = False) -> float:
+    """Single-precision matrix-multiply GFLOP/s of this machine (a square sgemm through NumPy)."""
+    n = 512 if quick else 1536
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), np.float32)
+    _, best = _time(lambda: np.matmul(a, b, out=out), warmup=1, repeats=3 if quick else 5, budget=0.0)
+    return 2.0 * n**3 / best / 1e9
+
+
+# ---------------------------------------------------------------- LSTM ---------------
+
+
+def _lstm_layer(case: LSTMCase, backend: str | None, threads: int):
+    import bnnsfw as bf
+
+    params = bf.LSTMParameters.random(
+        input_size=case.input_size, hidden_size=case.hidden_size, num_layers=case.num_layers,
+        bidirectional=case.bidirectional, bias=True, seed=0, dtype=np.float32,
+    )
+    return params, bf.LSTMLayer(params, bf.FilterParameters(backend=backend, n_threads=threads))
+
+
+def _torch_lstm(case: LSTMCase, params: Any):
+    """A ``torch.nn.LSTM`` holding the same weights (gate order i, f, g, o in both)."""
+    import torch
+
+    lstm = torch.nn.LSTM(case.input_size, case.hidden_size, num_layers=case.num_layers,
+                         bidirectional=case.bidirectional)
+    gates = (params.input_gate, params.forget_gate, params.candidate_gate, params.output_gate)
+    with torch.no_grad():
+        for layer in range(case.num_layers):
+            for direction in range(2 if case.bidirectional else 1):
+                suffix = f"_l{layer}" + ("_reverse" if direction else "")
+                if layer == 0:
+                    w_ih = np.concatenate([g.input_weights[0][direction] for g in gates])
+                else:
+                    w_ih = np.concatenate([g.input_weights[1][layer - 1, direction] for g in gates])
+                w_hh = np.concatenate([g.hidden_weights[layer, direction] for g in gates])
+                bias = np.concatenate([g.bias[layer, direction] for g in gates])
+                getattr(lstm, "weight_ih" + suffix).copy_(torch.from_numpy(w_ih))
+                getattr(lstm, "weight_hh" + suffix).copy_(torch.from_numpy(w_hh))
+                getattr(lstm, "bias_ih" + suffix).copy_(torch.from_numpy(bias))
+                getattr(lstm, "bias_hh" + suffix).zero_()
+    return lstm
+
+
+def _bench_lstm(case: LSTMCase, opts: argparse.Namespace, peak: float, torch_mod: Any) -> list[BenchRow]:
+    rng = np.random.default_rng(1)
+    d = 2 if case.bidirectional else 1
+    x = rng.standard_normal((case.seq_len, case.batch, case.input_size), dtype=np.float32)
+    dy = rng.standard_normal((case.seq_len, case.batch, d * case.hidden_size), dtype=np.float32)
+    params, layer = _lstm_layer(case, opts.backend, opts.threads)
+    cache_bytes = layer.training_cache_capacity(batch_size=case.batch, seq_len=case.seq_len)
+    cache = np.empty(cache_bytes, np.uint8)
+
+    def forward() -> None:
+        layer.apply(x)
+
+    def train() -> None:
+        layer.apply(x, training=True, training_cache=cache)
+        layer.apply_backward(x, dy, training_cache=cache)
+
+    timing = dict(warmup=1, repeats=opts.repeats, budget=opts.budget)
+    rows = []
+    for work, fn, flops in (("fwd", forward, case.flops()), ("fwd+bwd", train, 3 * case.flops())):
+        med, best = _time(fn, **timing)
+        gflops = flops / med / 1e9
+        rows.append(BenchRow(name=f"lstm {case.name}", work=work, median_ms=med * 1e3, min_ms=best * 1e3,
+                             gflops=gflops, peak_fraction=gflops / peak,
+                             cache_bytes=cache_bytes if work == "fwd+bwd" else None))
+    layer.close()
+    if torch_mod is not None:
+        torch = torch_mod
+        lstm = _torch_lstm(case, params)
+        tx = torch.from_numpy(x)
+        tdy = torch.from_numpy(dy)
+
+        def t_forward() -> None:
+            with torch.no_grad():
+                lstm(tx)
+
+        def t_train() -> None:
+            xr = tx.detach().requires_grad_(True)
+            out, _ = lstm(xr)
+            out.backward(tdy)
+
+        for row, fn in zip(rows, (t_forward, t_train)):
+            row.torch_median_ms = _time(fn, **timing)[0] * 1e3
+    return rows
+
+
+# ---------------------------------------------------------------- normalization ------
+
+
+def _norm_layer(case: NormalizationCase, backend: str | None, threads: int):
+    import bnnsfw as bf
+
+    per_sample = case.shape[1:]
+    channels = per_sample[0]
+    if case.kind == "batch":
+        kind = bf.NormalizationType.batch(moving_mean=np.zeros(channels, np.float32),
+                                          moving_variance=np.ones(channels, np.float32))
+    elif case.kind == "instance":
+        kind = bf.NormalizationType.instance()
+    elif case.kind == "layer":
+        kind = bf.NormalizationType.layer(normalization_axis=len(per_sample) - 1)
+    else:
+        kind = bf.NormalizationType.group(group_count=case.groups)
+    params = bf.NormalizationParameters(type=kind, input_shape=per_sample, momentum=0.9, epsilon=1e-5,
+                                        dtype=np.float32)
+    return bf.NormalizationLayer(params, bf.FilterParameters(backend=backend, n_threads=threads))
+
+
+def _bench_normalization(case: NormalizationCase, opts: argparse.Namespace, torch_mod: Any) -> list[BenchRow]:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(case.shape, dtype=np.float32)
+    dy = rng.standard_normal(case.shape, dtype=np.float32)
+    layer = _norm_layer(case, opts.backend, opts.threads)
+    y = np.empty_like(x)
+
+    def train() -> None:
+        layer.apply(x, phase="training", output=y)
+        layer.apply_backward(x, dy, output=y, phase="training")
+
+    timing = dict(warmup=1, repeats=opts.repeats, budget=opts.budget)
+    med, best = _time(train, **timing)
+    row = BenchRow(name=f"norm {case.name} {'x'.join(map(str, case.shape))}", work="fwd+bwd",
+                   median_ms=med * 1e3, min_ms=best * 1e3)
+    layer.close()
+    if torch_mod is not None:
+        torch = torch_mod
+        F = torch.nn.functional
+        tx, tdy = torch.from_numpy(x), torch.from_numpy(dy)
+        channels = case.shape[1]
+        weight = torch.ones(channels, requires_grad=True)
+        bias = torch.zeros(channels, requires_grad=True)
+        running_mean, running_var = torch.zeros(channels), torch.ones(channels)
+        if case.kind == "layer":
+            weight = torch.ones(case.shape[-1], requires_grad=True)
+            bias = torch.zeros(case.shape[-1], requires_grad=True)
+
+        def forward(xr: Any) -> Any:
+            if case.kind == "batch":
+                return F.batch_norm(xr, running_mean, running_var, weight, bias, training=True,
+                                    momentum=0.1, eps=1e-5)
+            if case.kind == "instance":
+                return F.instance_norm(xr, weight=weight, bias=bias, eps=1e-5)
+            if case.kind == "layer":
+                return F.layer_norm(xr, (case.shape[-1],), weight, bias, eps=1e-5)
+            return F.group_norm(xr, case.groups, weight, bias, eps=1e-5)
+
+        def t_train() -> None:
+            xr = tx.detach().requires_grad_(True)
+            forward(xr).backward(tdy)
+
+        row.torch_median_ms = _time(t_train, **timing)[0] * 1e3
+    return [row]
+
+
+# ---------------------------------------------------------------- driver -------------
+
+
+def _load_torch(threads: int) -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads if threads > 0 else (os.cpu_count() or 1))
+    return torch
+
+
+def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
+    """Run every row and print the table; return the figures as a JSON-ready dict."""
+    out = sys.stdout if out is None else out
+    import bnnsfw as bf
+
+    backend = bf.get_backend(opts.backend).name
+    torch_mod = None
+    if opts.compare == "torch":
+        torch_mod = _load_torch(opts.threads)
+        if torch_mod is None:
+            print("--compare torch: PyTorch is not installed; carrying on without it.", file=out)
+    peak = measure_peak(quick=opts.quick)
+    threads = opts.threads or "default"
+    print(f"bnnsfw {bf.__version__} bench: backend {backend}, threads {threads}, "
+          f"{os.cpu_count()} cores, float32; sgemm peak {peak:.1f} GFLOP/s"
+          + (f"; PyTorch {torch_mod.__version__}" if torch_mod is not None else ""), file=out)
+    rows: list[BenchRow] = []
+    lstm_cases = [c.quick() for c in LSTM_CASES] if opts.quick else list(LSTM_CASES)
+    norm_cases = [c.quick() for c in NORMALIZATION_CASES] if opts.quick else list(NORMALIZATION_CASES)
+    for case in lstm_cases:
+        rows += _bench_lstm(case, opts, peak, torch_mod)
+    for case in norm_cases:
+        rows += _bench_normalization(case, opts, torch_mod)
+    print(format_table(rows, with_torch=torch_mod is not None), file=out)
+    return {
+        "bnnsfw": bf.__version__,
+        "backend": backend,
+        "threads": opts.threads,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "numpy": np.__version__,
+        "torch": getattr(torch_mod, "__version__", None),
+        "quick": opts.quick,
+        "sgemm_peak_gflops": peak,
+        "rows": [r.as_dict() for r in rows],
+    }
+
+
+def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
+    """The rows as an aligned text table."""
+    header = ["row", "work", "median ms", "min ms", "GFLOP/s", "% peak", "cache MB"]
+    if with_torch:
+        header += ["torch ms", "ratio"]
+    lines = [header]
+    for r in rows:
+        cells = [
+            r.name, r.work, f"{r.median_ms:.2f}", f"{r.min_ms:.2f}",
+            "" if r.gflops is None else f"{r.gflops:.1f}",
+            "" if r.peak_fraction is None else f"{100 * r.peak_fraction:.0f}%",
+            "" if r.cache_bytes is None else f"{r.cache_bytes / 2**20:.1f}",
+        ]
+        if with_torch:
+            cells += ["" if r.torch_median_ms is None else f"{r.torch_median_ms:.2f}",
+                      "" if r.ratio is None else f"{r.ratio:.2f}"]
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = []
+    for i, line in enumerate(lines):
+        text.append("  ".join(c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths))))
+        if i == 0:
+            text.append("  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bnnsfw bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--compare", choices=["torch"], help="also time PyTorch's CPU kernels and print ratios")
+    p.add_argument("--backend", default="auto", help="bnnsfw backend (default: auto)")
+    p.add_argument("--threads", type=int, default=0, help="BLAS (and PyTorch) threads; 0: library default")
+    p.add_argument("--quick", action="store_true", help="small shapes and few repeats (a few seconds)")
+    p.add_argument("--repeats", type=int, default=None, help="minimum timed repeats per row")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parser().parse_args(argv)
+    if opts.repeats is None:
+        opts.repeats = 2 if opts.quick else 7
+    opts.budget = 0.0 if opts.quick else 1.0
+    if opts.threads < 0:
+        parser().error("--threads must be >= 0")
+    figures = run(opts)
+    if opts.json:
+        with open(opts.json, "w", encoding="utf-8") as fh:
+            json.dump(figures, fh, indent=2)
+        print(f"figures written to {opts.json}")
+    return 0
