@@ -261,10 +261,15 @@ _NORMALIZATION_TYPES = {
 class BNNSFilter:
     """What a BNNS create function returns: the layer and the state BNNS keeps with it."""
 
-    def __init__(self, layer: Any, i_desc: BNNSNDArrayDescriptor, o_desc: BNNSNDArrayDescriptor) -> None:
+    def __init__(self, layer: Any, i_desc: BNNSNDArrayDescriptor, o_desc: BNNSNDArrayDescriptor,
+                 moving_descs: tuple[BNNSNDArrayDescriptor | None, BNNSNDArrayDescriptor | None] = (None, None),
+                 ) -> None:
         self.layer = layer
         self.i_desc = i_desc
         self.o_desc = o_desc
+        #: Where a training forward writes the updated moving mean and variance back.
+        self.moving_descs = moving_descs
+        #: The input and phase of the last forward, which the backward differentiates.
         self.last_input: np.ndarray | None = None
         self.last_phase: str | None = None
 
@@ -329,9 +334,8 @@ def BNNSFilterCreateLayerNormalization(
         activation=_activation("layer_params.activation", p.activation), dtype=np.float32,
     )
     layer = NormalizationLayer(params, _filter_parameters(filter_params))
-    bnns_filter = BNNSFilter(layer, p.i_desc, p.o_desc)  # type: ignore[arg-type]
-    bnns_filter.moving_descs = (p.moving_mean_desc, p.moving_variance_desc)  # type: ignore[attr-defined]
-    return bnns_filter
+    return BNNSFilter(layer, p.i_desc, p.o_desc,  # type: ignore[arg-type]
+                      (p.moving_mean_desc, p.moving_variance_desc))
 
 
 def _check_filter(value: object) -> BNNSFilter:
@@ -362,7 +366,7 @@ def BNNSNormalizationFilterApplyBatch(
     if not nd.write("out", _batch_desc(f.o_desc, out), y, batch=(n, int(out_stride))):
         raise InvalidParameterError(must_be("out", "a buffer", None))
     f.last_input, f.last_phase = x, phase
-    mean_desc, var_desc = getattr(f, "moving_descs", (None, None))
+    mean_desc, var_desc = f.moving_descs
     if training and f.layer.moving_mean is not None:  # BNNS updates the caller's moving statistics
         nd.write("layer_params.moving_mean_desc", mean_desc, f.layer.moving_mean)
         nd.write("layer_params.moving_variance_desc", var_desc, f.layer.moving_variance)
