@@ -48,7 +48,7 @@ __all__ = [
 
 _log = logging.getLogger("bnnsfw")
 
-#: ``BNNSFlags``: keep the caller's weight pointers instead of copying the weights.
+#: The ``BNNSFlags`` bit that keeps the caller's weight pointers instead of copying the weights.
 BNNSFlagsUseClientPtr = 0x0001
 
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -79,8 +79,8 @@ KINDS: tuple[str, ...] = (
     "swift-type",
 )
 
-#: ``deprecated``: marked for removal; ``renamed``: Swift spells the C name differently;
-#: ``available``: not deprecated.
+#: The statuses a record can have: ``deprecated`` (marked for removal), ``renamed`` (Swift
+#: spells the C name differently) and ``available`` (not deprecated).
 STATUSES: tuple[str, ...] = ("deprecated", "renamed", "available")
 
 #: File suffixes :func:`scan` reads when it walks a directory.

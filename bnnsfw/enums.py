@@ -95,7 +95,7 @@ class DataLayout(_Parse, enum.IntEnum):
 
     @property
     def rank(self) -> int:
-        """Number of dimensions (``BNNSDataLayoutGetRank``): the high 16 bits of the value."""
+        """Number of dimensions (``BNNSDataLayoutGetRank``), the high 16 bits of the value."""
         return int(self) >> 16
 
 

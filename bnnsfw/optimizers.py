@@ -138,17 +138,17 @@ class Optimizer:
 
     @property
     def weight_decay(self) -> float:
-        """L2 regularization: ``weight_decay · p`` is added to each gradient."""
+        """L2 regularization, adding ``weight_decay · p`` to each gradient."""
         return self._weight_decay
 
     @property
     def clip_value(self) -> float | None:
-        """Gradients are clipped elementwise to ``[−clip_value, clip_value]``; ``None``: off."""
+        """Bound for clipping gradients elementwise to ``[−clip_value, clip_value]`` (``None`` is off)."""
         return self._clip_value
 
     @property
     def clip_norm(self) -> float | None:
-        """Maximum global L2 norm of all the gradients of a step; ``None``: off."""
+        """Maximum global L2 norm of all the gradients of a step (``None`` is off)."""
         return self._clip_norm
 
     @property
