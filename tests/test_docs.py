@@ -1,0 +1,82 @@
+"""The documentation: it builds without warnings, every page is reachable, examples run."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bnnsfw
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+BUILD = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html"]
+
+
+def _toctree_entries(page: Path) -> list[str]:
+    """Documents named by the MyST ``{toctree}`` blocks of ``page``, relative to docs/."""
+    text = page.read_text(encoding="utf-8")
+    entries = []
+    for block in re.findall(r"^```\{toctree\}[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.splitlines():
+            line = line.strip()
+            if not line or line.startswith(":"):
+                continue
+            match = re.fullmatch(r".*<(.+)>", line)  # "Title <document>"
+            entries.append((match.group(1) if match else line).removesuffix(".md"))
+    return entries
+
+
+def _reachable() -> set[str]:
+    seen: set[str] = set()
+    todo = ["index"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        page = DOCS / f"{name}.md"
+        assert page.is_file(), f"a toctree names {name!r}, but docs/{name}.md does not exist"
+        todo.extend(_toctree_entries(page))
+    return seen
+
+
+def test_every_page_is_reachable_from_the_toctree():
+    pages = {p.stem for p in DOCS.glob("*.md")}
+    missing = pages - _reachable()
+    assert not missing, f"docs pages in no toctree (add them to docs/index.md): {sorted(missing)}"
+
+
+def test_every_public_name_is_in_the_api_reference():
+    api = (DOCS / "api.md").read_text(encoding="utf-8")
+    directive = r"^\.\. auto(?:class|exception|function|data):: bnnsfw\.(\w+)$"
+    documented = set(re.findall(directive, api, flags=re.M))
+    modules = set(re.findall(r"^\.\. automodule:: bnnsfw\.([\w.]+)$", api, flags=re.M))
+    for name in bnnsfw.__all__:
+        if name == "__version__":
+            continue
+        if name in ("losses", "optimizers"):
+            assert name in modules, f"docs/api.md has no automodule for bnnsfw.{name}"
+        else:
+            assert name in documented, f"docs/api.md does not document bnnsfw.{name}"
+
+
+def test_concepts_examples_run():
+    text = (DOCS / "concepts.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "docs/concepts.md", "exec"), {})
+
+
+@pytest.mark.slow
+def test_docs_build_with_warnings_as_errors(tmp_path):
+    if importlib.util.find_spec("sphinx") is None or importlib.util.find_spec("myst_parser") is None:
+        pytest.skip("sphinx and myst-parser are not installed (pip install -e '.[docs]')")
+    command = [*BUILD, "-q", "-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "html")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"the docs build failed:\n{result.stderr[-6000:]}"
+    assert (tmp_path / "html" / "api.html").is_file()
