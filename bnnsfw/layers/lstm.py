@@ -158,6 +158,8 @@ class LSTMGateDescriptor:
     activation : Activation or None
         ``None`` is the gate's default: sigmoid, or tanh for the candidate gate.
 
+    Notes
+    -----
     Shapes are checked against the sizes by :class:`LSTMParameters`, which also casts the
     arrays to the layer's dtype.
     """
