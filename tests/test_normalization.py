@@ -1,6 +1,9 @@
 """NormalizationLayer: forward against the SPEC formulas, backward against finite differences.
 
-Every layer test runs on every registered backend (the ``backend_name`` fixture).
+Every layer test runs on every registered backend (the ``backend_name`` fixture, overridden
+here), and once more on a ``scipy-blas`` backend whose blocks hold a handful of elements, so
+that the blocked, multithreaded kernels run on the tests' small inputs with uneven blocks
+(the default backends hand inputs that small to the reference kernels).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from bnnsfw.layers.normalization import (
     NormalizationType,
 )
 
+from bnnsfw.backends import _fast_normalization as fast
+from bnnsfw.backends.scipy_blas import ScipyBlasBackend
+from conftest import BACKENDS
 from gradcheck import assert_gradient_close, numerical_gradient
 
 KINDS = ("batch", "instance", "layer", "group")
@@ -32,6 +38,22 @@ ACTIVATIONS = {
     "gelu": Activation.gelu(),  # derivative from the (recomputed) pre-activation
     "softplus": Activation.softplus(1.5, 0.8),  # idem
 }
+
+
+def blocked_backend(block: int = 5, threaded_block: int = 11) -> ScipyBlasBackend:
+    """The ``scipy-blas`` backend with blocks of ``block`` (one thread) or ``threaded_block``
+    (several) elements and no lower size limit: its blocked kernels run on any input."""
+    backend = ScipyBlasBackend()
+    backend.normalization_min_elements = 0
+    backend.normalization_block_elements = block
+    backend.normalization_threaded_block_elements = threaded_block
+    return backend
+
+
+@pytest.fixture(params=[*BACKENDS, "scipy-blas (tiny blocks)"])
+def backend_name(request: pytest.FixtureRequest) -> object:
+    """Each registered backend's name, then a backend object running the blocked kernels."""
+    return blocked_backend() if request.param == "scipy-blas (tiny blocks)" else request.param
 
 
 def make_type(kind: str, rank: int, *, moving: bool = False, rng: np.random.Generator | None = None,
@@ -60,7 +82,7 @@ def make_params(kind: str, shape: tuple[int, ...], rng: np.random.Generator, *, 
     )
 
 
-def make_layer(params: NormalizationParameters, backend_name: str, **extra) -> NormalizationLayer:
+def make_layer(params: NormalizationParameters, backend_name: object, **extra) -> NormalizationLayer:
     return NormalizationLayer(params, FilterParameters(backend=backend_name, **extra))
 
 
@@ -511,7 +533,7 @@ def test_repr_and_properties(backend_name, rng):
     params = make_params("group", (4, 3), rng)
     layer = make_layer(params, backend_name)
     assert repr(layer) == (f"<NormalizationLayer type=group_norm, group_count=2, input_shape=(4, 3), "
-                           f"dtype=float64, activation=identity, backend={backend_name!r}, open>")
+                           f"dtype=float64, activation=identity, backend={layer.backend.name!r}, open>")
     assert layer.parameters is params and layer.input_shape == (4, 3) and layer.dtype == np.float64
 
 
@@ -690,3 +712,146 @@ def test_matches_pytorch_layer_and_group_norm(backend_name, rng, kind):
     np.testing.assert_allclose(g.input, tx.grad.numpy(), rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(g.gamma, tgamma.grad.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(g.beta, tbeta.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# --- the blocked, multithreaded kernels of the scipy-blas backend --------------------------
+
+# Odd extents, so that blocks of whole rows split the batch unevenly.
+BLOCKED_SHAPES = {"batch": (5, 7, 9, 11), "instance": (3, 6, 13, 7), "layer": (7, 5, 33), "group": (3, 6, 5, 7)}
+
+
+def _blocked_case(kind: str, rng: np.random.Generator, activation: Activation, dtype=np.float64):
+    shape = BLOCKED_SHAPES[kind]
+    channels = shape[1]
+    if kind in ("batch", "instance"):
+        ntype = getattr(NormalizationType, kind)(moving_mean=rng.standard_normal(channels),
+                                                 moving_variance=rng.uniform(0.5, 2.0, channels))
+    elif kind == "layer":
+        ntype = NormalizationType.layer(normalization_axis=len(shape) - 2)
+    else:
+        ntype = NormalizationType.group(group_count=3)
+    affine = shape[-1:] if kind == "layer" else (channels,)
+    params = NormalizationParameters(type=ntype, input_shape=shape[1:], gamma=rng.uniform(0.5, 1.5, affine),
+                                     beta=rng.standard_normal(affine), activation=activation, momentum=0.3,
+                                     dtype=dtype)
+    x = (rng.standard_normal(shape) * 2.0 + 3.0).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    return params, x, dy
+
+
+def _run(params, backend, x, dy, phase, **filter_options):
+    layer = NormalizationLayer(params, FilterParameters(backend=backend, **filter_options))
+    y = layer.apply(x, phase=phase)
+    g = layer.apply_backward(x, dy, output=y, phase=phase)
+    return y, g.input, g.gamma, g.beta, layer.moving_mean, layer.moving_variance
+
+
+@pytest.mark.parametrize("block", [1, 64, 97, 1 << 16])
+@pytest.mark.parametrize("activation", ["identity", "sigmoid", "gelu"])
+@pytest.mark.parametrize("phase", ["training", "inference"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_blocked_kernels_match_the_reference(rng, kind, phase, activation, block):
+    # Blocks of one row, of a few rows with a remainder, and one block for everything.
+    params, x, dy = _blocked_case(kind, rng, ACTIVATIONS[activation])
+    ours = _run(params, blocked_backend(block, block), x, dy, phase)
+    reference = _run(params, "numpy", x, dy, phase)
+    for name, a, b in zip(("output", "input", "gamma", "beta", "moving_mean", "moving_variance"), ours, reference):
+        if b is not None:
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_blocked_kernels_float32_agree_with_the_reference(rng, kind):
+    params, x, dy = _blocked_case(kind, rng, Activation.tanh(), dtype=np.float32)
+    ours = _run(params, blocked_backend(64, 64), x, dy, "training")
+    reference = _run(params, "numpy", x, dy, "training")
+    for name, a, b in zip(("output", "input", "gamma", "beta", "moving_mean", "moving_variance"), ours, reference):
+        if b is not None:
+            assert a.dtype == np.float32
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5 * np.abs(b).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_thread_count_does_not_change_results(rng, kind):
+    # The blocks depend on the shape only and partial sums are combined in block order, so
+    # one, two or more threads give identical bits.
+    params, x, dy = _blocked_case(kind, rng, Activation.gelu(), dtype=np.float32)
+    backend = blocked_backend(64, 64)
+    results = [_run(params, backend, x, dy, "training", n_threads=threads) for threads in (1, 2, 3)]
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_default_blocks_one_and_two_threads_agree(rng, kind):
+    # Above the size limit, with the default block sizes (which differ with the thread count).
+    shape = {"batch": (6, 8, 40, 40), "instance": (4, 8, 40, 40), "layer": (6, 64, 128), "group": (4, 8, 40, 40)}[kind]
+    channels = shape[1]
+    ntype = {"batch": NormalizationType.batch(np.zeros(channels), np.ones(channels)), "instance": NormalizationType.instance(),
+             "layer": NormalizationType.layer(normalization_axis=1), "group": NormalizationType.group(group_count=4)}[kind]
+    affine = shape[-1:] if kind == "layer" else (channels,)
+    params = NormalizationParameters(type=ntype, input_shape=shape[1:], gamma=rng.uniform(0.5, 1.5, affine),
+                                     beta=rng.standard_normal(affine), dtype=np.float32)
+    x = (rng.standard_normal(shape) + 1.0).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    assert ScipyBlasBackend()._normalization_plan(x.reshape(shape[0], channels, 1, -1), 1) is not None
+    one = _run(params, "scipy-blas", x, dy, "training", n_threads=1)
+    two = _run(params, "scipy-blas", x, dy, "training", n_threads=2)
+    reference = _run(params, "numpy", x, dy, "training")
+    for name, a, b, c in zip(("output", "input", "gamma", "beta", "moving_mean", "moving_variance"), one, two, reference):
+        if a is not None:
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(a).max(), err_msg=name)
+            np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4 * np.abs(c).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_blocked_backward_may_overwrite_dy_and_forward_x(rng, kind):
+    params, x, dy = _blocked_case(kind, rng, Activation.sigmoid())
+    backend = blocked_backend(64, 64)
+    y, dx, *_ = _run(params, backend, x, dy, "training")
+    layer = NormalizationLayer(params, FilterParameters(backend=backend))
+    x_in_place = x.copy()
+    np.testing.assert_allclose(layer.apply(x_in_place, output=x_in_place), y, rtol=1e-12, atol=1e-12)
+    dy_in_place = dy.copy()
+    g = layer.apply_backward(x, dy_in_place, output=y, input_gradient=dy_in_place)
+    assert g.input is dy_in_place
+    np.testing.assert_allclose(dy_in_place, dx, rtol=1e-12, atol=1e-12)
+
+
+def test_default_sizes_use_the_reference_below_the_limit_and_blocks_above(rng, monkeypatch):
+    backend = ScipyBlasBackend()
+    x = rng.standard_normal((2, 3, 4, 5))
+    assert backend._normalization_plan(x, 0) is None  # small: the reference kernels
+    big = np.empty((64, 64, 1, 1024), np.float32)
+    plan = backend._normalization_plan(big, 1)
+    assert plan is not None and plan.threads == 1
+    assert max(r1 - r0 for r0, r1 in plan.spans) * 1024 <= backend.normalization_block_elements
+    assert sum(r1 - r0 for r0, r1 in plan.spans) == 64 * 64
+    monkeypatch.setattr(fast, "_CPUS", 4)
+    assert backend._normalization_plan(big, 2).threads == 2
+    assert backend._normalization_plan(big, 0).threads == fast.default_threads() == 4
+    assert backend._normalization_plan(big, 64).threads == 4  # n_threads is a limit, capped at the CPUs
+
+
+def test_workspaces_and_allocated_gradients_are_aligned(rng):
+    a = fast.aligned_empty_like(np.empty((3, 5, 7), np.float32))
+    assert a.shape == (3, 5, 7) and a.dtype == np.float32 and a.ctypes.data % 64 == 0
+    params, x, dy = _blocked_case("instance", rng, Activation.identity(), dtype=np.float32)
+    layer = NormalizationLayer(params, FilterParameters(backend=blocked_backend(64, 64)))
+    assert layer.apply_backward(x, dy).input.ctypes.data % 64 == 0
+
+
+def test_a_worker_error_reaches_the_caller():
+    plan = fast._Plan((8, 1, 1, 4), 4, 2)  # eight blocks, two threads
+
+    def task(index, r0, r1, work, spare):
+        if index == 5:
+            raise RuntimeError("block 5 failed")
+
+    with pytest.raises(RuntimeError, match="block 5 failed"):
+        plan.run(task, np.dtype(np.float64))
+    seen = []
+    plan.run(lambda index, *_: seen.append(index), np.dtype(np.float64))  # the pool still works
+    assert sorted(seen) == list(range(8))

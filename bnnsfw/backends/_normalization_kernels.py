@@ -17,6 +17,10 @@ gamma and beta always constant over ``N`` and ``S``, so one pair of kernels cove
 types. Read as a matrix, the view has one row per ``(n, g)`` statistics set (``K·S``
 columns), which makes every statistic a row sum.
 
+These are the reference kernels, written for reading: one NumPy operation per step of the
+math. The ``scipy-blas`` backend overrides them with cache-blocked, multithreaded kernels
+(:mod:`bnnsfw.backends._fast_normalization`) that compute the same quantities.
+
 Precision. Everything stays in the input's dtype: no float64 temporaries on the float32
 path. Sums are ``einsum`` row sums and row dot products accumulated in float32; on the
 benchmark sizes (up to 65 536 elements per statistics set) the float32 mean is within float32
@@ -155,6 +159,7 @@ class NormalizationKernels:
         out: Array,
         mean: Array | None = None,
         variance: Array | None = None,
+        threads: int = 0,
     ) -> tuple[Array, Array, Array]:
         """``out = act(gamma · (x − mean) / sqrt(variance + epsilon) + beta)``.
 
@@ -175,6 +180,9 @@ class NormalizationKernels:
         mean, variance : ndarray, shape (1, G, 1, 1), optional
             Statistics to use (moving statistics in inference); computed from ``x`` when
             ``None``.
+        threads : int
+            Threads the kernel may use (``FilterParameters.n_threads``; 0: the backend's
+            default). The reference kernels run on the calling thread and ignore it.
 
         Returns
         -------
@@ -211,6 +219,7 @@ class NormalizationKernels:
         mean: Array | None = None,
         variance: Array | None = None,
         scratch: Sequence[Array] = (),
+        threads: int = 0,
     ) -> tuple[Array, Array, Array]:
         """Gradients of the forward with respect to ``x``, ``gamma`` and ``beta``.
 
@@ -238,6 +247,8 @@ class NormalizationKernels:
         scratch : sequence of ndarray
             Up to two C-contiguous arrays shaped like ``x`` that the kernel may overwrite
             (reused workspaces); missing ones are allocated.
+        threads : int
+            As for :meth:`normalization_forward`.
 
         Returns
         -------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas
 
+from ._fast_normalization import BlockedNormalizationKernels
 from .numpy import NumpyBackend, check_gemm_operands
 
 __all__ = ["ScipyBlasBackend"]
@@ -27,8 +28,9 @@ def _column_major_view(m: np.ndarray, trans: bool) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(m).T, trans
 
 
-class ScipyBlasBackend(NumpyBackend):
-    """Direct BLAS products into preallocated outputs; every other kernel from NumPy."""
+class ScipyBlasBackend(BlockedNormalizationKernels, NumpyBackend):
+    """Direct BLAS products into preallocated outputs, cache-blocked multithreaded
+    normalization kernels; every other kernel from the NumPy reference."""
 
     name = "scipy-blas"
 

@@ -529,6 +529,7 @@ class NormalizationLayer(Filter):
             _, mean, variance = self.backend.normalization_forward(
                 x4, *self._affine_views(), epsilon=self._parameters.epsilon, reduce_axes=layout.reduce_axes,
                 activation=self._parameters.activation, out=out4, mean=mean, variance=variance,
+                threads=self.filter_parameters.n_threads,
             )
             if phase is LearningPhase.training and self._moving_mean is not None:
                 with self._moving_lock:
@@ -623,7 +624,7 @@ class NormalizationLayer(Filter):
                 dx4, dgamma4, dbeta4 = self.backend.normalization_backward(
                     x4, dy4, *self._affine_views(), epsilon=self._parameters.epsilon,
                     reduce_axes=layout.reduce_axes, activation=activation, output=output4, out=work,
-                    mean=mean, variance=variance, scratch=scratch,
+                    mean=mean, variance=variance, scratch=scratch, threads=self.filter_parameters.n_threads,
                 )
         finally:
             if owns_scratch:
