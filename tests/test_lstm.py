@@ -490,6 +490,129 @@ def test_cache_buffer_errors(backend_name, rng):
             layer.apply(x, training_cache=np.zeros(size, np.uint8))
 
 
+def test_cache_at_an_odd_address_gives_the_same_results(backend_name, rng):
+    """BLAS writes straight into the step blocks of the cache; a misaligned buffer must not
+    lose those writes (the kernels then take the reference path)."""
+    params = LSTMParameters.random(input_size=3, hidden_size=4, num_layers=2, bidirectional=True, seed=5)
+    x = rng.standard_normal((5, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((5, 3, 8)).astype(np.float32)
+    with layer_for(params, backend_name) as layer:
+        want = layer.apply(x, training=True)
+        want_grads = layer.apply_backward(x, dy, training_cache=want.training_cache)
+        odd = memoryview(bytearray(layer.training_cache_capacity(3, 5) + 3))[3:]
+        got = layer.apply(x, training=True, training_cache=odd)
+        grads = layer.apply_backward(x, dy, training_cache=odd)
+    np.testing.assert_array_equal(got.output, want.output)
+    np.testing.assert_array_equal(grads.input, want_grads.input)
+    for a, b in zip(grads.gates, want_grads.gates):
+        np.testing.assert_array_equal(a.hidden_weights, b.hidden_weights)
+
+
+def test_a_cache_serves_every_backend(rng):
+    """The cache layout is the layer's, not the backend's: a cache written on one backend
+    gives the same gradients on another."""
+    params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, bidirectional=True, seed=2,
+                                   dtype=np.float64)
+    x, dy = rng.standard_normal((6, 2, 3)), rng.standard_normal((6, 2, 10))
+    layers = {name: layer_for(params, name) for name in bf.available_backends()}
+    caches = {name: layer.apply(x, training=True).training_cache for name, layer in layers.items()}
+    for reader, layer in layers.items():
+        want = layer.apply_backward(x, dy, training_cache=caches[reader])
+        for writer, cache in caches.items():
+            got = layer.apply_backward(x, dy, training_cache=cache)
+            np.testing.assert_allclose(got.input, want.input, rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{writer}->{reader}")
+            for a, b in zip(got.gates, want.gates):
+                np.testing.assert_allclose(a.hidden_weights, b.hidden_weights, rtol=1e-12, atol=1e-12)
+    for layer in layers.values():
+        layer.close()
+
+
+# ------------------------------------------------------------------------------------------
+# The fast kernels (default cell, scipy-blas) agree with the reference kernels.
+# ------------------------------------------------------------------------------------------
+FAST_CASES = {
+    "one_step_one_sequence": dict(seq_len=1, batch=1, input_size=2, hidden_size=3),
+    "one_sequence": dict(seq_len=9, batch=1, input_size=5, hidden_size=7),  # N = 1: the projection-row path
+    "odd_sizes": dict(seq_len=6, batch=3, input_size=5, hidden_size=7),
+    "bidirectional_stack": dict(seq_len=5, batch=4, input_size=3, hidden_size=6, num_layers=2,
+                                bidirectional=True),
+    "batch_first_states": dict(seq_len=4, batch=2, input_size=3, hidden_size=5, num_layers=2,
+                               bidirectional=True, batch_first=True, states=True),
+    "one_sequence_bidirectional_states": dict(seq_len=7, batch=1, input_size=4, hidden_size=3,
+                                              bidirectional=True, states=True),
+    "no_bias_three_layers": dict(seq_len=3, batch=5, input_size=2, hidden_size=4, num_layers=3, bias=False),
+}
+
+
+def _all_results(layer, x, states, dy, final_grads):
+    inference = layer.apply(x, *states)
+    out = layer.apply(x, *states, training=True)
+    grads = layer.apply_backward(x, dy, *states, *final_grads, training_cache=out.training_cache)
+    no_dy = layer.apply_backward(x, None, *states, *final_grads, training_cache=out.training_cache)
+    arrays = [inference.output, inference.hidden, inference.cell, out.output, out.hidden, out.cell]
+    for g in (grads, no_dy):
+        arrays += [g.input, g.hidden, g.cell]
+        for gate in g.gates:
+            arrays += [a for a in (*gate.input_weights, gate.hidden_weights, gate.bias) if a is not None]
+    return arrays
+
+
+@pytest.mark.skipif("scipy-blas" not in bf.available_backends(), reason="needs the scipy-blas backend")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("case", sorted(FAST_CASES))
+def test_fast_kernels_agree_with_the_reference(case, dtype, rng):
+    spec = dict(FAST_CASES[case])
+    seq_len, batch, states = spec.pop("seq_len"), spec.pop("batch"), spec.pop("states", False)
+    params = LSTMParameters.random(seed=11, dtype=dtype, **spec)
+    with layer_for(params, "scipy-blas") as probe:
+        assert probe._plan.fast
+    x_shape, y_shape, state_shape = shapes(params, seq_len, batch)
+    x, dy = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(y_shape).astype(dtype)
+    h0c0 = tuple(rng.standard_normal(state_shape).astype(dtype) for _ in range(2)) if states else (None, None)
+    final_grads = tuple(rng.standard_normal(state_shape).astype(dtype) for _ in range(2))
+    with layer_for(params, "numpy") as reference, layer_for(params, "scipy-blas") as fast:
+        want = _all_results(reference, x, h0c0, dy, final_grads)
+        got = _all_results(fast, x, h0c0, dy, final_grads)
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    for k, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"array {k}")
+
+
+@pytest.mark.skipif("scipy-blas" not in bf.available_backends(), reason="needs the scipy-blas backend")
+def test_fast_kernels_take_the_default_cell_only(monkeypatch, rng):
+    """The default cell never reaches the reference step kernels; peepholes, other activations
+    and variable lengths do (and still agree, see the tests above on every backend)."""
+    from bnnsfw.backends._lstm_kernels import LSTMKernels
+
+    calls = {"forward": 0, "backward": 0}
+    for kind in calls:
+        original = getattr(LSTMKernels, f"lstm_{kind}_step")
+
+        def counted(self, *args, _original=original, _kind=kind, **kwargs):
+            calls[_kind] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(LSTMKernels, f"lstm_{kind}_step", counted)
+    plain = LSTMParameters.random(input_size=3, hidden_size=4, seed=0)
+    x = rng.standard_normal((5, 2, 3)).astype(np.float32)
+
+    def run(params, **options):
+        calls.update(forward=0, backward=0)
+        with layer_for(params, "scipy-blas") as layer:
+            out = layer.apply(x, training=True, **options)
+            layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache, **options)
+        return dict(calls)
+
+    assert run(plain) == {"forward": 0, "backward": 0}
+    assert run(attrs.evolve(plain, default_activations=True)) == {"forward": 0, "backward": 0}
+    assert run(plain, sequence_lengths=[5, 3]) == {"forward": 5, "backward": 5}
+    peephole = LSTMParameters.random(input_size=3, hidden_size=4, seed=0, peepholes="diagonal")
+    assert run(peephole) == {"forward": 5, "backward": 5}
+    softsign = with_gates(plain, forget_gate=dict(activation=A.softsign()))
+    assert run(softsign) == {"forward": 5, "backward": 5}
+
+
 # ------------------------------------------------------------------------------------------
 # Contracts: inputs untouched, client pointers, lifecycle, parameter objects.
 # ------------------------------------------------------------------------------------------

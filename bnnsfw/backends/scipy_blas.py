@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas
 
+from ._fast_lstm import FastLSTMKernels
 from ._fast_normalization import BlockedNormalizationKernels
 from .numpy import NumpyBackend, check_gemm_operands
 
@@ -28,7 +29,7 @@ def _column_major_view(m: np.ndarray, trans: bool) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(m).T, trans
 
 
-class ScipyBlasBackend(BlockedNormalizationKernels, NumpyBackend):
+class ScipyBlasBackend(BlockedNormalizationKernels, FastLSTMKernels, NumpyBackend):
     """Direct BLAS products into preallocated outputs, cache-blocked multithreaded
     normalization kernels; every other kernel from the NumPy reference."""
 

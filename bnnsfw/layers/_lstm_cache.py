@@ -9,17 +9,18 @@ array                 shape                   for
 ====================  ======================  =============================================
 ``inputs[l]``         (T, N, D·H), l ≥ 1      the input layer l saw (after dropout)
 ``masks[l]``          (T, N, D·H), l ≥ 1      dropout scale (0 or 1/(1−p)); only if p > 0
-``gates[l][d]``       (T, 4H, N)              activated gates i, f, g, o at each time
-``pre[l][d]``         (T, 4H, N)              gate pre-activations; only when a gate
-                                              activation's derivative needs its input
-``hidden[l][d]``      (T, N, H)               hidden state before the step at each time
-``cell[l][d]``        (T, H, N)               cell state before the step at each time
-``cell_act[l][d]``    (T, H, N)               hidden activation of the new cell
+``steps[l][d]``       (T, 6H, N)              per step: the cell before the step, the
+                                              activated gates g, f, i, o (internal order)
+                                              and the hidden activation of the new cell
+``pre[l][d]``         (T, 4H, N)              gate pre-activations (internal order); only
+                                              when a gate activation's derivative needs
+                                              its input
+``hidden[l][d]``      (T, H, N)               hidden state before the step at each time
 ====================  ======================  =============================================
 
-Per-step arrays the step kernels read are feature-major (``(4H, N)``, ``(H, N)``: each
-gate a contiguous block); those the all-steps products read are row-major ``(T·N, ·)``.
-Layer by layer (inputs, masks, then each direction's five arrays). Every array is a
+Per-step arrays are feature-major (one column per sequence), the layout the step kernels
+read and write (``bnnsfw/backends/_lstm_kernels.py`` documents the rows of a step block).
+Layer by layer (inputs, masks, then each direction's three arrays). Every array is a
 multiple of T·N elements, so the capacity is ``64 + itemsize · T · N · k`` with ``k`` fixed
 by the configuration: exactly affine in T·N.
 
@@ -31,6 +32,7 @@ magic first and writes the header last, so an interrupted forward leaves no vali
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import NamedTuple
 
@@ -42,7 +44,7 @@ __all__ = ["CacheLayout", "CacheViews", "HEADER_BYTES", "as_byte_buffer", "write
 
 HEADER_BYTES = 64
 MAGIC = b"BNNSLSTM"
-VERSION = 1
+VERSION = 2  # 2: step blocks (T, 6H, N) in the internal gate order, states feature-major
 _HEADER = struct.Struct("<8sIIQQIIII")
 FLAG_MASKS = 1
 FLAG_PRE = 2
@@ -53,11 +55,9 @@ class CacheViews(NamedTuple):
 
     inputs: list[np.ndarray | None]
     masks: list[np.ndarray | None]
-    gates: list[list[np.ndarray]]
+    steps: list[list[np.ndarray]]
     pre: list[list[np.ndarray | None]]
-    hidden: list[list[np.ndarray]]
-    cell: list[list[np.ndarray]]
-    cell_act: list[list[np.ndarray]]
+    hidden: list[list[np.ndarray | None]]
 
 
 class CacheLayout:
@@ -75,17 +75,18 @@ class CacheLayout:
         self.store_pre = store_pre
         self.store_masks = store_masks
         self.reuse_steps = reuse_steps
+        self.fingerprint: int | None = None  # the layer's digest for full-length sequences, once computed
         h, dirs = hidden_size, num_directions
         per_step = 0  # elements per (time step, batch row)
         per_batch = 0  # elements per batch row, for arrays that one step's buffer serves
         for layer in range(num_layers):
             if layer > 0:
                 per_step += dirs * h * (2 if store_masks else 1)
-            per_step += dirs * (4 * h * (1 if store_pre else 0) + 2 * h)
-            if reuse_steps:
-                per_batch += dirs * 5 * h
+            per_step += dirs * 4 * h * (1 if store_pre else 0)  # pre
+            if reuse_steps:  # inference: one step block, no states kept
+                per_batch += dirs * 6 * h
             else:
-                per_step += dirs * 5 * h
+                per_step += dirs * 7 * h  # the step blocks and the hidden states
         self.payload_bytes = self.dtype.itemsize * batch_size * (seq_len * per_step + per_batch)
         self.nbytes = HEADER_BYTES + self.payload_bytes
 
@@ -96,9 +97,9 @@ class CacheLayout:
     def bind(self, buffer: np.ndarray) -> CacheViews:
         """Views of the arrays inside ``buffer`` (a 1-D uint8 array of at least ``nbytes``).
 
-        With ``reuse_steps`` (the inference scratch space, never a training cache) the gates
-        and the activated cells of every step share one step's buffer: a view with a zero
-        stride along T, so the step loop stays the same and its working set stays in cache.
+        With ``reuse_steps`` (the inference scratch space, never a training cache) every
+        step shares one step block, a view with a zero stride along T, so the step loop stays
+        the same and its working set stays in cache, and no hidden states are kept.
         """
         data = buffer[HEADER_BYTES:self.nbytes].view(self.dtype)
         t, n, h, dirs = self.seq_len, self.batch_size, self.hidden_size, self.num_directions
@@ -106,7 +107,7 @@ class CacheLayout:
 
         def take(*shape: int) -> np.ndarray:
             nonlocal position
-            size = int(np.prod(shape))
+            size = math.prod(shape)
             view = data[position:position + size].reshape(shape)
             position += size
             return view
@@ -117,18 +118,17 @@ class CacheLayout:
             one = take(*shape)
             return np.lib.stride_tricks.as_strided(one, (t, *shape), (0, *one.strides), writeable=True)
 
-        views = CacheViews([], [], [], [], [], [], [])
+        views = CacheViews([], [], [], [], [])
         for layer in range(self.num_layers):
             views.inputs.append(take(t, n, dirs * h) if layer > 0 else None)
             views.masks.append(take(t, n, dirs * h) if layer > 0 and self.store_masks else None)
-            for name in ("gates", "pre", "hidden", "cell", "cell_act"):
-                getattr(views, name).append([])
+            views.steps.append([])
+            views.pre.append([])
+            views.hidden.append([])
             for _ in range(dirs):
-                views.gates[layer].append(per_step(4 * h, n))
+                views.steps[layer].append(per_step(6 * h, n))
                 views.pre[layer].append(take(t, 4 * h, n) if self.store_pre else None)
-                views.hidden[layer].append(take(t, n, h))
-                views.cell[layer].append(take(t, h, n))
-                views.cell_act[layer].append(per_step(h, n))
+                views.hidden[layer].append(None if self.reuse_steps else take(t, h, n))
         assert position == data.size
         return views
 

@@ -9,12 +9,13 @@ layer and direction at step t (gates in the order input, forget, candidate, outp
     c' = f ⊙ c + i ⊙ g
     o = act_o(W_o x + U_o h + P_o c' + b_o)     h' = o ⊙ act_h(c')
 
-How it runs: per layer and direction, the input projection of all time steps is one
-matrix product into a row-major ``(T·N, 4H)`` buffer. Each step works feature-major: its
-gates are a contiguous ``(4H, N)`` buffer that receives the step's projection plus bias and,
-from one product, ``U @ h_{t-1}``; one fused elementwise kernel of the backend finishes the
-step. Backward runs one fused kernel and one product ``Uᵀ dz`` per step, then the weight and
-input gradients as single products over all T·N rows. ``docs/lstm.md`` has the details.
+How it runs: per layer and direction the backend's ``lstm_forward_sequence`` kernel does
+the input projection of all time steps as one matrix product, then the recurrence: each step
+is one product ``U h_{t-1}`` into the step's feature-major ``(6H, N)`` block (previous cell,
+gates, activated new cell) and a few in-place ufuncs. Backward runs
+``lstm_backward_sequence`` (one fused pass and one product ``Uᵀ dz`` per step), then the
+weight and input gradients as single products over all T·N columns. ``docs/lstm.md`` has
+the details.
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ import contextlib
 import hashlib
 import math
 import threading
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import attrs
 import numpy as np
 
 from .._validation import as_input, describe, finite_float, layer_dtype, parameter_array, positive_int
 from ..activation import Activation
-from ..backends._lstm_kernels import LSTMPeepholes, LSTMStepPlan, LSTMStepWork
+from ..backends._lstm_kernels import INTERNAL_ORDER, PROJECTION_PAD, LSTMPeepholes, LSTMStepPlan, LSTMWeights
 from ..errors import InvalidParameterError, ShapeError, must_be
 from ..filter import Filter, FilterParameters
 from ._lstm_cache import (
@@ -411,17 +412,6 @@ class LSTMGradients:
 # --------------------------------------------------------------------------------------
 # The layer.
 # --------------------------------------------------------------------------------------
-class _DirectionWeights(NamedTuple):
-    """One layer and direction, stacked in gate order for single products."""
-
-    wx: np.ndarray  # (4H, I_l): the all-steps projection is X @ wxᵀ
-    u: np.ndarray  # (4H, H): each step's U @ h
-    u_t: np.ndarray  # (H, 4H): Uᵀ stored contiguous, the faster layout for backward's Uᵀ dz
-    bias_column: np.ndarray  # (4H, 1): the gates' biases, added to each step's (4H, N) gates
-    full_pre: np.ndarray | None  # (4H, H): full peepholes of i, f, g on c_{t-1}; zero rows elsewhere
-    peepholes: LSTMPeepholes  # diagonal ones, and the output gate's full one
-
-
 class _Workspace:
     """Scratch arrays reused across calls, grown on demand."""
 
@@ -436,8 +426,7 @@ class _Workspace:
         return buffer[:nbytes]
 
     def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        size = int(np.prod(shape)) * dtype.itemsize
-        return self.bytes(name, size).view(dtype).reshape(shape)
+        return self.bytes(name, math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
 
 
 class LSTMLayer(Filter):
@@ -478,12 +467,13 @@ class LSTMLayer(Filter):
             parameters.cell_activation,
             tuple(g.peephole for g in parameters.gates),  # type: ignore[arg-type]
         )
-        self._weights: list[list[_DirectionWeights]] | None = (
+        self._weights: list[list[LSTMWeights]] | None = (
             None if self.filter_parameters.use_client_pointer else self._stack_weights()
         )
         self._rng: np.random.Generator | None = np.random.default_rng(parameters.seed)
         self._workspace: _Workspace | None = _Workspace()
         self._workspace_lock = threading.Lock()
+        self._layouts: dict[tuple[int, int, bool], CacheLayout] = {}
         self._config_key = self._configuration_key()
 
     # ----------------------------------------------------------------------------------
@@ -647,15 +637,20 @@ class LSTMLayer(Filter):
     # ----------------------------------------------------------------------------------
     # Forward and backward, next to each other.
     # ----------------------------------------------------------------------------------
-    def _forward(self, weights: list[list[_DirectionWeights]], x2: np.ndarray, h0: np.ndarray | None,
+    def _forward(self, weights: list[list[LSTMWeights]], x2: np.ndarray, h0: np.ndarray | None,
                  c0: np.ndarray | None, lengths: np.ndarray | None, views: CacheViews, output_tm: np.ndarray,
                  h_out: np.ndarray, c_out: np.ndarray, training: bool, workspace: _Workspace) -> None:
-        """All layers forward; writes the cache views, the output and the final states."""
+        """All layers forward; writes the cache views, the output and the final states.
+
+        Per layer and direction, the backend's ``lstm_forward_sequence`` runs the projection
+        and the recurrence and writes that direction's columns of the output (or of the next
+        layer's input).
+        """
         p = self._params
         seq_len, batch = output_tm.shape[:2]
         size_d, h = p.num_directions, p.hidden_size
         active, inactive = self._step_masks(lengths, seq_len, batch)
-        work = LSTMStepWork.allocate(batch, h, self._dtype)
+        forward = self.backend.lstm_forward_sequence  # type: ignore[attr-defined]
         layer_input = x2
         for layer in range(p.num_layers):
             last = layer == p.num_layers - 1
@@ -663,12 +658,11 @@ class LSTMLayer(Filter):
             assert target is not None
             for d in range(size_d):
                 index = layer * size_d + d
-                self._forward_direction(
-                    weights[layer][d], layer_input, views, layer, d,
-                    None if h0 is None else h0[index], None if c0 is None else c0[index],
-                    h_out[index], c_out[index], inactive, work, workspace,
-                )
-                self._gather_output(views.hidden[layer][d], h_out[index], target[:, :, d * h:(d + 1) * h], d)
+                forward(self._plan, weights[layer][d], layer_input,
+                        None if h0 is None else h0[index], None if c0 is None else c0[index],
+                        views.steps[layer][d], views.pre[layer][d], views.hidden[layer][d],
+                        target[:, :, d * h:(d + 1) * h], h_out[index], c_out[index],
+                        reverse=d == 1, inactive=inactive, scratch=workspace)
             if active is not None:
                 target[~active] = 0.0
             if not last:
@@ -679,66 +673,22 @@ class LSTMLayer(Filter):
                     np.multiply(target, mask, out=target)
                 layer_input = target.reshape(seq_len * batch, size_d * h)
 
-    def _forward_direction(self, w: _DirectionWeights, x2: np.ndarray, views: CacheViews, layer: int,
-                           d: int, h0: np.ndarray | None, c0: np.ndarray | None, h_final: np.ndarray,
-                           c_final: np.ndarray, inactive: list[np.ndarray | None], work: LSTMStepWork,
-                           workspace: _Workspace) -> None:
-        """One layer and direction: all-steps projection, then the recurrence.
-
-        The projection is row-major ``(T·N, 4H)``; each step works feature-major: its gates
-        ``(4H, N)`` get ``U @ h`` from one product plus the step's projection (transposed),
-        then the fused kernel. States run as ``(H, N)``; the hidden state before each step is
-        also kept row-major for the output and the all-steps weight gradient.
-        """
-        backend, plan = self.backend, self._plan
-        gates, pre = views.gates[layer][d], views.pre[layer][d]
-        hidden, cell, cell_act = views.hidden[layer][d], views.cell[layer][d], views.cell_act[layer][d]
-        seq_len, four_h, batch = gates.shape
-        h = four_h // 4
-        projection = workspace.array("projection", (seq_len * batch, four_h), self._dtype)
-        backend.gemm(x2, w.wx, out=projection, trans_b=True)
-        projection = projection.reshape(seq_len, batch, four_h)
-        h_prev = workspace.array("h_a", (h, batch), self._dtype)
-        h_next = workspace.array("h_b", (h, batch), self._dtype)
-        c_last = workspace.array("c_last", (h, batch), self._dtype)
-        times = range(seq_len) if d == 0 else range(seq_len - 1, -1, -1)
-        step = 1 if d == 0 else -1
-        first = times[0]
-        _copy_or_zero(hidden[first], h0)
-        _copy_or_zero(h_prev, None if h0 is None else h0.T)
-        _copy_or_zero(cell[first], None if c0 is None else c0.T)
-        for k, t in enumerate(times):
-            last = k == seq_len - 1
-            z = gates[t]
-            np.add(projection[t].T, w.bias_column, out=z)
-            if k > 0 or h0 is not None:  # U @ 0 adds nothing
-                backend.gemm(w.u, h_prev, out=z, beta=1.0)
-            if w.full_pre is not None:
-                backend.gemm(w.full_pre, cell[t], out=z, beta=1.0)
-            c_new = c_last if last else cell[t + step]
-            backend.lstm_forward_step(  # type: ignore[attr-defined]
-                plan, w.peepholes, z, h_prev, cell[t], h_next, c_new, cell_act[t], work,
-                pre=None if pre is None else pre[t], inactive=inactive[t])
-            if not last:
-                np.copyto(hidden[t + step], h_next.T)
-            h_prev, h_next = h_next, h_prev
-        np.copyto(h_final, h_prev.T)
-        np.copyto(c_final, c_last.T)
-
-    def _backward(self, weights: list[list[_DirectionWeights]], x2: np.ndarray, dy: np.ndarray | None,
+    def _backward(self, weights: list[list[LSTMWeights]], x2: np.ndarray, dy: np.ndarray | None,
                   dh_final: np.ndarray | None, dc_final: np.ndarray | None, lengths: np.ndarray | None,
                   views: CacheViews, workspace: _Workspace) -> LSTMGradients:
-        """All layers backward, top layer first."""
+        """All layers backward, top layer first: per layer and direction the backend's
+        ``lstm_backward_sequence`` leaves dGates feature-major ``(4H, T·N)``, then the weight and
+        input gradients are one product each."""
         p = self._params
-        seq_len, batch = views.hidden[0][0].shape[:2]
+        seq_len, _, batch = views.steps[0][0].shape
         size_l, size_d, h = p.num_layers, p.num_directions, p.hidden_size
         dtype = self._dtype
         active, inactive = self._step_masks(lengths, seq_len, batch)
-        work = LSTMStepWork.allocate(batch, h, dtype)
+        backward = self.backend.lstm_backward_sequence  # type: ignore[attr-defined]
         grads = _GradientArrays(p)
         d_hidden = np.empty((size_l * size_d, batch, h), dtype)
         d_cell = np.empty((size_l * size_d, batch, h), dtype)
-        d_gates = workspace.array("d_gates", (seq_len, batch, 4 * h), dtype)
+        d_gates = workspace.array("d_gates", (4 * h, seq_len * batch), dtype)
         c_new = workspace.array("cell_new", (seq_len, h, batch), dtype) if self._plan.needs_cell else None
         d_input = None
         for layer in range(size_l - 1, -1, -1):
@@ -751,12 +701,14 @@ class LSTMLayer(Filter):
             for d in range(size_d):
                 index = layer * size_d + d
                 w = weights[layer][d]
-                self._backward_direction(
-                    w, views, layer, d, dy, None if dh_final is None else dh_final[index],
-                    None if dc_final is None else dc_final[index], d_hidden[index], d_cell[index],
-                    d_gates, c_new, active, inactive, work, workspace,
-                )
-                self._weight_gradients(w, layer, d, layer_input, views, d_gates, c_new, d_input, grads)
+                backward(self._plan, w, views.steps[layer][d], views.pre[layer][d],
+                         None if dy is None else dy[:, :, d * h:(d + 1) * h],
+                         None if dh_final is None else dh_final[index],
+                         None if dc_final is None else dc_final[index], d_hidden[index], d_cell[index],
+                         d_gates,
+                         reverse=d == 1, active=active, inactive=inactive, c_new=c_new, scratch=workspace)
+                self._weight_gradients(w, layer, d, layer_input, views, d_gates, c_new, d_input, grads,
+                                       workspace)
             if layer > 0:
                 mask = views.masks[layer]
                 if mask is not None:
@@ -768,91 +720,49 @@ class LSTMLayer(Filter):
             d_x = np.ascontiguousarray(d_x.transpose(1, 0, 2))
         return grads.result(d_x, d_hidden, d_cell)
 
-    def _backward_direction(self, w: _DirectionWeights, views: CacheViews, layer: int, d: int,
-                            dy: np.ndarray | None, dh_final: np.ndarray | None, dc_final: np.ndarray | None,
-                            dh_initial: np.ndarray, dc_initial: np.ndarray, d_gates: np.ndarray,
-                            c_new: np.ndarray | None, active: np.ndarray | None,
-                            inactive: list[np.ndarray | None], work: LSTMStepWork,
-                            workspace: _Workspace) -> None:
-        """The recurrence of one layer and direction in reverse; leaves dGates, row-major
-        ``(T, N, 4H)``, in ``d_gates`` for the all-steps products."""
-        backend, plan = self.backend, self._plan
-        gates, pre = views.gates[layer][d], views.pre[layer][d]
-        cell, cell_act = views.cell[layer][d], views.cell_act[layer][d]
-        seq_len, four_h, batch = gates.shape
-        h = four_h // 4
-        dtype = self._dtype
-        columns = slice(d * h, (d + 1) * h)
-        times = range(seq_len - 1, -1, -1) if d == 0 else range(seq_len)
-        dh = workspace.array("dh_a", (h, batch), dtype)
-        dh_prev = workspace.array("dh_b", (h, batch), dtype)
-        dc = workspace.array("dc", (h, batch), dtype)  # updated in place, step by step
-        dz = workspace.array("dz", (four_h, batch), dtype)
-        _copy_or_zero(dh, None if dh_final is None else dh_final.T)
-        _copy_or_zero(dc, None if dc_final is None else dc_final.T)
-        for t in times:
-            if dy is not None:
-                if inactive[t] is None:
-                    np.add(dh, dy[t, :, columns].T, out=dh)
-                else:
-                    np.add(dh, dy[t, :, columns].T, out=dh, where=active[t][None, :])  # type: ignore[index]
-            backend.lstm_backward_step(  # type: ignore[attr-defined]
-                plan, w.peepholes, w.full_pre, dh, dc, gates[t], cell[t], cell_act[t], dz, work,
-                pre=None if pre is None else pre[t], c_out=None if c_new is None else c_new[t],
-                inactive=inactive[t])
-            backend.gemm(w.u_t, dz, out=dh_prev)
-            if inactive[t] is not None:
-                np.copyto(dh_prev, dh, where=inactive[t])
-            np.copyto(d_gates[t], dz.T)
-            dh, dh_prev = dh_prev, dh
-        np.copyto(dh_initial, dh.T)
-        np.copyto(dc_initial, dc.T)
-
-    def _weight_gradients(self, w: _DirectionWeights, layer: int, d: int, layer_input: np.ndarray,
+    def _weight_gradients(self, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
                           views: CacheViews, d_gates: np.ndarray, c_new: np.ndarray | None,
-                          d_input: np.ndarray, grads: "_GradientArrays") -> None:
-        """Weight, bias, peephole and input gradients of one layer and direction: one product each."""
-        backend, plan = self.backend, self._plan
-        seq_len, batch, four_h = d_gates.shape
+                          d_input: np.ndarray, grads: "_GradientArrays", workspace: _Workspace) -> None:
+        """Weight, bias, peephole and input gradients of one layer and direction: one product each
+        over all T·N columns of ``d_gates`` (4H, T·N)."""
+        backend, plan, dtype = self.backend, self._plan, self._dtype
+        four_h, columns = d_gates.shape
         h = four_h // 4
-        rows = seq_len * batch
-        dz = d_gates.reshape(rows, four_h)
-        d_wx = backend.gemm(dz, layer_input, trans_a=True)
-        d_u = backend.gemm(dz, views.hidden[layer][d].reshape(rows, h), trans_a=True)
-        d_bias = dz.sum(axis=0)
+        d_wx = backend.gemm(d_gates, layer_input)
+        before = views.hidden[layer][d]
+        assert before is not None  # a training cache keeps the states
+        hidden = _columns(before, workspace.array("hidden_columns", (h, columns), dtype))
+        d_u = backend.gemm(d_gates, hidden, trans_b=True)
+        d_bias = d_gates.sum(axis=1)
         d_peep: list[np.ndarray | None] = [None] * 4
-        if any(plan.peepholes):  # the peephole products want the cells row-major too
-            cell_prev = _rows(views.cell[layer][d])
-            d_full_pre = backend.gemm(dz, cell_prev, trans_a=True) if w.full_pre is not None else None
+        if any(plan.peepholes):
+            cell_prev = _columns(views.steps[layer][d][:, :h],
+                                 workspace.array("cell_columns", (h, columns), dtype))
+            d_full_pre = None
+            if w.full_pre_grad is not None:
+                d_full_pre = backend.gemm(d_gates, cell_prev, trans_b=True)
             for gate, kind in enumerate(plan.peepholes):
                 if kind is None:
                     continue
-                block = dz[:, gate * h:(gate + 1) * h]
-                source = cell_prev if gate < 3 else _rows(c_new)  # type: ignore[arg-type]  # o sees c_t
+                block = d_gates[gate * h:(gate + 1) * h]
+                if gate < 3:
+                    source = cell_prev
+                else:  # the output gate sees the new cell
+                    assert c_new is not None
+                    source = _columns(c_new, workspace.array("cell_new_columns", (h, columns), dtype))
                 if kind == "full" and gate < 3:
                     assert d_full_pre is not None
                     d_peep[gate] = d_full_pre[gate * h:(gate + 1) * h]
                 elif kind == "full":
-                    d_peep[gate] = backend.gemm(block, source, trans_a=True)
+                    d_peep[gate] = backend.gemm(block, source, trans_b=True)
                 else:
-                    d_peep[gate] = np.einsum("rh,rh->h", block, source)
-        backend.gemm(dz, w.wx, out=d_input, beta=0.0 if d == 0 else 1.0)
+                    d_peep[gate] = np.einsum("hr,hr->h", block, source)
+        backend.gemm(d_gates, w.wx_t, out=d_input, trans_a=True, trans_b=True, beta=0.0 if d == 0 else 1.0)
         grads.store(layer, d, d_wx, d_u, d_bias, d_peep)
 
     # ----------------------------------------------------------------------------------
     # Helpers.
     # ----------------------------------------------------------------------------------
-    @staticmethod
-    def _gather_output(hidden: np.ndarray, h_final: np.ndarray, target: np.ndarray, d: int) -> None:
-        """Time-aligned output of one direction: the state after consuming ``x[t]``."""
-        seq_len = hidden.shape[0]
-        if d == 0:  # after step t is the "before" of t + 1
-            target[:seq_len - 1] = hidden[1:]
-            target[seq_len - 1] = h_final
-        else:  # the reverse direction's "before" of t - 1
-            target[1:] = hidden[:seq_len - 1]
-            target[0] = h_final
-
     def _draw_dropout(self, mask: np.ndarray) -> None:
         """Inverted-dropout scales: 0 with probability p, else 1/(1−p); from the layer's generator."""
         assert self._rng is not None
@@ -888,12 +798,16 @@ class LSTMLayer(Filter):
             x2[np.arange(seq_len)[:, None] >= lengths[None, :]] = 0.0
         return x2.reshape(seq_len * batch, size_i)
 
-    def _stack_weights(self) -> list[list[_DirectionWeights]]:
-        """Per layer and direction, the gates' weights stacked in gate order (copies)."""
+    def _stack_weights(self) -> list[list[LSTMWeights]]:
+        """Per layer and direction, the gates' weights stacked in the internal gate order
+        (copies); the forward ones with the rows of sigmoid gates halved (``LSTMWeights``)."""
         p = self._params
         h, dtype = p.hidden_size, self._dtype
-        gates = p.gates
-        kinds = self._plan.peepholes
+        plan = self._plan
+        gates = [p.gates[k] for k in INTERNAL_ORDER]
+        kinds = plan.peepholes
+        scale = plan.row_scale(dtype)
+        halve = any(plan.halved)
         stacked = []
         for layer in range(p.num_layers):
             row = []
@@ -915,13 +829,27 @@ class LSTMLayer(Filter):
                     np.array(g.cell_weights[layer, d]).reshape(h, 1) if kind == "diagonal" else None
                     for g, kind in zip(gates, kinds)
                 )
-                full_output = (np.array(gates[3].cell_weights[layer, d]) if kinds[3] == "full" else None)
-                row.append(_DirectionWeights(wx, u, np.ascontiguousarray(u.T), bias, full_pre,
-                                             LSTMPeepholes(diagonal, full_output)))  # type: ignore[arg-type]
+                full_output = np.array(gates[3].cell_weights[layer, d]) if kinds[3] == "full" else None
+                peepholes = LSTMPeepholes(diagonal, full_output)  # type: ignore[arg-type]
+                wx_bias = np.zeros((4 * h + PROJECTION_PAD, wx.shape[1] + 1), dtype)
+                wx_bias[:4 * h, :-1] = wx
+                wx_bias[:4 * h, -1:] = bias
+                if halve:
+                    rows = [scale[k * h:(k + 1) * h] for k in range(4)]
+                    wx_bias[:4 * h] *= scale
+                    halved = tuple(None if c is None else c * rows[k] for k, c in enumerate(diagonal))
+                    forward = (wx_bias, u * scale, None if full_pre is None else full_pre * scale,
+                               LSTMPeepholes(halved,  # type: ignore[arg-type]
+                                             None if full_output is None else full_output * rows[3]))
+                else:
+                    forward = (wx_bias, u, full_pre, peepholes)
+                row.append(LSTMWeights(*forward, wx_t=np.ascontiguousarray(wx.T),
+                                       u_t=np.ascontiguousarray(u.T), full_pre_grad=full_pre,
+                                       peepholes_grad=peepholes))
             stacked.append(row)
         return stacked
 
-    def _current_weights(self) -> list[list[_DirectionWeights]]:
+    def _current_weights(self) -> list[list[LSTMWeights]]:
         if self._weights is not None:
             return self._weights
         return self._stack_weights()  # client pointers: see in-place updates of the caller's arrays
@@ -944,12 +872,22 @@ class LSTMLayer(Filter):
         return self._params.dropout > 0.0 and self._params.num_layers > 1
 
     def _layout(self, seq_len: int, batch: int, *, training: bool) -> CacheLayout:
-        p = self._params
-        return CacheLayout(
-            seq_len=seq_len, batch_size=batch, hidden_size=p.hidden_size, num_layers=p.num_layers,
-            num_directions=p.num_directions, dtype=self._dtype, store_pre=training and self._plan.store_pre,
-            store_masks=training and self._has_dropout, reuse_steps=not training,
-        )
+        """The layout for T, N and the mode; the last few are kept (a call's fixed cost matters
+        when the sequences are short)."""
+        key = (seq_len, batch, training)
+        layout = self._layouts.get(key)
+        if layout is None:
+            p = self._params
+            layout = CacheLayout(
+                seq_len=seq_len, batch_size=batch, hidden_size=p.hidden_size, num_layers=p.num_layers,
+                num_directions=p.num_directions, dtype=self._dtype,
+                store_pre=training and self._plan.store_pre, store_masks=training and self._has_dropout,
+                reuse_steps=not training,
+            )
+            if len(self._layouts) >= 8:
+                self._layouts.clear()
+            self._layouts[key] = layout
+        return layout
 
     def _configuration_key(self) -> bytes:
         p = self._params
@@ -959,11 +897,16 @@ class LSTMLayer(Filter):
 
     def _fingerprint(self, layout: CacheLayout, lengths: np.ndarray | None) -> int:
         """64-bit digest of the configuration, T, N, the lengths and the cache layout."""
+        if lengths is None and layout.fingerprint is not None:
+            return layout.fingerprint
         digest = hashlib.blake2b(self._config_key, digest_size=8)
         digest.update(repr((layout.seq_len, layout.batch_size, layout.flags, layout.nbytes)).encode())
         if lengths is not None:
             digest.update(lengths.astype("<i8").tobytes())
-        return int.from_bytes(digest.digest(), "little")
+        value = int.from_bytes(digest.digest(), "little")
+        if lengths is None:
+            layout.fingerprint = value
+        return value
 
     def _check_cache_size(self, where: str, buffer: np.ndarray, layout: CacheLayout) -> None:
         if buffer.size < layout.nbytes:
@@ -1032,17 +975,11 @@ class LSTMLayer(Filter):
                 f"bidirectional={p.bidirectional}, dtype={self._dtype.name}")
 
 
-def _rows(feature_major: np.ndarray) -> np.ndarray:
-    """A (T, F, N) per-step feature-major array as a row-major (T·N, F) copy."""
-    seq_len, features, batch = feature_major.shape
-    return np.ascontiguousarray(feature_major.transpose(0, 2, 1)).reshape(seq_len * batch, features)
-
-
-def _copy_or_zero(target: np.ndarray, source: np.ndarray | None) -> None:
-    if source is None:
-        target.fill(0.0)
-    else:
-        np.copyto(target, source)
+def _columns(per_step: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """A (T, F, N) per-step feature-major array as one (F, T·N) matrix (column t·N + n)."""
+    seq_len, features, batch = per_step.shape
+    np.copyto(out.reshape(features, seq_len, batch), per_step.transpose(1, 0, 2))
+    return out
 
 
 class _GradientArrays:
@@ -1066,8 +1003,11 @@ class _GradientArrays:
 
     def store(self, layer: int, d: int, d_wx: np.ndarray, d_u: np.ndarray, d_bias: np.ndarray,
               d_peep: list[np.ndarray | None]) -> None:
+        """Scatter one layer and direction's stacked gradients (rows in the internal gate
+        order, ``d_peep`` per internal gate) into the public per-gate arrays."""
         h = self._h
-        for k, g in enumerate(self._gates):
+        for k, public in enumerate(INTERNAL_ORDER):
+            g = self._gates[public]
             rows = slice(k * h, (k + 1) * h)
             if layer == 0:
                 g.input_weights[0][d] = d_wx[rows]
