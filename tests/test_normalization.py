@@ -855,3 +855,42 @@ def test_a_worker_error_reaches_the_caller():
     seen = []
     plan.run(lambda index, *_: seen.append(index), np.dtype(np.float64))  # the pool still works
     assert sorted(seen) == list(range(8))
+
+
+def test_plain_moments_flag_rows_whose_mean_is_large_against_their_spread():
+    ones, inv = np.ones(4), 1 / 4
+    means, variances = np.empty(2), np.empty(2)
+    spread = np.array([[-1.0, 1.0, -1.0, 1.0], [0.0, 2.0, 0.0, 2.0]])  # mean² ≤ 4·variance
+    assert fast._plain_moments(spread, ones, inv, means, variances)
+    np.testing.assert_allclose(means, [0.0, 1.0])
+    np.testing.assert_allclose(variances, [1.0, 1.0])
+    for row in ([3.0, 5.0, 3.0, 5.0], [2.0, 2.0, 2.0, 2.0], [np.nan, 1.0, 2.0, 3.0], [np.inf, 1.0, 2.0, 3.0]):
+        with np.errstate(invalid="ignore"):  # as the layer runs the kernels
+            assert not fast._plain_moments(np.array([spread[0], row]), ones, inv, means, variances)
+
+
+@pytest.mark.parametrize("kind", ["instance", "group"])
+def test_blocked_forward_keeps_float32_precision_for_offset_rows(rng, kind):
+    # Rows whose mean dwarfs their spread take the centred formula (Σx² − mean² would lose
+    # every bit); the others the plain moments. Blocks of one row and of several rows mix both.
+    params, x, dy = _blocked_case(kind, rng, Activation.identity(), dtype=np.float32)
+    x = x.astype(np.float64)
+    x[1] += 1e4
+    x[2, :2] -= 300.0
+    x = x.astype(np.float32)
+    expected = reference_forward(x, params, "training")
+    for block in (1, 64, 1 << 16):
+        layer = NormalizationLayer(params, FilterParameters(backend=blocked_backend(block, block)))
+        y = layer.apply(x, phase="training")
+        np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-4 * np.abs(expected).max())
+        if kind == "instance":  # the moving variance averages the per-instance ones
+            np.testing.assert_allclose(layer.moving_variance, _run(params, "numpy", x, dy, "training")[5], rtol=1e-4)
+
+
+def test_layer_norm_backward_restores_the_blas_thread_limit(rng):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    params, x, dy = _blocked_case("layer", rng, Activation.identity())
+    before = [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
+    _run(params, blocked_backend(64, 64), x, dy, "training", n_threads=2)
+    after = [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
+    assert after == before

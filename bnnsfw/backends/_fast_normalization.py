@@ -20,6 +20,13 @@ included, taking the next block until none is left.
   centred two-pass formula. The second sweep normalizes. An activation whose derivative
   needs the pre-activation adds a sweep to the backward (``dz`` needs the batch statistics).
 - Given (moving) statistics take one sweep, as ``x · scale + shift`` like the reference.
+  The instance- and group-norm forward does the same once the block's statistics are known,
+  taking them from ``Σx`` and ``Σx²`` when no row's mean is large against its spread
+  (``_plain_moments``); otherwise it centres the block first.
+- Layer norm's backward does its reductions as BLAS matrix-vector products: the row sums
+  ``Σ_j γ·dz`` and ``Σ_j γ·dz·(x − μ)`` and the column sums behind ``dγ`` and ``dβ`` (which
+  NumPy's ``einsum`` and ``add.reduce(axis=0)`` did at a third of the speed). While the kernels
+  run, BLAS is limited to one thread (``_one_blas_thread``).
 
 Results are reproducible: each block writes its own slots of the partial results and the
 calling thread combines them in row or block order, so for a given block size the threads
@@ -52,11 +59,12 @@ kernels.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -70,6 +78,7 @@ Array = np.ndarray
 _BUFFER_ELEMENTS = 256
 _ALIGNMENT = 64
 _KEEP_WORKSPACE_ELEMENTS = 1 << 20  # per-thread workspaces up to this size are kept between calls
+_PLAIN_MOMENTS_RATIO = 4.0  # rows with mean² above this many variances need the centred formula
 
 
 def _available_cpus() -> int:
@@ -112,6 +121,40 @@ def _executor() -> ThreadPoolExecutor:
             _pool = ThreadPoolExecutor(max_workers=max(1, _CPUS - 1), thread_name_prefix="bnnsfw-normalization")
             _pool_pid = os.getpid()
         return _pool
+
+
+_blas_lock = threading.Lock()
+_blas_controller = None
+_blas_users = 0  # kernels inside _one_blas_thread(); the first sets the limit, the last restores it
+_blas_restore = None
+
+
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    """Run BLAS on one thread inside the block (concurrent kernels share one limit).
+
+    The kernels call BLAS (gemv) on blocks from several threads at once. Left to itself,
+    OpenBLAS splits each of those small calls over its own threads, which then spin waiting
+    for work and take the cores from the kernel's threads: a layer-norm backward took more
+    than ten times as long. The limit is process-wide (OpenBLAS has no per-call one).
+    """
+    global _blas_controller, _blas_users, _blas_restore
+    with _blas_lock:
+        if _blas_users == 0:
+            if _blas_controller is None:
+                from threadpoolctl import ThreadpoolController
+
+                _blas_controller = ThreadpoolController()
+            _blas_restore = _blas_controller.limit(limits=1, user_api="blas")
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                _blas_restore.restore_original_limits()
+                _blas_restore = None
 
 
 def _aligned_empty(size: int, dtype: np.dtype) -> Array:
@@ -220,6 +263,26 @@ def _rstd(variance: Array, epsilon: float) -> Array:
     rstd = variance + epsilon
     np.sqrt(rstd, out=rstd)
     return np.reciprocal(rstd, out=rstd)
+
+
+def _plain_moments(xr: Array, ones: Array, inv: float, means: Array, variances: Array) -> bool:
+    """Row means and biased variances of ``xr`` from ``Σx`` and ``Σx²``, without a centred copy.
+
+    Writes them to ``means`` and ``variances`` and says whether every row passed the
+    precision guard ``mean² ≤ _PLAIN_MOMENTS_RATIO · variance``; when one did not, the
+    caller recomputes the block with the centred formula. ``Σx²/L − mean²`` loses about
+    ``log2(1 + mean²/variance)`` bits to cancellation, which the guard bounds at 2.3 (a NaN,
+    an infinity or a negative variance fails it). Skipping the centred copy saves a pass
+    over the block, and it allows normalizing as ``x · scale + shift`` with a per-row
+    ``shift``, whose rounding grows with ``|mean|/σ`` (bounded by the guard as well).
+    """
+    mean = np.vecdot(xr, ones, out=means)
+    mean *= inv
+    variance = np.vecdot(xr, xr, out=variances)
+    variance *= inv
+    square = mean * mean
+    variance -= square
+    return bool(np.all(square <= variance * _PLAIN_MOMENTS_RATIO))
 
 
 def _block_dz(activation: "Activation", dy: Array, out: Array, output: Array | None,
@@ -376,8 +439,21 @@ class BlockedNormalizationKernels:
             gamma_r, beta_r = _per_row(gamma, n, g), _per_row(beta, n, g)
 
         def forward(index: int, r0: int, r1: int, work: Array, _: Array) -> None:
+            if not rows_layout and _plain_moments(x2[r0:r1], ones, inv, sums[r0:r1], squares[r0:r1]):
+                # Instance and group norm: gamma is constant along S, so out = x · scale + shift
+                # with (row, channel) operands: two passes instead of three.
+                rstd = _rstd(squares[r0:r1], epsilon)
+                scale = gamma_r[r0:r1] * rstd[:, None, None]
+                shift = beta_r[r0:r1] - sums[r0:r1, None, None] * scale
+                w3, ob = work.reshape(-1, k, s), o3[r0:r1]
+                np.multiply(x3[r0:r1], scale, out=w3)
+                np.add(w3, shift, out=ob)
+                if act is not None:
+                    act.forward(ob, out=ob)
+                return
             m2 = moments(r0, r1, work)
-            rstd = _rstd(m2 * inv, epsilon)
+            m2 *= inv
+            rstd = _rstd(m2, epsilon)
             if rows_layout:  # rstd per row, gamma per column: their product would be block-sized
                 np.multiply(work, rstd[:, None], out=work)
                 np.multiply(work, gamma1, out=work)
@@ -396,7 +472,6 @@ class BlockedNormalizationKernels:
                 act.forward(ob, out=ob)
 
         plan.run(forward, dtype)
-        squares *= inv
         return out, sums.reshape(n, g, 1, 1), squares.reshape(n, g, 1, 1)
 
     # --- backward ----------------------------------------------------------------------------
@@ -576,45 +651,51 @@ class BlockedNormalizationKernels:
                         plan: _Plan) -> tuple[Array, Array, Array]:
         """Layer norm: statistics per row, gamma per column of each block's ``(rows, M)`` matrix.
 
-        With ``x̂`` the normalized rows and ``w = γ·dz``: ``dx = rstd·(w − Σw/M − x̂·Σ(w·x̂)/M)``,
-        ``dγ = Σ_rows dz·x̂`` and ``dβ = Σ_rows dz`` (per-block column sums, added in block order).
+        With ``c = x − mean`` per row, ``A = Σ_j γ·dz`` and ``B = Σ_j γ·dz·c``:
+        ``dx = rstd·γ·dz − c·rstd³·B/M − rstd·A/M``, ``dγ = Σ_rows rstd·dz·c`` and
+        ``dβ = Σ_rows dz`` (per-block column sums, added in block order). Every reduction is
+        a matrix-vector product (BLAS gemv), which costs about half an elementwise pass.
         """
         m = x.shape[2]
         dtype = x.dtype
         x2, dy2, o2 = x.reshape(-1, m), dy.reshape(-1, m), out.reshape(-1, m)
         y2 = None if output is None else output.reshape(-1, m)
         gamma1, beta1 = gamma.reshape(m), beta.reshape(m)
-        ones = np.ones(m, dtype)
+        ones, ones_rows = np.ones(m, dtype), np.ones(plan.block_rows, dtype)
         inv = 1.0 / m
         dgamma_parts = np.empty((len(plan), m), dtype)
         dbeta_parts = np.empty((len(plan), m), dtype)
 
-        def backward(index: int, r0: int, r1: int, normalized: Array, work: Array) -> None:
-            xr = x2[r0:r1]
+        def backward(index: int, r0: int, r1: int, centered: Array, work: Array) -> None:
+            xr, outr = x2[r0:r1], o2[r0:r1]
             row_mean = np.vecdot(xr, ones)
             row_mean *= inv
-            np.subtract(xr, row_mean[:, None], out=normalized)
-            rstd = _rstd(np.vecdot(normalized, normalized) * inv, epsilon)[:, None]
-            np.multiply(normalized, rstd, out=normalized)  # x̂
+            np.subtract(xr, row_mean[:, None], out=centered)
+            rstd = _rstd(np.vecdot(centered, centered) * inv, epsilon)
 
             def preactivation() -> Array:
-                np.multiply(normalized, gamma1, out=work)
+                np.multiply(centered, rstd[:, None], out=work)
+                np.multiply(work, gamma1, out=work)
                 return np.add(work, beta1, out=work)
 
-            dz = _block_dz(activation, dy2[r0:r1], o2[r0:r1], None if y2 is None else y2[r0:r1], preactivation)
-            np.multiply(dz, gamma1, out=work)  # w; the first read of dy streams best this way
-            a = np.vecdot(work, ones)
-            b = np.vecdot(work, normalized)
-            np.add.reduce(dz, axis=0, out=dbeta_parts[index])
-            np.einsum("ij,ij->j", dz, normalized, out=dgamma_parts[index])
-            a *= inv
-            b *= inv
-            np.multiply(normalized, b[:, None], out=normalized)
-            np.subtract(work, normalized, out=work)
-            np.subtract(work, a[:, None], out=work)
-            np.multiply(work, rstd, out=o2[r0:r1])  # every read of dz is done: out may be dz
+            dz = _block_dz(activation, dy2[r0:r1], outr, None if y2 is None else y2[r0:r1], preactivation)
+            np.matmul(ones_rows[:r1 - r0], dz, out=dbeta_parts[index])
+            a = np.matmul(dz, gamma1)
+            np.multiply(dz, centered, out=work)
+            b = np.matmul(work, gamma1)
+            np.matmul(rstd, work, out=dgamma_parts[index])  # Σ_rows dz · x̂
+            a *= rstd
+            a *= -inv
+            b *= rstd * rstd * rstd
+            b *= -inv
+            np.multiply(centered, b[:, None], out=centered)
+            np.add(centered, a[:, None], out=centered)  # −c·rstd³·B/M − rstd·A/M
+            np.multiply(rstd[:, None], gamma1, out=work)
+            np.multiply(work, dz, out=work)
+            np.add(work, centered, out=outr)  # every read of dz is done: out may be dz
 
-        plan.run(backward, dtype)
+        with _one_blas_thread():
+            plan.run(backward, dtype)
         dgamma = np.add.reduce(dgamma_parts, axis=0)
         dbeta = np.add.reduce(dbeta_parts, axis=0)
         return out, dgamma.reshape(gamma.shape), dbeta.reshape(gamma.shape)
