@@ -9,12 +9,12 @@ when garbage-collected.
 from __future__ import annotations
 
 import contextlib
-import threading
-from typing import Any, Iterator
+from typing import Iterator
 
 import attrs
 
 from . import backends
+from ._threadpool import blas_controller
 from .backends import Backend, BackendSpec
 from .errors import FilterClosedError, InvalidParameterError, must_be
 
@@ -61,23 +61,13 @@ class FilterParameters:
     use_client_pointer: bool = attrs.field(default=False, validator=_check_bool)
 
 
-_thread_controller: Any = None
-_thread_lock = threading.Lock()
-
-
 @contextlib.contextmanager
 def _blas_threads(n_threads: int) -> Iterator[None]:
     """Limit BLAS threads to ``n_threads`` inside the block (no-op for 0)."""
-    global _thread_controller
     if n_threads <= 0:
         yield
         return
-    with _thread_lock:
-        if _thread_controller is None:
-            from threadpoolctl import ThreadpoolController
-
-            _thread_controller = ThreadpoolController()
-    with _thread_controller.limit(limits=n_threads, user_api="blas"):
+    with blas_controller().limit(limits=n_threads, user_api="blas"):
         yield
 
 

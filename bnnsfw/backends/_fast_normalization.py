@@ -64,9 +64,12 @@ import itertools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
+
+from .._threadpool import blas_controller
+from ._normalization_kernels import _reciprocal_std
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..activation import Activation
@@ -124,9 +127,8 @@ def _executor() -> ThreadPoolExecutor:
 
 
 _blas_lock = threading.Lock()
-_blas_controller = None
 _blas_users = 0  # kernels inside _one_blas_thread(); the first sets the limit, the last restores it
-_blas_restore = None
+_blas_restore: Any = None  # the limit they share, while any runs
 
 
 @contextlib.contextmanager
@@ -138,14 +140,10 @@ def _one_blas_thread() -> Iterator[None]:
     for work and take the cores from the kernel's threads: a layer-norm backward took more
     than ten times as long. The limit is process-wide (OpenBLAS has no per-call one).
     """
-    global _blas_controller, _blas_users, _blas_restore
+    global _blas_users, _blas_restore
     with _blas_lock:
         if _blas_users == 0:
-            if _blas_controller is None:
-                from threadpoolctl import ThreadpoolController
-
-                _blas_controller = ThreadpoolController()
-            _blas_restore = _blas_controller.limit(limits=1, user_api="blas")
+            _blas_restore = blas_controller().limit(limits=1, user_api="blas")
         _blas_users += 1
     try:
         yield
@@ -256,13 +254,6 @@ class _Plan:
 def _per_row(a: Array, n: int, g: int) -> Array:
     """A ``(1 or N, 1 or G, K, 1)`` array repeated to one ``(K, 1)`` slab per row: ``(N·G, K, 1)``."""
     return np.ascontiguousarray(np.broadcast_to(a, (n, g, a.shape[2], 1))).reshape(n * g, a.shape[2], 1)
-
-
-def _rstd(variance: Array, epsilon: float) -> Array:
-    """``1 / sqrt(variance + epsilon)`` as a new array (small: one value per row)."""
-    rstd = variance + epsilon
-    np.sqrt(rstd, out=rstd)
-    return np.reciprocal(rstd, out=rstd)
 
 
 def _plain_moments(xr: Array, ones: Array, inv: float, means: Array, variances: Array) -> bool:
@@ -387,7 +378,7 @@ class BlockedNormalizationKernels:
 
         if constant:
             # Given statistics: out = x · scale + (beta − mean · scale), as the reference does.
-            scale = _rstd(variance, epsilon) * gamma  # type: ignore[arg-type]
+            scale = _reciprocal_std(variance, epsilon) * gamma  # type: ignore[arg-type]
             scale_r, shift_r = _per_row(scale, n, g), _per_row(beta - mean * scale, n, g)  # type: ignore[operator]
 
             def affine(index: int, r0: int, r1: int, work: Array, _: Array) -> None:
@@ -415,7 +406,7 @@ class BlockedNormalizationKernels:
         if not per_sample:  # batch norm: the statistics first, then normalize
             plan.run(lambda index, r0, r1, work, _: moments(r0, r1, work), dtype)
             mean, variance, _ = _combine_moments(sums.reshape(n, g), squares.reshape(n, g), length)
-            scale = _rstd(variance, epsilon) * gamma
+            scale = _reciprocal_std(variance, epsilon) * gamma
             mean_r, scale_r, beta_r = _per_row(mean, n, g), _per_row(scale, n, g), _per_row(beta, n, g)
 
             def normalize(index: int, r0: int, r1: int, work: Array, _: Array) -> None:
@@ -442,7 +433,7 @@ class BlockedNormalizationKernels:
             if not rows_layout and _plain_moments(x2[r0:r1], ones, inv, sums[r0:r1], squares[r0:r1]):
                 # Instance and group norm: gamma is constant along S, so out = x · scale + shift
                 # with (row, channel) operands: two passes instead of three.
-                rstd = _rstd(squares[r0:r1], epsilon)
+                rstd = _reciprocal_std(squares[r0:r1], epsilon)
                 scale = gamma_r[r0:r1] * rstd[:, None, None]
                 shift = beta_r[r0:r1] - sums[r0:r1, None, None] * scale
                 w3, ob = work.reshape(-1, k, s), o3[r0:r1]
@@ -453,7 +444,7 @@ class BlockedNormalizationKernels:
                 return
             m2 = moments(r0, r1, work)
             m2 *= inv
-            rstd = _rstd(m2, epsilon)
+            rstd = _reciprocal_std(m2, epsilon)
             if rows_layout:  # rstd per row, gamma per column: their product would be block-sized
                 np.multiply(work, rstd[:, None], out=work)
                 np.multiply(work, gamma1, out=work)
@@ -557,7 +548,7 @@ class BlockedNormalizationKernels:
                 row_mean = np.vecdot(xr, ones)
                 row_mean *= inv
                 np.subtract(xr, row_mean[:, None], out=work)
-                rstd = _rstd(np.vecdot(work, work) * inv, epsilon)
+                rstd = _reciprocal_std(np.vecdot(work, work) * inv, epsilon)
                 rstds[r0:r1] = rstd
                 c3, w3 = work.reshape(-1, k, s), spare.reshape(-1, k, s)
                 scale = gamma_r[r0:r1] * rstd[:, None, None]
@@ -579,7 +570,7 @@ class BlockedNormalizationKernels:
             return out, dgamma.reshape(gamma.shape), dbeta.reshape(gamma.shape)
 
         if mean is not None:  # given statistics: dx = dz · γ · rstd
-            rstd = _rstd(variance, epsilon)  # type: ignore[arg-type]
+            rstd = _reciprocal_std(variance, epsilon)  # type: ignore[arg-type]
             scale_r, mean_r = _per_row(rstd * gamma, n, g), _per_row(mean, n, g)
 
             def constant_backward(index: int, r0: int, r1: int, work: Array, spare: Array) -> None:
@@ -614,7 +605,7 @@ class BlockedNormalizationKernels:
 
         plan.run(moments, dtype)
         mean, variance, deviation = _combine_moments(sums.reshape(n, g), squares.reshape(n, g), length)
-        rstd = _rstd(variance, epsilon)
+        rstd = _reciprocal_std(variance, epsilon)
         scale = rstd * gamma
         mean_r, scale_r = _per_row(mean, n, g), _per_row(scale, n, g)
         if early:
@@ -671,7 +662,7 @@ class BlockedNormalizationKernels:
             row_mean = np.vecdot(xr, ones)
             row_mean *= inv
             np.subtract(xr, row_mean[:, None], out=centered)
-            rstd = _rstd(np.vecdot(centered, centered) * inv, epsilon)
+            rstd = _reciprocal_std(np.vecdot(centered, centered) * inv, epsilon)
 
             def preactivation() -> Array:
                 np.multiply(centered, rstd[:, None], out=work)
