@@ -21,7 +21,6 @@ from typing import Any, Iterator, Sequence
 import attrs
 import numpy as np
 
-from .activation import Activation
 from .filter import FilterParameters
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import LSTMLayer, LSTMParameters

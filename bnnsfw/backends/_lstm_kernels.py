@@ -300,6 +300,7 @@ class LSTMKernels:
         first = times[0]
         _copy_or_zero(hidden[first], None if h0 is None else h0.T)
         _copy_or_zero(steps[first, :h], None if c0 is None else c0.T)
+        unscale = None if pre is None else 1.0 / plan.row_scale(dtype)  # the true pre-activations
         for k, t in enumerate(times):
             last = k == seq_len - 1
             block = steps[t]
@@ -312,7 +313,7 @@ class LSTMKernels:
             self.lstm_forward_step(
                 plan, w, block, c_last if last else steps[t + step, :h], hidden[t],
                 h_last if last else hidden[t + step], scratch,
-                pre=None if pre is None else pre[t], inactive=inactive[t])
+                pre=None if pre is None else pre[t], unscale=unscale, inactive=inactive[t])
         np.copyto(h_final, h_last.T)
         np.copyto(c_final, c_last.T)
         gather_output(hidden, h_final, output, reverse)
@@ -327,6 +328,7 @@ class LSTMKernels:
         h_next: np.ndarray,
         scratch: LSTMScratch,
         pre: np.ndarray | None = None,
+        unscale: np.ndarray | None = None,
         inactive: np.ndarray | None = None,
     ) -> None:
         """Finish one step from its pre-activations.
@@ -336,7 +338,8 @@ class LSTMKernels:
         input gates; its first rows hold ``c_{t-1}``. On exit the gate rows hold the
         activated gates, ``c_next`` (H, N) the new cell (it may be ``block[:H]`` itself),
         the last rows its hidden activation and ``h_next`` (H, N) the new hidden state.
-        ``pre`` (4H, N), if given, receives the true pre-activations. Columns flagged in
+        ``pre`` (4H, N), if given, receives the true pre-activations: the gate rows times
+        ``unscale`` (4H, 1), 2 on halved rows and 1 elsewhere. Columns flagged in
         ``inactive`` (1, N) keep ``h_prev`` and ``c_{t-1}``.
         """
         hs = plan.hidden_size
@@ -359,9 +362,8 @@ class LSTMKernels:
                 rows = z[gate * hs:(gate + 1) * hs]
                 np.multiply(c_prev, p, out=tmp)
                 np.add(rows, tmp, out=rows)
-        unscale = None
         if pre is not None:
-            unscale = 1.0 / plan.row_scale(dtype)
+            assert unscale is not None
             np.multiply(z[:3 * hs], unscale[:3 * hs], out=pre[:3 * hs])
         for start, stop, act, halved in plan.pre_cell_runs:
             self.lstm_activate(act, z[start:stop], halved=halved)
