@@ -211,6 +211,13 @@ def _torch_state(module):
     return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
 
 
+def _assert_matches_torch(out, ty, th, tc):
+    """A bnnsfw LSTMOutput against torch.nn.LSTM's output and final states (float32)."""
+    np.testing.assert_allclose(out.output, ty.numpy(), atol=1e-5)
+    np.testing.assert_allclose(out.hidden, th.numpy(), atol=1e-5)
+    np.testing.assert_allclose(out.cell, tc.numpy(), atol=1e-5)
+
+
 def _random_pytorch_state(rng, *, input_size, hidden_size, num_layers, bidirectional, bias=True):
     """A torch.nn.LSTM-shaped state dict made with NumPy (no torch needed)."""
     h, d = hidden_size, 2 if bidirectional else 1
@@ -294,9 +301,7 @@ def test_pytorch_lstm_to_bnnsfw(rng, num_layers, bidirectional, batch_first, bia
         ty, (th, tc) = net(torch.from_numpy(x), (torch.from_numpy(h0), torch.from_numpy(c0)))
     with bf.LSTMLayer(params) as layer:
         out = layer.apply(x, h0, c0)
-    np.testing.assert_allclose(out.output, ty.numpy(), atol=1e-5)
-    np.testing.assert_allclose(out.hidden, th.numpy(), atol=1e-5)
-    np.testing.assert_allclose(out.cell, tc.numpy(), atol=1e-5)
+    _assert_matches_torch(out, ty, th, tc)
 
 
 def test_pytorch_packed_sequences_are_sequence_lengths(rng):
@@ -315,9 +320,7 @@ def test_pytorch_packed_sequences_are_sequence_lengths(rng):
         ty, _ = torch.nn.utils.rnn.pad_packed_sequence(packed_out, total_length=t)
     with bf.LSTMLayer(params) as layer:
         out = layer.apply(x, sequence_lengths=lengths)
-    np.testing.assert_allclose(out.output, ty.numpy(), atol=1e-5)
-    np.testing.assert_allclose(out.hidden, th.numpy(), atol=1e-5)
-    np.testing.assert_allclose(out.cell, tc.numpy(), atol=1e-5)
+    _assert_matches_torch(out, ty, th, tc)
 
 
 def test_bnnsfw_lstm_to_pytorch(rng):
@@ -331,9 +334,7 @@ def test_bnnsfw_lstm_to_pytorch(rng):
         ty, (th, tc) = net(torch.from_numpy(x))
     with bf.LSTMLayer(params) as layer:
         out = layer.apply(x)
-    np.testing.assert_allclose(out.output, ty.numpy(), atol=1e-5)
-    np.testing.assert_allclose(out.hidden, th.numpy(), atol=1e-5)
-    np.testing.assert_allclose(out.cell, tc.numpy(), atol=1e-5)
+    _assert_matches_torch(out, ty, th, tc)
     # And back: the same weights (the biases were folded into bias_ih).
     again = lstm_parameters_from_pytorch(_torch_state(net), input_size=i, hidden_size=h, num_layers=2,
                                          bidirectional=True)
