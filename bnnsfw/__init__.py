@@ -27,6 +27,7 @@ from .enums import (
     NDArrayFlags,
 )
 from .errors import (
+    BackendError,
     BNNSError,
     DTypeError,
     FilterClosedError,
@@ -96,6 +97,7 @@ __all__ = [
     "register_backend",
     "use_backend",
     # errors
+    "BackendError",
     "BNNSError",
     "DTypeError",
     "FilterClosedError",

@@ -18,6 +18,7 @@ __all__ = ["main"]
 def _health() -> tuple[bool, str]:
     """Run one small product on every backend and compare it with ``numpy.matmul``."""
     from . import backends
+    from .backends.contract import GemmRequest
 
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((7, 5)), rng.standard_normal((5, 3))
@@ -26,7 +27,7 @@ def _health() -> tuple[bool, str]:
     names = backends.available_backends()
     for name in names:
         try:
-            got = backends.get_backend(name).gemm(a, b)
+            got = backends.get_backend(name).gemm(GemmRequest(a=a, b=b)).out
             if not np.allclose(got, expected, rtol=1e-12, atol=1e-12):
                 failures.append(f"{name}: wrong product")
         except Exception as exc:  # report, do not crash the health check
@@ -40,6 +41,7 @@ def _info() -> int:
     import bnnsfw
 
     from . import backends
+    from .backends.contract import GemmRequest
 
     print(f"bnnsfw {bnnsfw.__version__} (numpy {np.__version__})")
     auto = backends.get_backend("auto").name

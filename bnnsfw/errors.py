@@ -14,6 +14,7 @@ __all__ = [
     "DTypeError",
     "FilterClosedError",
     "UnknownBackendError",
+    "BackendError",
     "UnknownNameError",
 ]
 
@@ -40,6 +41,10 @@ class FilterClosedError(BNNSError, ValueError):
 
 class UnknownBackendError(BNNSError, ValueError):
     """A backend name is not registered."""
+
+
+class BackendError(InvalidParameterError, TypeError):
+    """An object offered as a backend does not implement the backend contract."""
 
 
 class UnknownNameError(BNNSError, ValueError, LookupError):

@@ -9,25 +9,24 @@ when garbage-collected.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, TypeVar
 
 import attrs
 
 from . import backends
 from ._threadpool import blas_controller
 from .backends import Backend, BackendSpec
+from .backends.contract import check_contract
 from .errors import FilterClosedError, InvalidParameterError, must_be
 
 __all__ = ["FilterParameters", "Filter"]
 
+_Layer = TypeVar("_Layer", bound="Filter")
+
 
 def _check_backend(instance: object, attribute: attrs.Attribute, value: object) -> None:
-    if isinstance(value, str):
-        return
-    if not isinstance(value, Backend):
-        raise InvalidParameterError(
-            must_be("FilterParameters.backend", "a backend name or an object with name and gemm", value)
-        )
+    if not isinstance(value, str):
+        check_contract(value, "FilterParameters.backend")
 
 
 def _check_threads(instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -114,7 +113,7 @@ class Filter:
         self._closed = True
         self._release()
 
-    def __enter__(self) -> "Filter":
+    def __enter__(self: _Layer) -> _Layer:
         self._check_open("__enter__")
         return self
 

@@ -1,9 +1,12 @@
-"""Writing, registering and selecting a backend of your own.
+"""A backend of your own: override one operation, register it, prove it with the conformance kit.
 
-A backend is a strategy object: layers call its ``gemm`` and its fused kernels and never ask
-what it is. Subclassing the reference ``NumpyBackend`` and overriding one method is enough;
-everything not overridden falls back to the reference. This one counts the matrix products
-and the floating-point work a layer asks for. Usage: ``python samples/custom_backend.py``.
+The reference backend (``NumpyBackend``) carries every operation of the backend contract
+(``bnnsfw.backends.contract``). This backend keeps all of them but one: its normalization
+forward accumulates the statistics in float64 (one upcast copy of the data, then NumPy's
+pairwise sums), which some users prefer for very long float32 rows. Registering it checks it
+against the contract; ``bnnsfw.testing.check_backend`` then runs every layer configuration
+on it and on the reference and compares every output and gradient. Usage:
+``python samples/custom_backend.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -14,46 +17,49 @@ import numpy as np
 
 import bnnsfw as bf
 from bnnsfw.backends import NumpyBackend
+from bnnsfw.backends.contract import NormalizationForwardRequest, NormalizationForwardResult
+from bnnsfw.testing import check_backend
 
 
-class CountingBackend(NumpyBackend):
-    """The NumPy backend, counting every matrix product and its multiply-adds."""
+class Float64StatisticsBackend(NumpyBackend):
+    """The reference backend, with a normalization forward whose statistics are float64 sums."""
 
-    name = "counting"
+    name = "float64-statistics"
 
-    def __init__(self) -> None:
-        self.products = 0
-        self.multiply_adds = 0
-
-    def gemm(self, a, b, out=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
-        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
-        n = b.shape[0] if trans_b else b.shape[1]
-        self.products += 1
-        self.multiply_adds += m * n * k
-        return super().gemm(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+    def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
+        x, dtype = request.x, request.x.dtype
+        if request.mean is None or request.variance is None:
+            axes = (0, 2, 3) if request.batch_statistics else (2, 3)   # the canonical (N, G, K, S) view
+            wide = x.astype(np.float64)
+            mean = wide.mean(axis=axes, keepdims=True)
+            variance = np.square(wide - mean).mean(axis=axes, keepdims=True)  # biased, as BNNS
+        else:  # given (moving) statistics
+            mean, variance = request.mean, request.variance
+        scale = request.gamma / np.sqrt(variance + request.epsilon)
+        np.copyto(request.out, (x - mean) * scale + request.beta, casting="same_kind")
+        if not request.activation.is_identity:
+            request.activation.forward(request.out, out=request.out)
+        return NormalizationForwardResult(output=request.out, mean=np.asarray(mean, dtype),
+                                          variance=np.asarray(variance, dtype))
 
 
 def main(quick: bool = False) -> int:
-    bf.register_backend("counting", CountingBackend, replace=True)
-    t, n, i, h = (5, 2, 3, 4) if quick else (50, 16, 32, 64)
-    params = bf.LSTMParameters.random(input_size=i, hidden_size=h, seed=0)
-    x = np.random.default_rng(0).standard_normal((t, n, i)).astype(np.float32)
+    bf.register_backend("float64-statistics", Float64StatisticsBackend, replace=True)  # checked here
+    report = check_backend("float64-statistics", quick=quick, raise_on_failure=False)
+    print(f"backend {report.backend!r}: {report.checked} configurations, {report.compared} arrays compared "
+          f"with the reference, {len(report.failures)} disagreements")
+    for failure in report.failures:
+        print("  -", failure)
 
-    with bf.use_backend("counting") as backend:      # layers created here take the backend
-        layer = bf.LSTMLayer(params)
-    out = layer.apply(x, training=True)
-    forward_products = backend.products
-    layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
-    print(f"LSTM T={t} N={n} I={i} H={h} on backend {layer.backend.name!r}:")
-    print(f"  forward : {forward_products} matrix products")
-    print(f"  backward: {backend.products - forward_products} matrix products")
-    print(f"  total   : {backend.multiply_adds:,} multiply-adds")
-
-    reference = bf.LSTMLayer(params, bf.FilterParameters(backend="numpy")).apply(x).output
-    same = np.allclose(layer.apply(x).output, reference)
-    print(f"  same output as the numpy backend: {same}")
+    params = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(4, 8))
+    x = np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32) + 1000.0
+    with bf.use_backend("float64-statistics"):            # layers created here take the backend
+        layer = bf.NormalizationLayer(params)
+    y = layer.apply(x)
+    print(f"layer norm of data offset by 1000 on {layer.backend.name!r}: "
+          f"per-sample mean {np.abs(y.mean(axis=(1, 2))).max():.1e}, std {y.std(axis=(1, 2)).mean():.4f}")
     layer.close()
-    return 0 if same else 1
+    return 0 if not report.failures else 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,13 @@ import pytest
 
 import bnnsfw as bf
 from bnnsfw import backends
+from bnnsfw.backends.contract import OPERATIONS, GemmRequest, GemmResult
+from bnnsfw.testing import ConformanceError, check_backend
+
+
+def gemm(backend, a, b, out=None, **options):
+    """The contract's product as a call with loose arguments."""
+    return backend.gemm(GemmRequest(a=a, b=b, out=out, **options)).out
 
 
 def test_builtin_backends_are_registered():
@@ -26,7 +33,7 @@ def test_gemm_matches_matmul(backend_name, dtype, trans_a, trans_b, alpha, beta,
     c0 = rng.standard_normal((m, n)).astype(dtype)
     out = c0.copy()
     a_before, b_before = a.copy(), b.copy()
-    result = backend.gemm(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+    result = gemm(backend, a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
     opa = a.T if trans_a else a
     opb = b.T if trans_b else b
     expected = alpha * (opa.astype(np.float64) @ opb.astype(np.float64)) + beta * c0
@@ -43,14 +50,14 @@ def test_gemm_accumulates_repeatedly_into_the_same_output(backend_name, rng):
     a, b = rng.standard_normal((4, 6)), rng.standard_normal((6, 2))
     out = np.zeros((4, 2))
     for _ in range(3):
-        backend.gemm(a, b, out, beta=1.0)
+        gemm(backend, a, b, out, beta=1.0)
     np.testing.assert_allclose(out, 3 * (a @ b), rtol=1e-12)
 
 
 def test_gemm_without_out_returns_new_array(backend_name, rng):
     backend = bf.get_backend(backend_name)
     a, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((4, 5)).astype(np.float32)
-    got = backend.gemm(a, b)
+    got = gemm(backend, a, b)
     assert got.shape == (3, 5) and got.dtype == np.float32
     np.testing.assert_allclose(got, a @ b, rtol=1e-5)
 
@@ -61,10 +68,10 @@ def test_gemm_on_views_and_fortran_inputs(backend_name, rng):
     a = big[1:6, ::2]            # neither C nor F contiguous
     b = np.asfortranarray(rng.standard_normal((5, 4)))
     out = np.ones((5, 4))
-    backend.gemm(a, b, out, beta=1.0)
+    gemm(backend, a, b, out, beta=1.0)
     np.testing.assert_allclose(out, a @ b + 1.0, rtol=1e-12)
     col_block = np.zeros((5, 8))[:, 2:6]   # a non-contiguous output is still written in place
-    backend.gemm(a, b, col_block)
+    gemm(backend, a, b, col_block)
     np.testing.assert_allclose(col_block, a @ b, rtol=1e-12)
 
 
@@ -73,7 +80,7 @@ def test_scipy_gemm_writes_into_out_without_copies(rng):
     a, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((48, 32)).astype(np.float32)
     out = np.zeros((64, 48), np.float32)
     address = out.__array_interface__["data"][0]
-    backend.gemm(a, b, out, trans_b=True, beta=1.0)
+    gemm(backend, a, b, out, trans_b=True, beta=1.0)
     assert out.__array_interface__["data"][0] == address
     np.testing.assert_allclose(out, a @ b.T, rtol=1e-5, atol=1e-5)
 
@@ -81,13 +88,13 @@ def test_scipy_gemm_writes_into_out_without_copies(rng):
 def test_gemm_rejects_bad_shapes(backend_name):
     backend = bf.get_backend(backend_name)
     with pytest.raises(bf.ShapeError, match="matching inner dimensions"):
-        backend.gemm(np.ones((2, 3)), np.ones((4, 2)))
+        gemm(backend, np.ones((2, 3)), np.ones((4, 2)))
     with pytest.raises(bf.ShapeError, match=r"gemm\(out\) must be of shape \(2, 2\)"):
-        backend.gemm(np.ones((2, 3)), np.ones((3, 2)), np.ones((2, 3)))
+        gemm(backend, np.ones((2, 3)), np.ones((3, 2)), np.ones((2, 3)))
     with pytest.raises(bf.ShapeError, match="2-D"):
-        backend.gemm(np.ones(3), np.ones((3, 2)))
+        gemm(backend, np.ones(3), np.ones((3, 2)))
     with pytest.raises(bf.InvalidParameterError, match="0 when out is None"):
-        backend.gemm(np.ones((2, 3)), np.ones((3, 2)), beta=1.0)
+        gemm(backend, np.ones((2, 3)), np.ones((3, 2)), beta=1.0)
 
 
 def test_unknown_backend_lists_registered_names():
@@ -110,16 +117,16 @@ class CountingBackend(backends.NumpyBackend):
     def __init__(self):
         self.calls = 0
 
-    def gemm(self, a, b, out=None, **kw):
+    def gemm(self, request: GemmRequest) -> GemmResult:
         self.calls += 1
-        return super().gemm(a, b, out, **kw)
+        return super().gemm(request)
 
 
 def test_third_party_backend_registered_and_used_by_name(isolated_registry):
     bf.register_backend("counting", CountingBackend)
     assert "counting" in bf.available_backends()
     backend = bf.get_backend("counting")
-    backend.gemm(np.ones((2, 2)), np.ones((2, 2)))
+    gemm(backend, np.ones((2, 2)), np.ones((2, 2)))
     assert backend.calls == 1
     assert bf.get_backend("counting") is backend  # one instance per name
     with pytest.raises(bf.InvalidParameterError, match="not yet registered"):
@@ -135,19 +142,155 @@ def test_register_backend_validates(isolated_registry):
         bf.register_backend("x", 3)
 
 
+# ------------------------------------------------------------------------------------------
+# The contract is checked at the door.
+# ------------------------------------------------------------------------------------------
+class ProductOnly:
+    """What the old protocol asked for: a name and a matrix product."""
+
+    name = "product-only"
+
+    def gemm(self, request):
+        return backends.NumpyBackend().gemm(request)
+
+
+def test_a_backend_with_only_a_product_is_refused_naming_every_missing_operation(isolated_registry):
+    with pytest.raises(bf.BackendError) as caught:
+        bf.register_backend("product-only", ProductOnly)
+    message = str(caught.value)
+    for operation in OPERATIONS:
+        if operation != "gemm":
+            assert f"missing {operation}(" in message
+    assert "missing gemm" not in message
+    assert "product-only" not in bf.available_backends()
+    with pytest.raises(bf.BackendError, match="missing lstm_forward"):
+        bf.FilterParameters(backend=ProductOnly())
+    with pytest.raises(bf.BackendError, match="missing normalization_forward"):
+        bf.get_backend(ProductOnly())
+
+
+def test_a_factory_that_makes_no_backend_is_refused_at_registration(isolated_registry):
+    with pytest.raises(bf.BackendError, match=r"register_backend\('answer', factory\).*got a int.*name must be"):
+        bf.register_backend("answer", lambda: 42)
+    assert "answer" not in bf.available_backends()
+
+
+class Miswritten(backends.NumpyBackend):
+    name = "miswritten"
+    lstm_forward = 42  # not a method
+
+    def lstm_backward(self, request, extra):  # two arguments
+        raise AssertionError("never called")
+
+    def normalization_forward(self, request: GemmRequest) -> GemmResult:  # the wrong types
+        raise AssertionError("never called")
+
+
+def test_wrongly_typed_operations_are_named(isolated_registry):
+    with pytest.raises(bf.BackendError) as caught:
+        bf.register_backend("miswritten", Miswritten)
+    message = str(caught.value)
+    assert "lstm_forward must be a method lstm_forward(LSTMForwardRequest) -> LSTMForwardResult (got int)" in message
+    assert "lstm_backward must take one request argument" in message
+    assert "normalization_forward takes a GemmRequest, not a NormalizationForwardRequest" in message
+    assert "gemm" not in message.split("breaks it:")[1]  # the inherited ones are fine
+
+
+class Delegating:
+    """A backend written from docs/backends.md alone: no base class, every operation its own
+    method, each handing the request to a reference instance it holds (and counting)."""
+
+    name = "delegating"
+
+    def __init__(self):
+        self._reference = backends.NumpyBackend()
+        self.calls = {operation: 0 for operation in OPERATIONS}
+
+    def _call(self, operation, request):
+        self.calls[operation] += 1
+        return getattr(self._reference, operation)(request)
+
+    def gemm(self, request):
+        return self._call("gemm", request)
+
+    def lstm_pack_weights(self, request):
+        return self._call("lstm_pack_weights", request)
+
+    def lstm_cache_layout(self, request):
+        return self._call("lstm_cache_layout", request)
+
+    def lstm_forward(self, request):
+        return self._call("lstm_forward", request)
+
+    def lstm_backward(self, request):
+        return self._call("lstm_backward", request)
+
+    def normalization_forward(self, request):
+        return self._call("normalization_forward", request)
+
+    def normalization_backward(self, request):
+        return self._call("normalization_backward", request)
+
+
+def test_a_backend_written_from_the_contract_alone_runs_every_layer(isolated_registry):
+    bf.register_backend("delegating", Delegating)
+    backend = bf.get_backend("delegating")
+    report = check_backend("delegating", quick=True)
+    assert report.failures == [] and report.checked > 50
+    assert all(count > 0 for count in backend.calls.values()), backend.calls
+
+
+class Perturbed(Delegating):
+    """Right shape, wrong numbers: the LSTM output off by 1e-3."""
+
+    name = "perturbed"
+
+    def lstm_forward(self, request):
+        result = super().lstm_forward(request)
+        result.output[...] += 1e-3
+        return result
+
+
+def test_the_kit_reports_each_disagreement_with_its_configuration():
+    report = check_backend(Perturbed(), quick=True, raise_on_failure=False)
+    assert report.failures
+    assert all(f.startswith("LSTM ") for f in report.failures)
+    assert any("num_layers=2, bidirectional=True, peepholes=full" in f and "output differs" in f
+               for f in report.failures)
+    with pytest.raises(ConformanceError, match="backend 'perturbed' disagrees with the reference"):
+        check_backend(Perturbed(), quick=True)
+
+
+@pytest.mark.slow
+def test_every_registered_backend_passes_the_conformance_kit(backend_name):
+    report = check_backend(backend_name)
+    assert report.failures == []
+    assert report.checked > 100 and report.compared > 1000
+
+
 def test_entry_point_discovery(isolated_registry, tmp_path, monkeypatch):
+    """An installed distribution (a dist-info folder on the path) declares two backends: one
+    that keeps the contract is found and used, one that breaks it is refused by name."""
     (tmp_path / "plugin_backend_mod.py").write_text(
         "from bnnsfw.backends import NumpyBackend\n"
         "class PluginBackend(NumpyBackend):\n    name = 'plugin'\n"
+        "class BrokenBackend:\n    name = 'broken'\n"
     )
     dist = tmp_path / "bnnsfw_plugin-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: bnnsfw-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[bnnsfw.backends]\nplugin = plugin_backend_mod:PluginBackend\n")
+    (dist / "entry_points.txt").write_text(
+        "[bnnsfw.backends]\nplugin = plugin_backend_mod:PluginBackend\nbroken = plugin_backend_mod:BrokenBackend\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(backends, "_entry_points_loaded", False)
-    assert "plugin" in bf.available_backends()
+    assert {"plugin", "broken"} <= set(bf.available_backends())
     assert bf.get_backend("plugin").name == "plugin"
+    with bf.use_backend("plugin"):
+        layer = bf.LSTMLayer(bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=0))
+    assert layer.backend.name == "plugin"
+    layer.apply(np.ones((2, 1, 2), np.float32))
+    with pytest.raises(bf.BackendError, match=r"backend 'broken' must implement the backend contract.*missing gemm"):
+        bf.get_backend("broken")
     monkeypatch.delitem(sys.modules, "plugin_backend_mod", raising=False)
 
 
@@ -184,5 +327,5 @@ def test_use_backend_is_per_thread():
 def test_backend_object_is_accepted_directly():
     backend = CountingBackend()
     assert bf.get_backend(backend) is backend
-    with pytest.raises(bf.InvalidParameterError, match="backend must be"):
+    with pytest.raises(bf.InvalidParameterError, match="backend must implement the backend contract"):
         bf.get_backend(42)

@@ -6,6 +6,7 @@ import pytest
 from threadpoolctl import threadpool_info
 
 import bnnsfw as bf
+from bnnsfw.backends.contract import GemmRequest
 
 
 class ScaleLayer(bf.Filter):
@@ -20,7 +21,7 @@ class ScaleLayer(bf.Filter):
         self._check_open("apply")
         with self._threads():
             self.blas_threads_seen = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-            return self.backend.gemm(x, self.weights, trans_b=True)
+            return self.backend.gemm(GemmRequest(a=x, b=self.weights, trans_b=True)).out
 
     def _release(self):
         self.weights = None
@@ -96,7 +97,7 @@ def test_n_threads_limits_blas_only_while_running():
         ({"n_threads": -1}, r"FilterParameters.n_threads must be an integer >= 0 \(0: library default\); got -1"),
         ({"n_threads": 1.5}, "n_threads must be"),
         ({"use_client_pointer": 1}, "FilterParameters.use_client_pointer must be True or False; got 1"),
-        ({"backend": 3.0}, "FilterParameters.backend must be"),
+        ({"backend": 3.0}, "FilterParameters.backend must implement the backend contract"),
     ],
 )
 def test_filter_parameters_validate(kwargs, message):

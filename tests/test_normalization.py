@@ -50,6 +50,11 @@ def blocked_backend(block: int = 5, threaded_block: int = 11) -> ScipyBlasBacken
     return backend
 
 
+def _channel_plan(backend: ScipyBlasBackend, x: np.ndarray, threads: int):
+    """The blocks the backend would use for per-sample statistics of ``x`` (N, C, 1, S)."""
+    return backend.blocked_plan(x, np.ones((1, x.shape[1], 1, 1), x.dtype), False, False, threads)
+
+
 @pytest.fixture(params=[*BACKENDS, "scipy-blas (tiny blocks)"])
 def backend_name(request: pytest.FixtureRequest) -> object:
     """Each registered backend's name, then a backend object running the blocked kernels."""
@@ -796,7 +801,7 @@ def test_default_blocks_one_and_two_threads_agree(rng, kind):
                                      beta=rng.standard_normal(affine), dtype=np.float32)
     x = (rng.standard_normal(shape) + 1.0).astype(np.float32)
     dy = rng.standard_normal(shape).astype(np.float32)
-    assert ScipyBlasBackend()._normalization_plan(x.reshape(shape[0], channels, 1, -1), 1) is not None
+    assert _channel_plan(ScipyBlasBackend(), x.reshape(shape[0], channels, 1, -1), 1) is not None
     one = _run(params, "scipy-blas", x, dy, "training", n_threads=1)
     two = _run(params, "scipy-blas", x, dy, "training", n_threads=2)
     reference = _run(params, "numpy", x, dy, "training")
@@ -823,16 +828,16 @@ def test_blocked_backward_may_overwrite_dy_and_forward_x(rng, kind):
 def test_default_sizes_use_the_reference_below_the_limit_and_blocks_above(rng, monkeypatch):
     backend = ScipyBlasBackend()
     x = rng.standard_normal((2, 3, 4, 5))
-    assert backend._normalization_plan(x, 0) is None  # small: the reference kernels
+    assert _channel_plan(backend, x, 0) is None  # small: the reference kernels
     big = np.empty((64, 64, 1, 1024), np.float32)
-    plan = backend._normalization_plan(big, 1)
+    plan = _channel_plan(backend, big, 1)
     assert plan is not None and plan.threads == 1
     assert max(r1 - r0 for r0, r1 in plan.spans) * 1024 <= backend.normalization_block_elements
     assert sum(r1 - r0 for r0, r1 in plan.spans) == 64 * 64
     monkeypatch.setattr(fast, "_CPUS", 4)
-    assert backend._normalization_plan(big, 2).threads == 2
-    assert backend._normalization_plan(big, 0).threads == fast.default_threads() == 4
-    assert backend._normalization_plan(big, 64).threads == 4  # n_threads is a limit, capped at the CPUs
+    assert _channel_plan(backend, big, 2).threads == 2
+    assert _channel_plan(backend, big, 0).threads == fast.default_threads() == 4
+    assert _channel_plan(backend, big, 64).threads == 4  # n_threads is a limit, capped at the CPUs
 
 
 def test_workspaces_and_allocated_gradients_are_aligned(rng):

@@ -1,9 +1,12 @@
-"""Compute backends: a registry by name and a context manager that switches the default.
+"""Compute backends: the contract, a registry by name, and a context manager for the default.
 
+A backend implements the contract in :mod:`bnnsfw.backends.contract` (``docs/backends.md``).
 Layers take their backend when they are created: ``FilterParameters(backend=...)`` names one
 (or hands over a backend object); otherwise the current default is used, which
 :func:`use_backend` changes inside a ``with`` block. Third-party packages register factories
-under the entry-point group ``bnnsfw.backends`` or call :func:`register_backend`.
+under the entry-point group ``bnnsfw.backends`` or call :func:`register_backend`. Every
+backend is checked against the contract before a layer can use it: at registration, when
+an entry point is first loaded, and when an object is handed over directly.
 """
 
 from __future__ import annotations
@@ -13,15 +16,18 @@ import contextvars
 import logging
 import threading
 from importlib import metadata
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterator, Union, cast
 
-from ..errors import InvalidParameterError, UnknownBackendError, must_be
-from .base import Backend
+from ..errors import BackendError, InvalidParameterError, UnknownBackendError, must_be
+from . import contract
+from .contract import Backend, check_contract
 from .numpy import NumpyBackend
 
 __all__ = [
     "Backend",
+    "BackendError",
     "NumpyBackend",
+    "contract",
     "ENTRY_POINT_GROUP",
     "register_backend",
     "get_backend",
@@ -39,6 +45,7 @@ _lock = threading.RLock()
 _factories: dict[str, Callable[[], Backend]] = {}
 _instances: dict[str, Backend] = {}
 _entry_points_loaded = False
+_conforming_types: set[type] = set()  # classes whose instances passed the contract check
 _default: contextvars.ContextVar[BackendSpec] = contextvars.ContextVar("bnnsfw_backend", default="auto")
 
 
@@ -48,9 +55,23 @@ def _scipy_blas() -> Backend:
     return ScipyBlasBackend()
 
 
+def _checked(backend: object, where: str) -> Backend:
+    """``backend`` once it passes the contract check (remembered per class)."""
+    kind = type(backend)
+    if kind not in _conforming_types:
+        check_contract(backend, where)
+        own = getattr(backend, "__dict__", {})
+        if not any(member in own for member in ("name", *contract.OPERATIONS)):
+            _conforming_types.add(kind)  # the class alone makes it a backend
+    return cast(Backend, backend)
+
+
 def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool = False) -> None:
     """Register ``factory`` (a class or a zero-argument callable) under ``name``.
 
+    The factory is called once here and its backend checked against the contract, so a
+    factory that does not make a backend is refused now, with a
+    :class:`~bnnsfw.BackendError` that names every missing or wrongly-typed operation.
     Raises :class:`~bnnsfw.InvalidParameterError` when the name is taken (unless
     ``replace=True``) or is ``"auto"``.
     """
@@ -63,8 +84,15 @@ def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool
             raise InvalidParameterError(
                 must_be("register_backend(name)", "not yet registered (pass replace=True to override)", name)
             )
+    instance = _checked(factory(), f"register_backend({name!r}, factory): the factory's result")
+    with _lock:
         _factories[name] = factory
-        _instances.pop(name, None)
+        _instances[name] = instance
+
+
+def _register_builtin(name: str, factory: Callable[[], Backend]) -> None:
+    """A built-in backend, made (and checked) when first asked for."""
+    _factories[name] = factory
 
 
 def _load_entry_points() -> None:
@@ -103,11 +131,7 @@ def get_backend(spec: BackendSpec | None = None) -> Backend:
     if spec is None:
         spec = _default.get()
     if not isinstance(spec, str):
-        if isinstance(spec, Backend):
-            return spec
-        raise InvalidParameterError(
-            must_be("backend", "a registered name or an object with a gemm method and a name", spec)
-        )
+        return _checked(spec, "backend")
     name = _auto() if spec == "auto" else spec
     with _lock:
         if name not in _factories:
@@ -116,7 +140,7 @@ def get_backend(spec: BackendSpec | None = None) -> Backend:
             names = ", ".join(["auto", *sorted(_factories)])
             raise UnknownBackendError(must_be("backend", f"one of {names}", spec))
         if name not in _instances:
-            _instances[name] = _factories[name]()
+            _instances[name] = _checked(_factories[name](), f"backend {name!r}")
         return _instances[name]
 
 
@@ -145,5 +169,5 @@ def use_backend(spec: BackendSpec) -> Iterator[Backend]:
         _default.reset(token)
 
 
-register_backend("numpy", NumpyBackend)
-register_backend("scipy-blas", _scipy_blas)
+_register_builtin("numpy", NumpyBackend)
+_register_builtin("scipy-blas", _scipy_blas)

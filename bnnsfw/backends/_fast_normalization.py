@@ -64,12 +64,12 @@ import itertools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
 from .._threadpool import blas_controller
-from ._normalization_kernels import _reciprocal_std
+from ._normalization_kernels import reciprocal_std
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..activation import Activation
@@ -288,10 +288,6 @@ def _block_dz(activation: "Activation", dy: Array, out: Array, output: Array | N
     return np.multiply(dy, derivative, out=out)
 
 
-def _no_preactivation() -> Array:  # pragma: no cover - callers check the derivative needs none
-    raise AssertionError("the pre-activation needs the batch statistics")
-
-
 def _combine_moments(row_means: Array, row_m2: Array, length: int) -> tuple[Array, Array, Array]:
     """Per-channel mean and biased variance from per-row means and centred sums of squares.
 
@@ -309,9 +305,10 @@ def _combine_moments(row_means: Array, row_m2: Array, length: int) -> tuple[Arra
 class BlockedNormalizationKernels:
     """Normalization kernels that work block by block, on several threads.
 
-    A mixin placed before :class:`~bnnsfw.backends.numpy.NumpyBackend` in a backend's bases:
-    the kernels take the same arguments and give the same results (within float rounding)
-    as the reference ones, and hand them what they do not cover.
+    A mixin of the ``scipy-blas`` backend: :meth:`blocked_plan` says whether the blocked
+    kernels serve an input (the backend asks it, in one place, before each call); the kernels
+    take the reference kernels' arguments plus the plan and give the same results within
+    float rounding.
 
     Attributes
     ----------
@@ -332,8 +329,15 @@ class BlockedNormalizationKernels:
     normalization_threaded_block_elements: int = 1 << 19
     normalization_min_elements: int = 1 << 15
 
-    def _normalization_plan(self, x: Array, threads: int, *arrays: Array | None) -> _Plan | None:
-        """The blocks of ``x``, or None when the reference kernels should run."""
+    def blocked_plan(self, x: Array, gamma: Array, batch_statistics: bool, constant: bool, threads: int,
+                     *arrays: Array | None) -> _Plan | None:
+        """The blocks of ``x``, or None when the reference kernels should run: inputs below
+        ``normalization_min_elements``, and the channel-wise types without spatial extent
+        (rows of one element, which blocking cannot help)."""
+        s = x.shape[3]
+        rows_layout = s == 1 and gamma.shape[1] == 1 and not batch_statistics and not constant  # layer norm
+        if s == 1 and not rows_layout:
+            return None
         if x.size < max(1, self.normalization_min_elements):
             return None
         if not all(a is None or a.flags.c_contiguous for a in (x, *arrays)):
@@ -346,40 +350,34 @@ class BlockedNormalizationKernels:
 
     # --- forward -----------------------------------------------------------------------------
 
-    def normalization_forward(
+    def blocked_forward(
         self,
         x: Array,
         gamma: Array,
         beta: Array,
         *,
         epsilon: float,
-        reduce_axes: tuple[int, ...],
+        batch_statistics: bool,
         activation: "Activation",
         out: Array,
-        mean: Array | None = None,
-        variance: Array | None = None,
-        threads: int = 0,
+        mean: Array | None,
+        variance: Array | None,
+        plan: _Plan,
     ) -> tuple[Array, Array, Array]:
-        """See :meth:`NormalizationKernels.normalization_forward`; blocked and threaded."""
+        """The reference forward (``NormalizationKernels._normalization_forward``), blocked
+        and threaded along ``plan`` (from :meth:`blocked_plan`)."""
         n, g, k, s = x.shape
-        per_sample = 0 not in reduce_axes
-        constant = mean is not None and variance is not None
-        rows_layout = s == 1 and gamma.shape[1] == 1 and per_sample and not constant  # layer norm
-        plan = self._normalization_plan(x, threads, out) if s > 1 or rows_layout else None
-        if plan is None:
-            return super().normalization_forward(  # type: ignore[misc]
-                x, gamma, beta, epsilon=epsilon, reduce_axes=reduce_axes, activation=activation, out=out,
-                mean=mean, variance=variance, threads=threads,
-            )
+        per_sample = not batch_statistics
+        rows_layout = s == 1 and gamma.shape[1] == 1 and per_sample and mean is None  # layer norm
         dtype, length = x.dtype, k * s
         x2, x3, o3 = x.reshape(-1, length), x.reshape(-1, k, s), out.reshape(-1, k, s)
         act = None if activation.is_identity else activation
         inv = 1.0 / length
 
-        if constant:
+        if mean is not None and variance is not None:
             # Given statistics: out = x · scale + (beta − mean · scale), as the reference does.
-            scale = _reciprocal_std(variance, epsilon) * gamma  # type: ignore[arg-type]
-            scale_r, shift_r = _per_row(scale, n, g), _per_row(beta - mean * scale, n, g)  # type: ignore[operator]
+            scale = reciprocal_std(variance, epsilon) * gamma
+            scale_r, shift_r = _per_row(scale, n, g), _per_row(beta - mean * scale, n, g)
 
             def affine(index: int, r0: int, r1: int, work: Array, _: Array) -> None:
                 ob = o3[r0:r1]
@@ -389,7 +387,7 @@ class BlockedNormalizationKernels:
                     act.forward(ob, out=ob)
 
             plan.run(affine, dtype)
-            return out, mean, variance  # type: ignore[return-value]
+            return out, mean, variance
 
         ones = np.ones(length, dtype)
         sums = np.empty(n * g, dtype)
@@ -404,9 +402,12 @@ class BlockedNormalizationKernels:
             return np.vecdot(work, work, out=squares[r0:r1])
 
         if not per_sample:  # batch norm: the statistics first, then normalize
-            plan.run(lambda index, r0, r1, work, _: moments(r0, r1, work), dtype)
+            def batch_moments(index: int, r0: int, r1: int, work: Array, _: Array) -> None:
+                moments(r0, r1, work)
+
+            plan.run(batch_moments, dtype)
             mean, variance, _ = _combine_moments(sums.reshape(n, g), squares.reshape(n, g), length)
-            scale = _reciprocal_std(variance, epsilon) * gamma
+            scale = reciprocal_std(variance, epsilon) * gamma
             mean_r, scale_r, beta_r = _per_row(mean, n, g), _per_row(scale, n, g), _per_row(beta, n, g)
 
             def normalize(index: int, r0: int, r1: int, work: Array, _: Array) -> None:
@@ -433,7 +434,7 @@ class BlockedNormalizationKernels:
             if not rows_layout and _plain_moments(x2[r0:r1], ones, inv, sums[r0:r1], squares[r0:r1]):
                 # Instance and group norm: gamma is constant along S, so out = x · scale + shift
                 # with (row, channel) operands: two passes instead of three.
-                rstd = _reciprocal_std(squares[r0:r1], epsilon)
+                rstd = reciprocal_std(squares[r0:r1], epsilon)
                 scale = gamma_r[r0:r1] * rstd[:, None, None]
                 shift = beta_r[r0:r1] - sums[r0:r1, None, None] * scale
                 w3, ob = work.reshape(-1, k, s), o3[r0:r1]
@@ -444,7 +445,7 @@ class BlockedNormalizationKernels:
                 return
             m2 = moments(r0, r1, work)
             m2 *= inv
-            rstd = _reciprocal_std(m2, epsilon)
+            rstd = reciprocal_std(m2, epsilon)
             if rows_layout:  # rstd per row, gamma per column: their product would be block-sized
                 np.multiply(work, rstd[:, None], out=work)
                 np.multiply(work, gamma1, out=work)
@@ -467,7 +468,7 @@ class BlockedNormalizationKernels:
 
     # --- backward ----------------------------------------------------------------------------
 
-    def normalization_backward(
+    def blocked_backward(
         self,
         x: Array,
         dy: Array,
@@ -475,30 +476,21 @@ class BlockedNormalizationKernels:
         beta: Array,
         *,
         epsilon: float,
-        reduce_axes: tuple[int, ...],
+        batch_statistics: bool,
         activation: "Activation",
-        output: Array | None = None,
-        out: Array | None = None,
-        mean: Array | None = None,
-        variance: Array | None = None,
-        scratch: Sequence[Array] = (),
-        threads: int = 0,
+        output: Array | None,
+        out: Array | None,
+        mean: Array | None,
+        variance: Array | None,
+        plan: _Plan,
     ) -> tuple[Array, Array, Array]:
-        """See :meth:`NormalizationKernels.normalization_backward`; blocked and threaded.
-
-        ``scratch`` is not used (each thread keeps block-sized workspaces of its own), and a
-        missing ``out`` is allocated 64-byte aligned.
-        """
+        """The reference backward (``NormalizationKernels._normalization_backward``), blocked
+        and threaded along ``plan``. Each thread keeps block-sized workspaces of its own, and a
+        missing ``out`` is allocated 64-byte aligned."""
         n, g, k, s = x.shape
-        per_sample = 0 not in reduce_axes
+        per_sample = not batch_statistics
         constant = mean is not None and variance is not None
         rows_layout = s == 1 and gamma.shape[1] == 1 and per_sample and not constant  # layer norm
-        plan = self._normalization_plan(x, threads, dy, output, out) if s > 1 or rows_layout else None
-        if plan is None:
-            return super().normalization_backward(  # type: ignore[misc]
-                x, dy, gamma, beta, epsilon=epsilon, reduce_axes=reduce_axes, activation=activation,
-                output=output, out=out, mean=mean, variance=variance, scratch=scratch, threads=threads,
-            )
         if out is None:
             out = aligned_empty_like(x)
         if rows_layout:
@@ -528,8 +520,10 @@ class BlockedNormalizationKernels:
         sums_dzc = np.empty((n * g, k), dtype)  # Σ_S dz · (x − centre)
         gamma_r, beta_r = _per_row(gamma, n, g), _per_row(beta, n, g)
 
-        def block_dz(r0: int, r1: int, w3: Array, centered3: Array, scale: Array) -> Array:
+        def block_dz(r0: int, r1: int, w3: Array, centered3: Array, scale: Array | None) -> Array:
+            """dz of a block; ``scale`` is None when the derivative comes from the output alone."""
             def preactivation() -> Array:
+                assert scale is not None
                 np.multiply(centered3, scale, out=w3)
                 return np.add(w3, beta_r[r0:r1], out=w3)
 
@@ -548,7 +542,7 @@ class BlockedNormalizationKernels:
                 row_mean = np.vecdot(xr, ones)
                 row_mean *= inv
                 np.subtract(xr, row_mean[:, None], out=work)
-                rstd = _reciprocal_std(np.vecdot(work, work) * inv, epsilon)
+                rstd = reciprocal_std(np.vecdot(work, work) * inv, epsilon)
                 rstds[r0:r1] = rstd
                 c3, w3 = work.reshape(-1, k, s), spare.reshape(-1, k, s)
                 scale = gamma_r[r0:r1] * rstd[:, None, None]
@@ -569,8 +563,8 @@ class BlockedNormalizationKernels:
             dgamma = np.add.reduce(sums_dzc.reshape(n, g, k), axis=0)
             return out, dgamma.reshape(gamma.shape), dbeta.reshape(gamma.shape)
 
-        if mean is not None:  # given statistics: dx = dz · γ · rstd
-            rstd = _reciprocal_std(variance, epsilon)  # type: ignore[arg-type]
+        if mean is not None and variance is not None:  # given statistics: dx = dz · γ · rstd
+            rstd = reciprocal_std(variance, epsilon)
             scale_r, mean_r = _per_row(rstd * gamma, n, g), _per_row(mean, n, g)
 
             def constant_backward(index: int, r0: int, r1: int, work: Array, spare: Array) -> None:
@@ -601,11 +595,11 @@ class BlockedNormalizationKernels:
             np.vecdot(work, work, out=squares[r0:r1])
             if early:
                 c3 = work.reshape(-1, k, s)
-                reduce_pairs(r0, r1, block_dz(r0, r1, spare.reshape(-1, k, s), c3, _no_preactivation), c3)
+                reduce_pairs(r0, r1, block_dz(r0, r1, spare.reshape(-1, k, s), c3, None), c3)
 
         plan.run(moments, dtype)
         mean, variance, deviation = _combine_moments(sums.reshape(n, g), squares.reshape(n, g), length)
-        rstd = _reciprocal_std(variance, epsilon)
+        rstd = reciprocal_std(variance, epsilon)
         scale = rstd * gamma
         mean_r, scale_r = _per_row(mean, n, g), _per_row(scale, n, g)
         if early:
@@ -662,7 +656,7 @@ class BlockedNormalizationKernels:
             row_mean = np.vecdot(xr, ones)
             row_mean *= inv
             np.subtract(xr, row_mean[:, None], out=centered)
-            rstd = _reciprocal_std(np.vecdot(centered, centered) * inv, epsilon)
+            rstd = reciprocal_std(np.vecdot(centered, centered) * inv, epsilon)
 
             def preactivation() -> Array:
                 np.multiply(centered, rstd[:, None], out=work)

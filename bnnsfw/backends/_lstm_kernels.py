@@ -1,13 +1,14 @@
-"""Reference (NumPy) kernels of the LSTM layer, mixed into every backend.
+"""Reference (NumPy) per-sequence kernels of the LSTM, for one layer and one direction.
 
-:class:`bnnsfw.LSTMLayer` hands each layer and direction to two kernels of its backend:
+:class:`bnnsfw.backends._lstm_stack.LSTMStack` runs the stack (the contract's
+``lstm_forward`` and ``lstm_backward``) on two kernels per layer and direction:
 :meth:`LSTMKernels.lstm_forward_sequence` (the input projection of every time step, then the
-recurrence) and :meth:`LSTMKernels.lstm_backward_sequence` (the recurrence in reverse, leaving
-the gradient with respect to every gate pre-activation); the layer then computes the weight
-and input gradients as single products. The versions here handle every cell (any per-gate
-activation, peepholes of either kind, variable lengths) with in-place ufuncs on preallocated
-buffers; a faster backend overrides them for the cells it specialises
-(:mod:`bnnsfw.backends._fast_lstm`) and calls these otherwise.
+recurrence) and :meth:`LSTMKernels.lstm_backward_sequence` (the recurrence in reverse,
+leaving the gradient with respect to every gate pre-activation); the stack then computes
+the weight and input gradients as single products. The versions here handle every cell (any
+per-gate activation, peepholes of either kind, variable lengths) with in-place ufuncs on
+preallocated buffers. They are the reference; a faster backend picks its own kernels for the
+cells it specialises in one place (``_lstm_sequence_kernels``).
 
 Internal layout (what the training cache holds, see ``docs/lstm.md``). Gates are stored in
 the **internal order candidate, forget, input, output** (``g, f, i, o``), so that the three
@@ -73,8 +74,7 @@ class LSTMStepPlan(NamedTuple):
     says the forward weights of gate ``k`` are halved (its activation is sigmoid).
     ``pre_cell_runs`` groups the rows of the candidate, forget and input gates into runs
     sharing one activation, ``(start, stop, activation, halved)`` in gate-row units of the
-    ``4H`` gate block. ``fast`` marks the default cell (tanh candidate, sigmoid forget, input
-    and output gates, tanh hidden activation, no peepholes), the one faster backends specialise.
+    ``4H`` gate block.
     """
 
     hidden_size: int
@@ -85,7 +85,6 @@ class LSTMStepPlan(NamedTuple):
     pre_cell_runs: tuple[tuple[int, int, Activation, bool], ...]
     store_pre: bool
     needs_cell: bool
-    fast: bool
 
     @classmethod
     def build(
@@ -109,10 +108,16 @@ class LSTMStepPlan(NamedTuple):
                 runs.append((gate * h, (gate + 1) * h, act, halved[gate]))
         store_pre = not all(a.derivative_from_output for a in acts)
         needs_cell = peeps[OUTPUT] is not None or not hidden_activation.derivative_from_output
-        fast = (acts[CANDIDATE].function is AF.tanh and all(halved[1:])
-                and hidden_activation.function is AF.tanh and all(p is None for p in peeps))
-        return cls(h, acts, hidden_activation, peeps, halved, tuple(runs),  # type: ignore[arg-type]
-                   store_pre, needs_cell, fast)
+        return cls(h, (acts[0], acts[1], acts[2], acts[3]), hidden_activation,
+                   (peeps[0], peeps[1], peeps[2], peeps[3]), (halved[0], halved[1], halved[2], halved[3]),
+                   tuple(runs), store_pre, needs_cell)
+
+    @property
+    def default_cell(self) -> bool:
+        """tanh candidate, sigmoid forget, input and output gates, tanh hidden activation and
+        no peepholes: the cell almost every model uses."""
+        return (self.activations[CANDIDATE].function is AF.tanh and all(self.halved[1:])
+                and self.hidden_activation.function is AF.tanh and all(p is None for p in self.peepholes))
 
     def row_scale(self, dtype: np.dtype) -> np.ndarray:
         """``(4H, 1)``: ½ on the rows of halved gates, 1 elsewhere (internal order)."""
@@ -134,6 +139,11 @@ class LSTMPeepholes(NamedTuple):
 
     diagonal: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray | None]
     full_output: np.ndarray | None
+
+    @classmethod
+    def of(cls, diagonal: Sequence[np.ndarray | None], full_output: np.ndarray | None) -> "LSTMPeepholes":
+        """From the four internal-order diagonal columns (any sequence) and the output matrix."""
+        return cls((diagonal[0], diagonal[1], diagonal[2], diagonal[3]), full_output)
 
 
 class LSTMWeights(NamedTuple):
@@ -193,11 +203,16 @@ def _copy_or_zero(target: np.ndarray, source: np.ndarray | None) -> None:
 
 
 class LSTMKernels:
-    """The LSTM kernels of :class:`bnnsfw.LSTMLayer`, in plain NumPy.
+    """The reference per-sequence LSTM kernels, in plain NumPy.
 
-    A backend may override any of these; each writes only into the buffers it is given and
-    the scratch arrays it borrows (names starting with ``lstm_``).
+    Each writes only into the buffers it is given and the scratch arrays it borrows (names
+    starting with ``lstm_``). Products go through :meth:`_gemm`, which the backend provides.
     """
+
+    def _gemm(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, *, trans_a: bool = False,
+              trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0) -> np.ndarray:
+        """``out = alpha · op(a) @ op(b) + beta · out`` (the backend's product, unchecked)."""
+        raise NotImplementedError
 
     # ----------------------------------------------------------------------------------
     # Activations in place, and their derivatives multiplied into a gradient.
@@ -291,7 +306,7 @@ class LSTMKernels:
         if hidden is None:
             hidden = scratch.array("lstm_hidden", (seq_len, h, batch), dtype)
         projection = scratch.array("lstm_projection", (seq_len * batch, four_h), dtype)
-        self.gemm(x2, w.wx, out=projection, trans_b=True)  # type: ignore[attr-defined]
+        self._gemm(x2, w.wx, out=projection, trans_b=True)
         projection = projection.reshape(seq_len, batch, four_h)
         c_last = scratch.array("lstm_c_last", (h, batch), dtype)
         h_last = scratch.array("lstm_h_last", (h, batch), dtype)
@@ -307,9 +322,9 @@ class LSTMKernels:
             z = block[h:5 * h]
             np.add(projection[t].T, w.bias, out=z)
             if k > 0 or h0 is not None:  # U @ 0 adds nothing
-                self.gemm(w.u, hidden[t], out=z, beta=1.0)  # type: ignore[attr-defined]
+                self._gemm(w.u, hidden[t], out=z, beta=1.0)
             if w.full_pre is not None:
-                self.gemm(w.full_pre, block[:h], out=z, beta=1.0)  # type: ignore[attr-defined]
+                self._gemm(w.full_pre, block[:h], out=z, beta=1.0)
             self.lstm_forward_step(
                 plan, w, block, c_last if last else steps[t + step, :h], hidden[t],
                 h_last if last else hidden[t + step], scratch,
@@ -376,7 +391,7 @@ class LSTMKernels:
         o = block[4 * hs:5 * hs]
         p_out = peep.diagonal[OUTPUT]
         if peep.full_output is not None:
-            self.gemm(peep.full_output, c_next, out=o, beta=1.0)  # type: ignore[attr-defined]
+            self._gemm(peep.full_output, c_next, out=o, beta=1.0)
         elif p_out is not None:
             np.multiply(c_next, p_out, out=tmp)
             np.add(o, tmp, out=o)
@@ -457,7 +472,7 @@ class LSTMKernels:
                 pre=None if pre is None else pre[t], c_out=None if c_new is None else c_new[t],
                 inactive=inactive[t])
             target = dh_first if last else dh_all[t - step]
-            self.gemm(w.u_t, dz[:four_h], out=target, beta=0.0 if last else 1.0)  # type: ignore[attr-defined]
+            self._gemm(w.u_t, dz[:four_h], out=target, beta=0.0 if last else 1.0)
             if inactive[t] is not None:  # a sequence past its length passes dh through (its dz is 0)
                 np.add(target, dh_all[t], out=target, where=inactive[t])
         np.copyto(d_gates.reshape(four_h, seq_len, batch), d_steps[:, :four_h].transpose(1, 0, 2))
@@ -531,7 +546,7 @@ class LSTMKernels:
         if inactive is not None:
             np.copyto(dz_o, 0.0, where=inactive)
         if peep.full_output is not None:
-            self.gemm(peep.full_output, dz_o, out=dc, trans_a=True, beta=1.0)  # type: ignore[attr-defined]
+            self._gemm(peep.full_output, dz_o, out=dc, trans_a=True, beta=1.0)
         elif (p_out := peep.diagonal[OUTPUT]) is not None:
             np.multiply(dz_o, p_out, out=tmp)
             np.add(dc, tmp, out=dc)
@@ -550,7 +565,6 @@ class LSTMKernels:
                 np.multiply(dz[gate * hs:(gate + 1) * hs], p, out=tmp)
                 np.add(dc, tmp, out=dc)
         if w.full_pre_grad is not None:
-            gemm = self.gemm  # type: ignore[attr-defined]
-            gemm(w.full_pre_grad, dz[:4 * hs], out=dc, trans_a=True, beta=1.0)
+            self._gemm(w.full_pre_grad, dz[:4 * hs], out=dc, trans_a=True, beta=1.0)
         if keep is not None:
             np.copyto(dc, keep, where=inactive)

@@ -52,15 +52,22 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from .contract import (
+    NormalizationBackwardRequest,
+    NormalizationBackwardResult,
+    NormalizationForwardRequest,
+    NormalizationForwardResult,
+)
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..activation import Activation
 
-__all__ = ["NormalizationKernels"]
+__all__ = ["NormalizationKernels", "reciprocal_std", "reduce_axes"]
 
 Array = np.ndarray
 
 
-def _reciprocal_std(variance: Array, epsilon: float) -> Array:
+def reciprocal_std(variance: Array, epsilon: float) -> Array:
     """``1 / sqrt(variance + epsilon)`` on the small statistics array (same dtype)."""
     rstd = variance + epsilon
     np.sqrt(rstd, out=rstd)
@@ -104,14 +111,36 @@ def _row_dots(a: Array, b: Array) -> Array:
     return np.einsum("ij,ij->i", a, b)
 
 
+def reduce_axes(batch_statistics: bool) -> tuple[int, ...]:
+    """The axes of the canonical view that the statistics are computed over."""
+    return (0, 2, 3) if batch_statistics else (2, 3)
+
+
 class NormalizationKernels:
-    """Fused per-element passes of :class:`bnnsfw.NormalizationLayer`.
+    """The contract's normalization operations, with the reference kernels.
 
     Every kernel takes the canonical ``(N, G, K, S)`` view described in this module's
     docstring, C-contiguous, with ``reduce_axes`` either ``(2, 3)`` (per-sample statistics)
     or ``(0, 2, 3)`` (batch statistics), statistics broadcast as ``(1 or N, G, 1, 1)``, and
     gamma and beta as ``(1, 1 or G, K, 1)``, all in one float dtype.
     """
+
+    def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
+        """The contract's forward, by the reference kernel."""
+        r = request
+        out, mean, variance = self._normalization_forward(
+            r.x, r.gamma, r.beta, epsilon=r.epsilon, reduce_axes=reduce_axes(r.batch_statistics),
+            activation=r.activation, out=r.out, mean=r.mean, variance=r.variance, threads=r.threads)
+        return NormalizationForwardResult(output=out, mean=mean, variance=variance)
+
+    def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
+        """The contract's backward, by the reference kernel."""
+        r = request
+        dx, dgamma, dbeta = self._normalization_backward(
+            r.x, r.dy, r.gamma, r.beta, epsilon=r.epsilon, reduce_axes=reduce_axes(r.batch_statistics),
+            activation=r.activation, output=r.output, out=r.out, mean=r.mean, variance=r.variance,
+            scratch=r.scratch, threads=r.threads)
+        return NormalizationBackwardResult(input=dx, gamma=dgamma, beta=dbeta)
 
     def normalization_statistics(self, x: Array, reduce_axes: tuple[int, ...],
                                  centered: Array) -> tuple[Array, Array]:
@@ -147,7 +176,7 @@ class NormalizationKernels:
         variance = (squares / count).reshape(shape)
         return mean, variance
 
-    def normalization_forward(
+    def _normalization_forward(
         self,
         x: Array,
         gamma: Array,
@@ -191,12 +220,12 @@ class NormalizationKernels:
         """
         if mean is None or variance is None:
             mean, variance = self.normalization_statistics(x, reduce_axes, out)
-            rstd = _reciprocal_std(variance, epsilon)
+            rstd = reciprocal_std(variance, epsilon)
             _scale(out, out, rstd, gamma)
             np.add(out, beta, out=out)
         else:
             # Constant statistics: out = x · scale + (beta − mean · scale), no centring pass.
-            rstd = _reciprocal_std(variance, epsilon)
+            rstd = reciprocal_std(variance, epsilon)
             scale = rstd * gamma
             np.multiply(x, scale, out=out)
             np.add(out, beta - mean * scale, out=out)
@@ -204,7 +233,7 @@ class NormalizationKernels:
             activation.forward(out, out=out)
         return out, mean, variance
 
-    def normalization_backward(
+    def _normalization_backward(
         self,
         x: Array,
         dy: Array,
@@ -237,7 +266,7 @@ class NormalizationKernels:
             Forward input and gradient of the loss with respect to the forward output.
         gamma, beta : ndarray, shape (1, 1 or G, K, 1)
         epsilon, reduce_axes, activation :
-            As for :meth:`normalization_forward`.
+            As for :meth:`_normalization_forward`.
         output : ndarray, shape (N, G, K, S), optional
             The forward output (needed for an activation whose derivative it gives).
         out : ndarray, shape (N, G, K, S), C-contiguous, optional
@@ -248,7 +277,7 @@ class NormalizationKernels:
             Up to two C-contiguous arrays shaped like ``x`` that the kernel may overwrite
             (reused workspaces); missing ones are allocated.
         threads : int
-            As for :meth:`normalization_forward`.
+            As for :meth:`_normalization_forward`.
 
         Returns
         -------
@@ -263,7 +292,7 @@ class NormalizationKernels:
         else:
             constant = False
             mean, variance = self.normalization_statistics(x, reduce_axes, centered)
-        rstd = _reciprocal_std(variance, epsilon)
+        rstd = reciprocal_std(variance, epsilon)
         if out is None:
             out = np.empty_like(x)
         dz = self._normalization_dz(dy, centered, rstd, gamma, beta, activation, output, out, scratch)

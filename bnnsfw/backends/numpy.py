@@ -1,12 +1,12 @@
-"""The reference backend: every kernel in plain NumPy."""
+"""The reference backend: every operation of the contract in plain NumPy."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidParameterError, ShapeError, must_be
-from ._lstm_kernels import LSTMKernels
+from ._lstm_stack import LSTMStack
 from ._normalization_kernels import NormalizationKernels
+from .contract import GemmRequest, GemmResult
 
 __all__ = ["NumpyBackend"]
 
@@ -15,45 +15,24 @@ def _operand(m: np.ndarray, trans: bool) -> np.ndarray:
     return m.T if trans else m
 
 
-def check_gemm_operands(
-    a: np.ndarray, b: np.ndarray, out: np.ndarray | None, trans_a: bool, trans_b: bool, beta: float
-) -> tuple[int, int, int]:
-    """Validate a gemm call and return ``(m, n, k)``."""
-    if a.ndim != 2 or b.ndim != 2:
-        raise ShapeError(must_be("gemm(a, b)", "2-D arrays", (a.shape, b.shape)))
-    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
-    kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
-    if k != kb:
-        raise ShapeError(
-            must_be("gemm(a, b)", "operands with matching inner dimensions",
-                    f"op(a) {(m, k)} and op(b) {(kb, n)}")
-        )
-    if out is None:
-        if beta != 0.0:
-            raise InvalidParameterError(must_be("gemm(beta)", "0 when out is None", beta))
-    elif out.shape != (m, n):
-        raise ShapeError(must_be("gemm(out)", f"of shape {(m, n)}", out.shape))
-    return m, n, k
+class NumpyBackend(NormalizationKernels, LSTMStack):
+    """Pure NumPy: ``numpy.matmul`` for products and the reference kernels of every layer.
 
-
-class NumpyBackend(NormalizationKernels, LSTMKernels):
-    """Pure NumPy: ``numpy.matmul`` for products and the reference per-layer kernels."""
+    It implements the whole contract (:mod:`bnnsfw.backends.contract`); a faster backend may
+    subclass it and override only what it speeds up, or implement the contract from scratch.
+    """
 
     name = "numpy"
 
-    def gemm(
-        self,
-        a: np.ndarray,
-        b: np.ndarray,
-        out: np.ndarray | None = None,
-        *,
-        trans_a: bool = False,
-        trans_b: bool = False,
-        alpha: float = 1.0,
-        beta: float = 0.0,
-    ) -> np.ndarray:
-        """``out = alpha · op(a) @ op(b) + beta · out`` (see :class:`~bnnsfw.backends.Backend`)."""
-        check_gemm_operands(a, b, out, trans_a, trans_b, beta)
+    def gemm(self, request: GemmRequest) -> GemmResult:
+        """``out = alpha · op(a) @ op(b) + beta · out`` (:class:`~bnnsfw.backends.contract.GemmRequest`)."""
+        r = request
+        return GemmResult(self._gemm(r.a, r.b, r.out, trans_a=r.trans_a, trans_b=r.trans_b, alpha=r.alpha,
+                                     beta=r.beta))
+
+    def _gemm(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, *, trans_a: bool = False,
+              trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0) -> np.ndarray:
+        """The product for checked operands; the kernels call it directly."""
         left, right = _operand(a, trans_a), _operand(b, trans_b)
         if out is None or beta == 0.0:
             out = np.matmul(left, right, out=out)

@@ -4,6 +4,12 @@ BLAS is column-major; a C-contiguous ``(m, n)`` array is the column-major ``(n, 
 of its transpose. So ``C = op(A) @ op(B)`` in row-major is computed as
 ``Cᵀ = op(B)ᵀ @ op(A)ᵀ`` in column-major, handing BLAS the transposed views: no copies, and
 ``out`` is written in place (``beta = 1`` accumulates without a temporary).
+
+Besides the product, the backend has its own kernels for the LSTM's default cell
+(:mod:`._fast_lstm`) and blocked, multithreaded normalization kernels
+(:mod:`._fast_normalization`); which implementation serves a request is decided in one
+place, the section "Which implementation serves a request" below. Everything else runs the
+reference kernels it inherits from :class:`~bnnsfw.backends.numpy.NumpyBackend`.
 """
 
 from __future__ import annotations
@@ -11,9 +17,17 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas
 
-from ._fast_lstm import FastLSTMKernels
+from . import _fast_lstm
 from ._fast_normalization import BlockedNormalizationKernels
-from .numpy import NumpyBackend, check_gemm_operands
+from ._lstm_kernels import LSTMStepPlan
+from ._lstm_stack import BackwardKernel, ForwardKernel
+from .contract import (
+    NormalizationBackwardRequest,
+    NormalizationBackwardResult,
+    NormalizationForwardRequest,
+    NormalizationForwardResult,
+)
+from .numpy import NumpyBackend
 
 __all__ = ["ScipyBlasBackend"]
 
@@ -29,33 +43,27 @@ def _column_major_view(m: np.ndarray, trans: bool) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(m).T, trans
 
 
-class ScipyBlasBackend(BlockedNormalizationKernels, FastLSTMKernels, NumpyBackend):
-    """Direct BLAS products into preallocated outputs, cache-blocked multithreaded
-    normalization kernels; every other kernel from the NumPy reference."""
+class ScipyBlasBackend(BlockedNormalizationKernels, NumpyBackend):
+    """Direct BLAS products into preallocated outputs, the default LSTM cell with direct BLAS
+    calls, and cache-blocked multithreaded normalization; the reference kernels otherwise."""
 
     name = "scipy-blas"
 
-    def gemm(
-        self,
-        a: np.ndarray,
-        b: np.ndarray,
-        out: np.ndarray | None = None,
-        *,
-        trans_a: bool = False,
-        trans_b: bool = False,
-        alpha: float = 1.0,
-        beta: float = 0.0,
-    ) -> np.ndarray:
-        """``out = alpha · op(a) @ op(b) + beta · out`` (see :class:`~bnnsfw.backends.Backend`)."""
-        m, n, k = check_gemm_operands(a, b, out, trans_a, trans_b, beta)
+    def _gemm(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, *, trans_a: bool = False,
+              trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0) -> np.ndarray:
+        """``?gemm`` on column-major views; mixed dtypes, an output that is not C-contiguous
+        and empty products go to NumPy."""
         routine = _GEMM.get(a.dtype)
+        m = a.shape[1] if trans_a else a.shape[0]
+        n = b.shape[0] if trans_b else b.shape[1]
+        k = a.shape[0] if trans_a else a.shape[1]
         if (
             routine is None
             or b.dtype != a.dtype
             or (out is not None and (out.dtype != a.dtype or not out.flags.c_contiguous))
             or 0 in (m, n, k)
         ):
-            return super().gemm(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+            return super()._gemm(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
         first, trans_first = _column_major_view(b, trans_b)
         second, trans_second = _column_major_view(a, trans_a)
         if out is None:
@@ -68,3 +76,37 @@ class ScipyBlasBackend(BlockedNormalizationKernels, FastLSTMKernels, NumpyBacken
         if not np.shares_memory(result, out):  # pragma: no cover - BLAS wrapper copied
             out[...] = result.T
         return out
+
+    # ----------------------------------------------------------------------------------
+    # Which implementation serves a request: decided here and nowhere else.
+    # ----------------------------------------------------------------------------------
+    def _lstm_sequence_kernels(self, plan: LSTMStepPlan,
+                               lengths: np.ndarray | None) -> tuple[ForwardKernel, BackwardKernel]:
+        """The direct-BLAS kernels for the default cell over full-length sequences; the
+        reference kernels for every other cell and for variable lengths."""
+        if _fast_lstm.serves(plan, lengths):
+            return _fast_lstm.forward_sequence, _fast_lstm.backward_sequence
+        return super()._lstm_sequence_kernels(plan, lengths)
+
+    def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
+        """Blocked when :meth:`blocked_plan` gives blocks, else the reference kernel."""
+        r = request
+        plan = self.blocked_plan(r.x, r.gamma, r.batch_statistics, r.mean is not None, r.threads, r.out)
+        if plan is None:
+            return super().normalization_forward(request)
+        out, mean, variance = self.blocked_forward(
+            r.x, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics,
+            activation=r.activation, out=r.out, mean=r.mean, variance=r.variance, plan=plan)
+        return NormalizationForwardResult(output=out, mean=mean, variance=variance)
+
+    def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
+        """Blocked when :meth:`blocked_plan` gives blocks, else the reference kernel."""
+        r = request
+        plan = self.blocked_plan(r.x, r.gamma, r.batch_statistics, r.mean is not None, r.threads,
+                                 r.dy, r.output, r.out)
+        if plan is None:
+            return super().normalization_backward(request)
+        dx, dgamma, dbeta = self.blocked_backward(
+            r.x, r.dy, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics,
+            activation=r.activation, output=r.output, out=r.out, mean=r.mean, variance=r.variance, plan=plan)
+        return NormalizationBackwardResult(input=dx, gamma=dgamma, beta=dbeta)

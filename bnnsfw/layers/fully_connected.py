@@ -6,7 +6,7 @@ per-element activation. :class:`FullyConnectedLayer` applies them to a batch ``(
 sequence of batches ``(T, N, in)``, and :meth:`FullyConnectedLayer.apply_backward` returns the
 input, weights and bias gradients as a :class:`FullyConnectedGradients`.
 
-Both products go through the layer's backend ``gemm``; the bias is added in place.
+Both products go through the layer's backend ``gemm`` (the contract's matrix product); the bias is added in place.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 from .._validation import as_input, as_output, describe, layer_dtype, parameter_array, positive_int
 from ..activation import Activation
+from ..backends.contract import GemmRequest
 from ..errors import InvalidParameterError, ShapeError, must_be
 from ..filter import Filter, FilterParameters
 
@@ -370,7 +371,7 @@ class FullyConnectedLayer(Filter):
 
     def _affine(self, x2d: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """``x2d @ Wᵀ + b`` into ``out`` (or a new array)."""
-        y = self.backend.gemm(x2d, self._weights, out, trans_b=True)
+        y = self.backend.gemm(GemmRequest(a=x2d, b=self._weights, out=out, trans_b=True)).out
         if self._bias is not None:
             y += self._bias
         return y
@@ -409,9 +410,9 @@ class FullyConnectedLayer(Filter):
         target = self._direct(buffer, operands)
         if target is not None:
             rows = target.reshape(-1, shape[-1])
-            self.backend.gemm(a, b, rows, trans_a=trans_a, beta=1.0 if accumulate else 0.0)
+            self.backend.gemm(GemmRequest(a=a, b=b, out=rows, trans_a=trans_a, beta=1.0 if accumulate else 0.0))
             return target
-        result = self.backend.gemm(a, b, trans_a=trans_a).reshape(shape)
+        result = self.backend.gemm(GemmRequest(a=a, b=b, trans_a=trans_a)).out.reshape(shape)
         if buffer is None:
             return result
         deferred.append((buffer, result))

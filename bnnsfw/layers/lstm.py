@@ -9,13 +9,11 @@ layer and direction at step t (gates in the order input, forget, candidate, outp
     c' = f ⊙ c + i ⊙ g
     o = act_o(W_o x + U_o h + P_o c' + b_o)     h' = o ⊙ act_h(c')
 
-How it runs: per layer and direction the backend's ``lstm_forward_sequence`` kernel does
-the input projection of all time steps as one matrix product, then the recurrence: each step
-is one product ``U h_{t-1}`` into the step's feature-major ``(6H, N)`` block (previous cell,
-gates, activated new cell) and a few in-place ufuncs. Backward runs
-``lstm_backward_sequence`` (one fused pass and one product ``Uᵀ dz`` per step), then the
-weight and input gradients as single products over all T·N columns. ``docs/lstm.md`` has
-the details.
+How it runs: the layer validates, keeps the parameters and the training-cache frame, and
+hands each call to its backend through the contract (:mod:`bnnsfw.backends.contract`):
+``lstm_pack_weights`` once (again only when client-pointer weights change),
+``lstm_forward`` for the whole stack, and ``lstm_backward``, which returns the input, state
+and weight gradients. How the built-in backends compute is in ``docs/lstm.md``.
 """
 
 from __future__ import annotations
@@ -24,24 +22,25 @@ import contextlib
 import hashlib
 import math
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple, cast
 
 import attrs
 import numpy as np
 
 from .._validation import as_input, describe, finite_float, layer_dtype, parameter_array, positive_int
 from ..activation import Activation
-from ..backends._lstm_kernels import INTERNAL_ORDER, PROJECTION_PAD, LSTMPeepholes, LSTMStepPlan, LSTMWeights
+from ..backends.contract import (
+    LSTMBackwardRequest,
+    LSTMCacheRequest,
+    LSTMConfig,
+    LSTMForwardRequest,
+    LSTMGradientBuffers,
+    LSTMPackedWeights,
+    LSTMPackRequest,
+)
 from ..errors import InvalidParameterError, ShapeError, must_be
 from ..filter import Filter, FilterParameters
-from ._lstm_cache import (
-    CacheLayout,
-    CacheViews,
-    as_byte_buffer,
-    clear_header,
-    read_header,
-    write_header,
-)
+from ._lstm_cache import HEADER_BYTES, as_byte_buffer, clear_header, read_header, write_header
 
 __all__ = [
     "LSTMGateDescriptor",
@@ -413,7 +412,7 @@ class LSTMGradients:
 # The layer.
 # --------------------------------------------------------------------------------------
 class _Workspace:
-    """Scratch arrays reused across calls, grown on demand."""
+    """Scratch arrays reused across calls, grown on demand (the contract's ``Workspace``)."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, np.ndarray] = {}
@@ -429,6 +428,29 @@ class _Workspace:
         return self.bytes(name, math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
 
 
+class _CacheSize(NamedTuple):
+    payload: int
+    format: str
+
+    @property
+    def nbytes(self) -> int:
+        return HEADER_BYTES + self.payload
+
+
+def _gate_arrays(gate: LSTMGateDescriptor) -> list[np.ndarray]:
+    """Every weight array of a gate, in a fixed order."""
+    return [a for a in (*gate.input_weights, gate.hidden_weights, gate.cell_weights, gate.bias) if a is not None]
+
+
+def _copied_gate(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
+    def copy(a: Any) -> Any:
+        return None if a is None else np.array(a, copy=True)
+
+    return LSTMGateDescriptor(input_weights=(copy(gate.input_weights[0]), copy(gate.input_weights[1])),
+                              hidden_weights=copy(gate.hidden_weights), cell_weights=copy(gate.cell_weights),
+                              bias=copy(gate.bias), activation=gate.activation)
+
+
 class LSTMLayer(Filter):
     """A stacked (optionally bidirectional) LSTM with forward, training cache and backward.
 
@@ -436,8 +458,8 @@ class LSTMLayer(Filter):
     ----------
     parameters : LSTMParameters
     filter_parameters : FilterParameters, optional
-        Backend, BLAS thread limit, and ``use_client_pointer`` (re-read the weight arrays held
-        by ``parameters`` at every call instead of copying them once).
+        Backend, BLAS thread limit, and ``use_client_pointer`` (keep the weight arrays held
+        by ``parameters`` and see in-place updates to them, instead of copying them once).
 
     Examples
     --------
@@ -459,21 +481,32 @@ class LSTMLayer(Filter):
             raise InvalidParameterError(
                 must_be("LSTMLayer(parameters)", "an LSTMParameters", type(parameters).__name__))
         super().__init__(filter_parameters)
+        self._client = self.filter_parameters.use_client_pointer
+        if not self._client:  # BNNS copies the weights at creation
+            parameters = attrs.evolve(
+                parameters, input_gate=_copied_gate(parameters.input_gate),
+                forget_gate=_copied_gate(parameters.forget_gate),
+                candidate_gate=_copied_gate(parameters.candidate_gate),
+                output_gate=_copied_gate(parameters.output_gate))
         self._params = parameters
         self._dtype = parameters.dtype
-        self._plan = LSTMStepPlan.build(
-            parameters.hidden_size,
-            parameters.gate_activations,
-            parameters.cell_activation,
-            tuple(g.peephole for g in parameters.gates),  # type: ignore[arg-type]
+        p = parameters
+        self._config = LSTMConfig(
+            input_size=p.input_size, hidden_size=p.hidden_size, num_layers=p.num_layers,
+            num_directions=p.num_directions, dtype=p.dtype, gate_activations=p.gate_activations,
+            hidden_activation=p.cell_activation,
+            peepholes=(p.input_gate.peephole, p.forget_gate.peephole, p.candidate_gate.peephole,
+                       p.output_gate.peephole),
+            dropout=p.dropout if p.num_layers > 1 else 0.0,
         )
-        self._weights: list[list[LSTMWeights]] | None = (
-            None if self.filter_parameters.use_client_pointer else self._stack_weights()
-        )
+        self._pack_lock = threading.Lock()
+        self._packed: LSTMPackedWeights | None = None
+        self._snapshot: list[np.ndarray] = []  # client pointers: the weights as last packed
+        self._packed_weights()
         self._rng: np.random.Generator | None = np.random.default_rng(parameters.seed)
         self._workspace: _Workspace | None = _Workspace()
         self._workspace_lock = threading.Lock()
-        self._layouts: dict[tuple[int, int, bool], CacheLayout] = {}
+        self._cache_sizes: dict[tuple[int, int], _CacheSize] = {}
         self._config_key = self._configuration_key()
 
     # ----------------------------------------------------------------------------------
@@ -481,19 +514,21 @@ class LSTMLayer(Filter):
     # ----------------------------------------------------------------------------------
     @property
     def parameters(self) -> LSTMParameters:
-        """The parameters the layer was created with."""
+        """The parameters the layer computes with: the caller's with ``use_client_pointer``,
+        else the copy made at creation."""
         return self._params
 
     def training_cache_capacity(self, batch_size: int, seq_len: int) -> int:
         """Bytes a training forward of ``batch_size`` sequences of ``seq_len`` steps writes.
 
-        Exactly ``64 + itemsize · seq_len · batch_size · k`` for a ``k`` fixed by the
-        configuration (see ``docs/lstm.md``) (``BNNSComputeLSTMTrainingCacheCapacity``).
+        ``64 + payload``, where the backend's payload is affine in ``seq_len · batch_size``
+        (``BNNSComputeLSTMTrainingCacheCapacity``; the built-in backends' layout is in
+        ``docs/lstm.md``).
         """
         self._check_open("training_cache_capacity")
         n = positive_int("LSTMLayer.training_cache_capacity(batch_size)", batch_size)
         t = positive_int("LSTMLayer.training_cache_capacity(seq_len)", seq_len)
-        return self._layout(t, n, training=True).nbytes
+        return self._cache_size(t, n).nbytes
 
     def apply(
         self,
@@ -528,15 +563,15 @@ class LSTMLayer(Filter):
         h0 = self._check_state("LSTMLayer.apply(hidden)", hidden, batch)
         c0 = self._check_state("LSTMLayer.apply(cell)", cell, batch)
         lengths = self._check_lengths("LSTMLayer.apply(sequence_lengths)", sequence_lengths, seq_len, batch)
-        layout = self._layout(seq_len, batch, training=bool(training))
-        cache_object = None
+        size = self._cache_size(seq_len, batch)
+        cache_object = buffer = None
         if training:
             if training_cache is None:
-                buffer = cache_object = np.empty(layout.nbytes, dtype=np.uint8)
+                buffer = cache_object = np.empty(size.nbytes, dtype=np.uint8)
             else:
                 where = "LSTMLayer.apply(training_cache)"
                 buffer = as_byte_buffer(where, training_cache, writable=True)
-                self._check_cache_size(where, buffer, layout)
+                self._check_cache_size(where, buffer, size, seq_len, batch)
                 cache_object = training_cache
         elif training_cache is not None:
             raise InvalidParameterError(must_be(
@@ -552,17 +587,16 @@ class LSTMLayer(Filter):
         c_out = np.empty((size_ld, batch, h), dtype=self._dtype)
         output_tm = output.transpose(1, 0, 2) if p.batch_first else output
         with self._threads(), self._borrow_workspace() as workspace:
-            weights = self._current_weights()
-            if training:
+            weights = self._packed_weights()
+            x_prepared = self._prepared_input(x_tm, lengths, workspace)
+            if buffer is not None:
                 clear_header(buffer)
-            else:
-                buffer = workspace.bytes("forward", layout.nbytes)
-            views = layout.bind(buffer)
-            x2 = self._prepared_input(x_tm, lengths, workspace)
-            self._forward(weights, x2, h0, c0, lengths, views, output_tm, h_out, c_out, bool(training),
-                          workspace)
-            if training:
-                write_header(buffer, layout, self._fingerprint(layout, lengths))
+            with self._payload(buffer, size, workspace, write=True) as payload:
+                self._forward(weights, x_prepared, h0, c0, lengths, output_tm, h_out, c_out, payload, workspace)
+            if buffer is not None:
+                write_header(buffer, fingerprint=self._fingerprint(size, seq_len, batch, lengths),
+                             payload_bytes=size.payload, seq_len=seq_len, batch_size=batch,
+                             itemsize=self._dtype.itemsize)
         return LSTMOutput(output=output, hidden=h_out, cell=c_out, training_cache=cache_object)
 
     def apply_backward(
@@ -607,252 +641,163 @@ class LSTMLayer(Filter):
         dc_final = self._check_state("LSTMLayer.apply_backward(cell_gradient)", cell_gradient, batch)
         lengths = self._check_lengths("LSTMLayer.apply_backward(sequence_lengths)", sequence_lengths,
                                       seq_len, batch)
-        layout = self._layout(seq_len, batch, training=True)
+        size = self._cache_size(seq_len, batch)
         where = "LSTMLayer.apply_backward(training_cache)"
         buffer = None
         if training_cache is None:
-            if self._has_dropout:
+            if self._config.dropout > 0.0:
                 raise InvalidParameterError(must_be(
                     where, "the cache of the training forward when dropout > 0 (it holds the dropout masks)",
                     None))
         else:
             buffer = as_byte_buffer(where, training_cache, writable=False)
-            self._check_cache_size(where, buffer, layout)
-            self._check_cache_header(where, buffer, layout, lengths)
+            self._check_cache_size(where, buffer, size, seq_len, batch)
+            self._check_cache_header(where, buffer, size, seq_len, batch, lengths)
+        gradients = self._gradient_buffers(seq_len, batch)
         with self._threads(), self._borrow_workspace() as workspace:
-            weights = self._current_weights()
-            x2 = self._prepared_input(x_tm, lengths, workspace)
-            if buffer is None:  # recompute the forward, as BNNS does without a cache
-                buffer = workspace.bytes("recompute", layout.nbytes)
-                size_ld, h = p.num_layers * p.num_directions, p.hidden_size
-                views = layout.bind(buffer)
-                output_tm = workspace.array("recompute_output", (seq_len, batch, width), self._dtype)
-                states = np.empty((2, size_ld, batch, h), self._dtype)
-                self._forward(weights, x2, h0, c0, lengths, views, output_tm, states[0], states[1], True,
-                              workspace)
-            else:
-                views = layout.bind(buffer)
-            return self._backward(weights, x2, dy, dh_final, dc_final, lengths, views, workspace)
+            weights = self._packed_weights()
+            x_prepared = self._prepared_input(x_tm, lengths, workspace)
+            with self._payload(buffer, size, workspace, write=False) as payload:
+                assert payload is not None  # backward always has one (a recomputed forward's, without a cache)
+                if buffer is None:  # recompute the forward, as BNNS does without a cache
+                    size_ld, h = p.num_layers * p.num_directions, p.hidden_size
+                    output_tm = workspace.array("recompute_output", (seq_len, batch, width), self._dtype)
+                    states = workspace.array("recompute_states", (2, size_ld, batch, h), self._dtype)
+                    self._forward(weights, x_prepared, h0, c0, lengths, output_tm, states[0], states[1], payload,
+                                  workspace)
+                self.backend.lstm_backward(LSTMBackwardRequest(
+                    config=self._config, weights=weights, x=x_prepared, cache=payload, output_gradient=dy,
+                    hidden_gradient=dh_final, cell_gradient=dc_final, sequence_lengths=lengths,
+                    gradients=gradients, workspace=workspace, threads=self.filter_parameters.n_threads))
+        return self._gradients_result(gradients)
 
     # ----------------------------------------------------------------------------------
-    # Forward and backward, next to each other.
+    # Orchestration: the backend computes, the layer prepares and hands over.
     # ----------------------------------------------------------------------------------
-    def _forward(self, weights: list[list[LSTMWeights]], x2: np.ndarray, h0: np.ndarray | None,
-                 c0: np.ndarray | None, lengths: np.ndarray | None, views: CacheViews, output_tm: np.ndarray,
-                 h_out: np.ndarray, c_out: np.ndarray, training: bool, workspace: _Workspace) -> None:
-        """All layers forward; writes the cache views, the output and the final states.
+    def _forward(self, weights: LSTMPackedWeights, x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
+                 lengths: np.ndarray | None, output_tm: np.ndarray, h_out: np.ndarray, c_out: np.ndarray,
+                 payload: np.ndarray | None, workspace: _Workspace) -> None:
+        """One forward through the backend; a training forward when ``payload`` is given."""
+        training = payload is not None
+        masks = self._dropout_masks(x.shape[0], x.shape[1], workspace) if training else None
+        self.backend.lstm_forward(LSTMForwardRequest(
+            config=self._config, weights=weights, x=x, hidden=h0, cell=c0, sequence_lengths=lengths,
+            output=output_tm, hidden_out=h_out, cell_out=c_out, training=training, cache=payload,
+            dropout_masks=masks, workspace=workspace, threads=self.filter_parameters.n_threads))
 
-        Per layer and direction, the backend's ``lstm_forward_sequence`` runs the projection
-        and the recurrence and writes that direction's columns of the output (or of the next
-        layer's input).
+    def _dropout_masks(self, seq_len: int, batch: int, workspace: _Workspace) -> tuple[np.ndarray | None, ...] | None:
+        """Inverted-dropout scales for the inputs of layers 1…L−1: 0 with probability p, else
+        1/(1−p); drawn from the layer's generator in layer order."""
+        config = self._config
+        if config.dropout <= 0.0:
+            return None
+        assert self._rng is not None
+        p = config.dropout
+        masks: list[np.ndarray | None] = [None]
+        for layer in range(1, config.num_layers):
+            mask = workspace.array(f"dropout{layer}", (seq_len, batch, config.num_directions * config.hidden_size),
+                                   self._dtype)
+            self._rng.random(dtype=self._dtype, out=mask)
+            np.greater_equal(mask, p, out=mask)
+            np.multiply(mask, 1.0 / (1.0 - p), out=mask)
+            masks.append(mask)
+        return tuple(masks)
+
+    @contextlib.contextmanager
+    def _payload(self, buffer: np.ndarray | None, size: _CacheSize, workspace: _Workspace, *,
+                 write: bool) -> Iterator[np.ndarray | None]:
+        """The cache payload the backend works on.
+
+        The contract promises backends a payload aligned to the item size, so a caller's
+        buffer at an odd address is staged through aligned workspace memory (copied in for
+        backward, out for a forward): the backend then runs the same code wherever the
+        caller's buffer lies. Without a buffer: ``None`` for a forward (inference), aligned
+        workspace memory for backward (the recomputed forward).
         """
-        p = self._params
-        seq_len, batch = output_tm.shape[:2]
-        size_d, h = p.num_directions, p.hidden_size
-        active, inactive = self._step_masks(lengths, seq_len, batch)
-        forward = self.backend.lstm_forward_sequence  # type: ignore[attr-defined]
-        layer_input = x2
-        for layer in range(p.num_layers):
-            last = layer == p.num_layers - 1
-            target = output_tm if last else views.inputs[layer + 1]
-            assert target is not None
-            for d in range(size_d):
-                index = layer * size_d + d
-                forward(self._plan, weights[layer][d], layer_input,
-                        None if h0 is None else h0[index], None if c0 is None else c0[index],
-                        views.steps[layer][d], views.pre[layer][d], views.hidden[layer][d],
-                        target[:, :, d * h:(d + 1) * h], h_out[index], c_out[index],
-                        reverse=d == 1, inactive=inactive, scratch=workspace)
-            if active is not None:
-                target[~active] = 0.0
-            if not last:
-                mask = views.masks[layer + 1]
-                if training and self._has_dropout:
-                    assert mask is not None
-                    self._draw_dropout(mask)
-                    np.multiply(target, mask, out=target)
-                layer_input = target.reshape(seq_len * batch, size_d * h)
+        if buffer is None:
+            yield None if write else workspace.bytes("recompute", size.payload)
+            return
+        payload = buffer[HEADER_BYTES:size.nbytes]
+        if payload.ctypes.data % self._dtype.itemsize == 0:
+            yield payload
+            return
+        staged = workspace.bytes("staged_cache", size.payload)
+        if not write:
+            np.copyto(staged, payload)
+        yield staged
+        if write:
+            np.copyto(payload, staged)
 
-    def _backward(self, weights: list[list[LSTMWeights]], x2: np.ndarray, dy: np.ndarray | None,
-                  dh_final: np.ndarray | None, dc_final: np.ndarray | None, lengths: np.ndarray | None,
-                  views: CacheViews, workspace: _Workspace) -> LSTMGradients:
-        """All layers backward, top layer first: per layer and direction the backend's
-        ``lstm_backward_sequence`` leaves dGates feature-major ``(4H, T·N)``, then the weight and
-        input gradients are one product each."""
-        p = self._params
-        seq_len, _, batch = views.steps[0][0].shape
-        size_l, size_d, h = p.num_layers, p.num_directions, p.hidden_size
-        dtype = self._dtype
-        active, inactive = self._step_masks(lengths, seq_len, batch)
-        backward = self.backend.lstm_backward_sequence  # type: ignore[attr-defined]
-        grads = _GradientArrays(p)
-        d_hidden = np.empty((size_l * size_d, batch, h), dtype)
-        d_cell = np.empty((size_l * size_d, batch, h), dtype)
-        d_gates = workspace.array("d_gates", (4 * h, seq_len * batch), dtype)
-        c_new = workspace.array("cell_new", (seq_len, h, batch), dtype) if self._plan.needs_cell else None
-        d_input = None
-        for layer in range(size_l - 1, -1, -1):
-            upper = views.inputs[layer]
-            layer_input = x2 if upper is None else upper.reshape(seq_len * batch, size_d * h)
-            if layer == 0:
-                d_input = np.empty(layer_input.shape, dtype)
-            else:
-                d_input = workspace.array(f"d_input{layer % 2}", layer_input.shape, dtype)
-            for d in range(size_d):
-                index = layer * size_d + d
-                w = weights[layer][d]
-                backward(self._plan, w, views.steps[layer][d], views.pre[layer][d],
-                         None if dy is None else dy[:, :, d * h:(d + 1) * h],
-                         None if dh_final is None else dh_final[index],
-                         None if dc_final is None else dc_final[index], d_hidden[index], d_cell[index],
-                         d_gates,
-                         reverse=d == 1, active=active, inactive=inactive, c_new=c_new, scratch=workspace)
-                self._weight_gradients(w, layer, d, layer_input, views, d_gates, c_new, d_input, grads,
-                                       workspace)
-            if layer > 0:
-                mask = views.masks[layer]
-                if mask is not None:
-                    np.multiply(d_input, mask.reshape(d_input.shape), out=d_input)
-                dy = d_input.reshape(seq_len, batch, size_d * h)
-        assert d_input is not None
-        d_x = d_input.reshape(seq_len, batch, p.input_size)
-        if p.batch_first:
-            d_x = np.ascontiguousarray(d_x.transpose(1, 0, 2))
-        return grads.result(d_x, d_hidden, d_cell)
+    def _packed_weights(self) -> LSTMPackedWeights:
+        """The backend's packed weights, packed again only when client-pointer weights changed.
 
-    def _weight_gradients(self, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
-                          views: CacheViews, d_gates: np.ndarray, c_new: np.ndarray | None,
-                          d_input: np.ndarray, grads: "_GradientArrays", workspace: _Workspace) -> None:
-        """Weight, bias, peephole and input gradients of one layer and direction: one product each
-        over all T·N columns of ``d_gates`` (4H, T·N)."""
-        backend, plan, dtype = self.backend, self._plan, self._dtype
-        four_h, columns = d_gates.shape
-        h = four_h // 4
-        d_wx = backend.gemm(d_gates, layer_input)
-        before = views.hidden[layer][d]
-        assert before is not None  # a training cache keeps the states
-        hidden = _columns(before, workspace.array("hidden_columns", (h, columns), dtype))
-        d_u = backend.gemm(d_gates, hidden, trans_b=True)
-        d_bias = d_gates.sum(axis=1)
-        d_peep: list[np.ndarray | None] = [None] * 4
-        if any(plan.peepholes):
-            cell_prev = _columns(views.steps[layer][d][:, :h],
-                                 workspace.array("cell_columns", (h, columns), dtype))
-            d_full_pre = None
-            if w.full_pre_grad is not None:
-                d_full_pre = backend.gemm(d_gates, cell_prev, trans_b=True)
-            for gate, kind in enumerate(plan.peepholes):
-                if kind is None:
-                    continue
-                block = d_gates[gate * h:(gate + 1) * h]
-                if gate < 3:
-                    source = cell_prev
-                else:  # the output gate sees the new cell
-                    assert c_new is not None
-                    source = _columns(c_new, workspace.array("cell_new_columns", (h, columns), dtype))
-                if kind == "full" and gate < 3:
-                    assert d_full_pre is not None
-                    d_peep[gate] = d_full_pre[gate * h:(gate + 1) * h]
-                elif kind == "full":
-                    d_peep[gate] = backend.gemm(block, source, trans_b=True)
-                else:
-                    d_peep[gate] = np.einsum("hr,hr->h", block, source)
-        backend.gemm(d_gates, w.wx_t, out=d_input, trans_a=True, trans_b=True, beta=0.0 if d == 0 else 1.0)
-        grads.store(layer, d, d_wx, d_u, d_bias, d_peep)
+        With ``use_client_pointer`` the layer compares the caller's arrays with a copy taken
+        at the last packing (one read of the weights per call; packing also writes and
+        transposes them) and, when any differs, asks the backend for a new packing with the
+        next ``version``.
+        """
+        packed = self._packed
+        if packed is not None and not (self._client and self._weights_changed()):
+            return packed
+        with self._pack_lock:
+            packed = self._packed
+            if packed is not None and not (self._client and self._weights_changed()):
+                return packed
+            gates = self._params.gates
+            version = 0 if packed is None else packed.version + 1
+            packed = self.backend.lstm_pack_weights(LSTMPackRequest(config=self._config, gates=gates,
+                                                                    version=version))
+            if self._client:
+                self._snapshot = [np.array(a, copy=True) for g in gates for a in _gate_arrays(g)]
+            self._packed = packed
+            return packed
+
+    def _weights_changed(self) -> bool:
+        current = (a for g in self._params.gates for a in _gate_arrays(g))
+        return not all(np.array_equal(a, b) for a, b in zip(current, self._snapshot))
+
+    def _gradient_buffers(self, seq_len: int, batch: int) -> LSTMGradientBuffers:
+        """Gradients in the public structure (written by the backend), ``input`` time-major."""
+        p = self._params
+        size_l, size_d, h, size_i, dtype = p.num_layers, p.num_directions, p.hidden_size, p.input_size, self._dtype
+        gates = []
+        for gate in p.gates:
+            iw1 = np.empty((size_l - 1, size_d, h, size_d * h), dtype) if size_l > 1 else None
+            cw = None if gate.cell_weights is None else np.empty(np.shape(gate.cell_weights), dtype)
+            bias = None if gate.bias is None else np.empty((size_l, size_d, h), dtype)
+            gates.append(LSTMGateGradients(input_weights=(np.empty((size_d, h, size_i), dtype), iw1),
+                                           hidden_weights=np.empty((size_l, size_d, h, h), dtype),
+                                           cell_weights=cw, bias=bias))
+        d_x = np.empty((batch, seq_len, size_i) if p.batch_first else (seq_len, batch, size_i), dtype)
+        return LSTMGradientBuffers(
+            input=d_x.transpose(1, 0, 2) if p.batch_first else d_x,
+            hidden=np.empty((size_l * size_d, batch, h), dtype), cell=np.empty((size_l * size_d, batch, h), dtype),
+            gates=(gates[0], gates[1], gates[2], gates[3]))
+
+    def _gradients_result(self, buffers: LSTMGradientBuffers) -> LSTMGradients:
+        gates = buffers.gates
+        d_x = buffers.input.transpose(1, 0, 2) if self._params.batch_first else buffers.input
+        return LSTMGradients(input=d_x, hidden=buffers.hidden, cell=buffers.cell,
+                             input_gate=cast(LSTMGateGradients, gates[0]),
+                             forget_gate=cast(LSTMGateGradients, gates[1]),
+                             candidate_gate=cast(LSTMGateGradients, gates[2]),
+                             output_gate=cast(LSTMGateGradients, gates[3]))
 
     # ----------------------------------------------------------------------------------
     # Helpers.
     # ----------------------------------------------------------------------------------
-    def _draw_dropout(self, mask: np.ndarray) -> None:
-        """Inverted-dropout scales: 0 with probability p, else 1/(1−p); from the layer's generator."""
-        assert self._rng is not None
-        p = self._params.dropout
-        if mask.flags.aligned:
-            self._rng.random(dtype=self._dtype, out=mask)
-        else:  # a caller's buffer at an odd address
-            mask[...] = self._rng.random(mask.shape, dtype=self._dtype)
-        np.greater_equal(mask, p, out=mask)
-        np.multiply(mask, 1.0 / (1.0 - p), out=mask)
-
-    @staticmethod
-    def _step_masks(lengths: np.ndarray | None, seq_len: int,
-                    batch: int) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
-        """``active`` (T, N) and, per step, a (1, N) mask of the sequences past their length
-        (None when all run), for the feature-major ``(·, N)`` step arrays."""
-        if lengths is None:
-            return None, [None] * seq_len
-        active = np.arange(seq_len)[:, None] < lengths[None, :]
-        inactive = [None if active[t].all() else ~active[t][None, :] for t in range(seq_len)]
-        return active, inactive
-
     def _prepared_input(self, x_tm: np.ndarray, lengths: np.ndarray | None,
                         workspace: _Workspace) -> np.ndarray:
-        """``x`` as a C-contiguous (T·N, I) matrix; steps past a sequence's end are zeroed, so
+        """``x`` as a C-contiguous (T, N, I) array; steps past a sequence's end are zeroed, so
         whatever the caller padded with (even NaN) cannot reach the gradients."""
-        seq_len, batch, size_i = x_tm.shape
         if lengths is None and x_tm.flags.c_contiguous:
-            return x_tm.reshape(seq_len * batch, size_i)
-        x2 = workspace.array("input", (seq_len, batch, size_i), self._dtype)
-        np.copyto(x2, x_tm)
+            return x_tm
+        seq_len, batch, size_i = x_tm.shape
+        x = workspace.array("input", (seq_len, batch, size_i), self._dtype)
+        np.copyto(x, x_tm)
         if lengths is not None:
-            x2[np.arange(seq_len)[:, None] >= lengths[None, :]] = 0.0
-        return x2.reshape(seq_len * batch, size_i)
-
-    def _stack_weights(self) -> list[list[LSTMWeights]]:
-        """Per layer and direction, the gates' weights stacked in the internal gate order
-        (copies); the forward ones with the rows of sigmoid gates halved (``LSTMWeights``)."""
-        p = self._params
-        h, dtype = p.hidden_size, self._dtype
-        plan = self._plan
-        gates = [p.gates[k] for k in INTERNAL_ORDER]
-        kinds = plan.peepholes
-        scale = plan.row_scale(dtype)
-        halve = any(plan.halved)
-        stacked = []
-        for layer in range(p.num_layers):
-            row = []
-            for d in range(p.num_directions):
-                wx = np.concatenate([g.input_weights[0][d] if layer == 0 else g.input_weights[1][layer - 1, d]
-                                     for g in gates])
-                u = np.concatenate([g.hidden_weights[layer, d] for g in gates])
-                bias = np.zeros((4 * h, 1), dtype)
-                for k, g in enumerate(gates):
-                    if g.bias is not None:
-                        bias[k * h:(k + 1) * h, 0] = g.bias[layer, d]
-                full_pre = None
-                if any(kind == "full" for kind in kinds[:3]):
-                    full_pre = np.zeros((4 * h, h), dtype)
-                    for k in range(3):
-                        if kinds[k] == "full":
-                            full_pre[k * h:(k + 1) * h] = gates[k].cell_weights[layer, d]
-                diagonal = tuple(  # columns (H, 1): they scale the rows of an (H, N) state
-                    np.array(g.cell_weights[layer, d]).reshape(h, 1) if kind == "diagonal" else None
-                    for g, kind in zip(gates, kinds)
-                )
-                full_output = np.array(gates[3].cell_weights[layer, d]) if kinds[3] == "full" else None
-                peepholes = LSTMPeepholes(diagonal, full_output)  # type: ignore[arg-type]
-                wx_bias = np.zeros((4 * h + PROJECTION_PAD, wx.shape[1] + 1), dtype)
-                wx_bias[:4 * h, :-1] = wx
-                wx_bias[:4 * h, -1:] = bias
-                if halve:
-                    rows = [scale[k * h:(k + 1) * h] for k in range(4)]
-                    wx_bias[:4 * h] *= scale
-                    halved = tuple(None if c is None else c * rows[k] for k, c in enumerate(diagonal))
-                    forward = (wx_bias, u * scale, None if full_pre is None else full_pre * scale,
-                               LSTMPeepholes(halved,  # type: ignore[arg-type]
-                                             None if full_output is None else full_output * rows[3]))
-                else:
-                    forward = (wx_bias, u, full_pre, peepholes)
-                row.append(LSTMWeights(*forward, wx_t=np.ascontiguousarray(wx.T),
-                                       u_t=np.ascontiguousarray(u.T), full_pre_grad=full_pre,
-                                       peepholes_grad=peepholes))
-            stacked.append(row)
-        return stacked
-
-    def _current_weights(self) -> list[list[LSTMWeights]]:
-        if self._weights is not None:
-            return self._weights
-        return self._stack_weights()  # client pointers: see in-place updates of the caller's arrays
+            x[np.arange(seq_len)[:, None] >= lengths[None, :]] = 0.0
+        return x
 
     @contextlib.contextmanager
     def _borrow_workspace(self) -> Iterator[_Workspace]:
@@ -866,65 +811,51 @@ class LSTMLayer(Filter):
         else:
             yield _Workspace()
 
-    @property
-    def _has_dropout(self) -> bool:
-        """Dropout applies between layers only, so one layer never drops anything."""
-        return self._params.dropout > 0.0 and self._params.num_layers > 1
-
-    def _layout(self, seq_len: int, batch: int, *, training: bool) -> CacheLayout:
-        """The layout for T, N and the mode; the last few are kept (a call's fixed cost matters
+    def _cache_size(self, seq_len: int, batch: int) -> _CacheSize:
+        """The backend's payload for T and N; the last few are kept (a call's fixed cost matters
         when the sequences are short)."""
-        key = (seq_len, batch, training)
-        layout = self._layouts.get(key)
-        if layout is None:
-            p = self._params
-            layout = CacheLayout(
-                seq_len=seq_len, batch_size=batch, hidden_size=p.hidden_size, num_layers=p.num_layers,
-                num_directions=p.num_directions, dtype=self._dtype,
-                store_pre=training and self._plan.store_pre, store_masks=training and self._has_dropout,
-                reuse_steps=not training,
-            )
-            if len(self._layouts) >= 8:
-                self._layouts.clear()
-            self._layouts[key] = layout
-        return layout
+        key = (seq_len, batch)
+        size = self._cache_sizes.get(key)
+        if size is None:
+            layout = self.backend.lstm_cache_layout(LSTMCacheRequest(config=self._config, seq_len=seq_len,
+                                                                     batch_size=batch))
+            size = _CacheSize(int(layout.nbytes), str(layout.format))
+            if len(self._cache_sizes) >= 8:
+                self._cache_sizes.clear()
+            self._cache_sizes[key] = size
+        return size
 
     def _configuration_key(self) -> bytes:
-        p = self._params
-        acts = [(a.function.value, a.alpha, a.beta) for a in (*p.gate_activations, p.cell_activation)]
-        return repr(("bnnsfw.LSTMLayer", p.input_size, p.hidden_size, p.num_layers, p.num_directions,
-                     self._dtype.str, self._plan.peepholes, acts, self._has_dropout)).encode()
+        c = self._config
+        acts = [(a.function.value, a.alpha, a.beta) for a in (*c.gate_activations, c.hidden_activation)]
+        return repr(("bnnsfw.LSTMLayer", c.input_size, c.hidden_size, c.num_layers, c.num_directions,
+                     self._dtype.str, c.peepholes, acts, c.dropout > 0.0)).encode()
 
-    def _fingerprint(self, layout: CacheLayout, lengths: np.ndarray | None) -> int:
-        """64-bit digest of the configuration, T, N, the lengths and the cache layout."""
-        if lengths is None and layout.fingerprint is not None:
-            return layout.fingerprint
+    def _fingerprint(self, size: _CacheSize, seq_len: int, batch: int, lengths: np.ndarray | None) -> int:
+        """64-bit digest of the configuration, the payload format and size, T, N and the lengths."""
         digest = hashlib.blake2b(self._config_key, digest_size=8)
-        digest.update(repr((layout.seq_len, layout.batch_size, layout.flags, layout.nbytes)).encode())
+        digest.update(repr((size.format, size.payload, seq_len, batch)).encode())
         if lengths is not None:
             digest.update(lengths.astype("<i8").tobytes())
-        value = int.from_bytes(digest.digest(), "little")
-        if lengths is None:
-            layout.fingerprint = value
-        return value
+        return int.from_bytes(digest.digest(), "little")
 
-    def _check_cache_size(self, where: str, buffer: np.ndarray, layout: CacheLayout) -> None:
-        if buffer.size < layout.nbytes:
-            call = f"training_cache_capacity(batch_size={layout.batch_size}, seq_len={layout.seq_len})"
+    def _check_cache_size(self, where: str, buffer: np.ndarray, size: _CacheSize, seq_len: int, batch: int) -> None:
+        if buffer.size < size.nbytes:
+            call = f"training_cache_capacity(batch_size={batch}, seq_len={seq_len})"
             raise InvalidParameterError(
-                must_be(where, f"at least {layout.nbytes} bytes ({call})", f"{buffer.size} bytes"))
+                must_be(where, f"at least {size.nbytes} bytes ({call})", f"{buffer.size} bytes"))
 
-    def _check_cache_header(self, where: str, buffer: np.ndarray, layout: CacheLayout,
+    def _check_cache_header(self, where: str, buffer: np.ndarray, size: _CacheSize, seq_len: int, batch: int,
                             lengths: np.ndarray | None) -> None:
         header = read_header(where, buffer)
-        if (header.seq_len, header.batch_size) != (layout.seq_len, layout.batch_size):
+        if (header.seq_len, header.batch_size) != (seq_len, batch):
             raise InvalidParameterError(must_be(
-                where, f"a cache written for T={layout.seq_len}, N={layout.batch_size}",
+                where, f"a cache written for T={seq_len}, N={batch}",
                 f"a cache for T={header.seq_len}, N={header.batch_size}"))
         if header.itemsize != self._dtype.itemsize:
             raise InvalidParameterError(must_be(where, f"a cache of {self._dtype.name} data",
                                                 f"a cache of {header.itemsize}-byte items"))
-        if header.fingerprint != self._fingerprint(layout, lengths):
+        if header.fingerprint != self._fingerprint(size, seq_len, batch, lengths):
             raise InvalidParameterError(must_be(
                 where,
                 "the cache of a training forward with this layer configuration and these sequence_lengths",
@@ -965,7 +896,8 @@ class LSTMLayer(Filter):
 
     # Filter hooks.
     def _release(self) -> None:
-        self._weights = None
+        self._packed = None
+        self._snapshot = []
         self._workspace = None
         self._rng = None
 
@@ -973,53 +905,3 @@ class LSTMLayer(Filter):
         p = self._params
         return (f"input_size={p.input_size}, hidden_size={p.hidden_size}, num_layers={p.num_layers}, "
                 f"bidirectional={p.bidirectional}, dtype={self._dtype.name}")
-
-
-def _columns(per_step: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """A (T, F, N) per-step feature-major array as one (F, T·N) matrix (column t·N + n)."""
-    seq_len, features, batch = per_step.shape
-    np.copyto(out.reshape(features, seq_len, batch), per_step.transpose(1, 0, 2))
-    return out
-
-
-class _GradientArrays:
-    """Gradients in the public structure, filled layer by layer from the stacked products."""
-
-    def __init__(self, p: LSTMParameters) -> None:
-        size_l, size_d, h, size_i = p.num_layers, p.num_directions, p.hidden_size, p.input_size
-        dtype = p.dtype
-        self._h = h
-        self._gates = []
-        for gate in p.gates:
-            iw1 = np.empty((size_l - 1, size_d, h, size_d * h), dtype) if size_l > 1 else None
-            cw = None if gate.cell_weights is None else np.empty(np.shape(gate.cell_weights), dtype)
-            bias = None if gate.bias is None else np.empty((size_l, size_d, h), dtype)
-            self._gates.append(LSTMGateGradients(
-                input_weights=(np.empty((size_d, h, size_i), dtype), iw1),
-                hidden_weights=np.empty((size_l, size_d, h, h), dtype),
-                cell_weights=cw,
-                bias=bias,
-            ))
-
-    def store(self, layer: int, d: int, d_wx: np.ndarray, d_u: np.ndarray, d_bias: np.ndarray,
-              d_peep: list[np.ndarray | None]) -> None:
-        """Scatter one layer and direction's stacked gradients (rows in the internal gate
-        order, ``d_peep`` per internal gate) into the public per-gate arrays."""
-        h = self._h
-        for k, public in enumerate(INTERNAL_ORDER):
-            g = self._gates[public]
-            rows = slice(k * h, (k + 1) * h)
-            if layer == 0:
-                g.input_weights[0][d] = d_wx[rows]
-            else:
-                g.input_weights[1][layer - 1, d] = d_wx[rows]  # type: ignore[index]
-            g.hidden_weights[layer, d] = d_u[rows]
-            if g.bias is not None:
-                g.bias[layer, d] = d_bias[rows]
-            if g.cell_weights is not None:
-                g.cell_weights[layer, d] = d_peep[k]
-
-    def result(self, d_x: np.ndarray, d_hidden: np.ndarray, d_cell: np.ndarray) -> LSTMGradients:
-        return LSTMGradients(input=d_x, hidden=d_hidden, cell=d_cell, input_gate=self._gates[0],
-                             forget_gate=self._gates[1], candidate_gate=self._gates[2],
-                             output_gate=self._gates[3])

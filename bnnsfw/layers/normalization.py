@@ -3,9 +3,10 @@
 :class:`NormalizationType` says which statistics to take (and carries the options of that
 kind), :class:`NormalizationParameters` is the validated description of a layer, and
 :class:`NormalizationLayer` runs it forward (``apply``) and backward (``apply_backward``,
-returning :class:`NormalizationGradients`). The math lives in the backend's kernels
-(:mod:`bnnsfw.backends._normalization_kernels`); this module checks arguments, reshapes the
-data to the kernels' canonical ``(N, G, K, S)`` view and keeps the moving statistics.
+returning :class:`NormalizationGradients`). The math lives in the backend, reached through
+the contract's ``normalization_forward`` and ``normalization_backward``
+(:mod:`bnnsfw.backends.contract`); this module checks arguments, reshapes the data to the
+contract's canonical ``(N, G, K, S)`` view and keeps the moving statistics.
 The semantics are those of ``docs/normalization.md``.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from .._validation import as_input, as_output, describe, finite_float, layer_dtype, parameter_array, positive_int
 from ..activation import Activation
+from ..backends.contract import NormalizationBackwardRequest, NormalizationForwardRequest
 from ..enums import FilterType, LearningPhase
 from ..errors import InvalidParameterError, ShapeError, must_be
 from ..filter import Filter, FilterParameters
@@ -525,12 +527,13 @@ class NormalizationLayer(Filter):
         use_moving = phase is LearningPhase.inference and self._moving_mean is not None
         if use_moving:
             mean, variance = self._moving_view()
+        gamma, beta = self._affine_views()
         with self._threads(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            _, mean, variance = self.backend.normalization_forward(
-                x4, *self._affine_views(), epsilon=self._parameters.epsilon, reduce_axes=layout.reduce_axes,
-                activation=self._parameters.activation, out=out4, mean=mean, variance=variance,
-                threads=self.filter_parameters.n_threads,
-            )
+            computed = self.backend.normalization_forward(NormalizationForwardRequest(
+                x=x4, gamma=gamma, beta=beta, epsilon=self._parameters.epsilon,
+                batch_statistics=layout.batch_statistics, activation=self._parameters.activation, out=out4,
+                mean=mean, variance=variance, threads=self.filter_parameters.n_threads))
+            mean, variance = computed.mean, computed.variance
             if phase is LearningPhase.training and self._moving_mean is not None:
                 with self._moving_lock:
                     self._update_moving(mean, variance)
@@ -620,12 +623,13 @@ class NormalizationLayer(Filter):
         owns_scratch = self._scratch_lock.acquire(blocking=False)
         try:
             scratch = self._scratch_for(x4) if owns_scratch else ()
+            gamma, beta = self._affine_views()
             with self._threads(), np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                dx4, dgamma4, dbeta4 = self.backend.normalization_backward(
-                    x4, dy4, *self._affine_views(), epsilon=self._parameters.epsilon,
-                    reduce_axes=layout.reduce_axes, activation=activation, output=output4, out=work,
-                    mean=mean, variance=variance, scratch=scratch, threads=self.filter_parameters.n_threads,
-                )
+                grads = self.backend.normalization_backward(NormalizationBackwardRequest(
+                    x=x4, dy=dy4, gamma=gamma, beta=beta, epsilon=self._parameters.epsilon,
+                    batch_statistics=layout.batch_statistics, activation=activation, output=output4, out=work,
+                    mean=mean, variance=variance, scratch=tuple(scratch), threads=self.filter_parameters.n_threads))
+            dx4, dgamma4, dbeta4 = grads.input, grads.gamma, grads.beta
         finally:
             if owns_scratch:
                 self._scratch_lock.release()
@@ -711,7 +715,7 @@ class _Layout:
     groups: int
     per_group: int
     positions: int
-    reduce_axes: tuple[int, ...]
+    batch_statistics: bool
     affine_view: tuple[int, int, int, int]
 
     def view(self, n: int) -> tuple[int, int, int, int]:
@@ -724,10 +728,9 @@ class _Layout:
         if kind is FilterType.layer_norm:
             axis = p.type.normalization_axis
             outer, inner = math.prod(shape[:axis]), math.prod(shape[axis:])  # type: ignore[misc]
-            return cls(outer, inner, 1, (2, 3), (1, 1, inner, 1))
+            return cls(outer, inner, 1, False, (1, 1, inner, 1))
         if kind is FilterType.group_norm:
             groups = p.type.group_count
             per_group = channels // groups  # type: ignore[operator]
-            return cls(groups, per_group, positions, (2, 3), (1, groups, per_group, 1))  # type: ignore[arg-type]
-        axes = (0, 2, 3) if kind is FilterType.batch_norm else (2, 3)
-        return cls(channels, 1, positions, axes, (1, channels, 1, 1))
+            return cls(groups, per_group, positions, False, (1, groups, per_group, 1))  # type: ignore[arg-type]
+        return cls(channels, 1, positions, kind is FilterType.batch_norm, (1, channels, 1, 1))

@@ -1,0 +1,384 @@
+"""The LSTM operations of the contract for the built-in backends: packing, cache, stack.
+
+:class:`LSTMStack` implements ``lstm_pack_weights``, ``lstm_cache_layout``,
+``lstm_forward`` and ``lstm_backward`` on top of two per-sequence kernels (one layer, one
+direction), which it takes from :meth:`LSTMStack._lstm_sequence_kernels`: the reference
+kernels of :mod:`._lstm_kernels` here, and the one dispatcher of a faster backend there.
+
+Everything about memory layout lives here, behind the contract:
+
+- **Packed weights** (:class:`LSTMWeights`, one per layer and direction): the gates stacked
+  in the internal order candidate, forget, input, output, the rows of sigmoid gates halved
+  for the forward (``σ(z) = ½·tanh(z/2) + ½``), the bias as the last column of the input
+  weights, ``PROJECTION_PAD`` zero rows after them, and the transposes backward reads.
+- **The training cache payload** (:class:`CacheLayout`): the inputs of layers 1…L−1 and
+  their dropout masks, then per layer and direction the step blocks ``(T, 6H, N)``, the
+  pre-activations ``(T, 4H, N)`` when a gate's derivative needs them, and the hidden state
+  before each step ``(T, H, N)`` (``docs/lstm.md`` describes the rows).
+- **The weight gradients**: one product each over all ``T·N`` columns of the gate
+  gradients, scattered into the public per-gate arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from .contract import (
+    LSTMBackwardRequest,
+    LSTMBackwardResult,
+    LSTMCacheLayout,
+    LSTMCacheRequest,
+    LSTMConfig,
+    LSTMForwardRequest,
+    LSTMForwardResult,
+    LSTMGateArrays,
+    LSTMPackedWeights,
+    LSTMPackRequest,
+    Workspace,
+)
+from ._lstm_kernels import (
+    INTERNAL_ORDER,
+    PROJECTION_PAD,
+    LSTMKernels,
+    LSTMPeepholes,
+    LSTMStepPlan,
+    LSTMWeights,
+)
+
+__all__ = ["LSTMStack", "CacheLayout", "CACHE_FORMAT"]
+
+#: The name of the payload layout below; backends that share it share caches.
+CACHE_FORMAT = "bnnsfw.lstm.steps/2"
+
+ForwardKernel = Callable[..., None]
+BackwardKernel = Callable[..., None]
+
+
+class CacheViews(NamedTuple):
+    """Views into a cache payload; per-layer lists, per-(layer, direction) nested lists."""
+
+    inputs: list[np.ndarray | None]
+    masks: list[np.ndarray | None]
+    steps: list[list[np.ndarray]]
+    pre: list[list[np.ndarray | None]]
+    hidden: list[list[np.ndarray | None]]
+
+
+class CacheLayout:
+    """Offsets of every cached array for one configuration, sequence length and batch size.
+
+    Every array is a multiple of ``T·N`` elements, so the size is exactly affine in ``T·N``.
+    With ``reuse_steps`` (the inference scratch space, never a training cache) every step
+    shares one step block, a view with a zero stride along T, so the step loop stays the
+    same and its working set stays in cache, and no hidden states are kept.
+    """
+
+    def __init__(self, plan: LSTMStepPlan, config: LSTMConfig, seq_len: int, batch_size: int, *,
+                 training: bool) -> None:
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.hidden_size, self.num_layers = config.hidden_size, config.num_layers
+        self.num_directions = config.num_directions
+        self.dtype = np.dtype(config.dtype)
+        self.store_pre = training and plan.store_pre
+        self.store_masks = training and config.dropout > 0.0
+        self.reuse_steps = not training
+        h, dirs = self.hidden_size, self.num_directions
+        per_step = 0  # elements per (time step, batch row)
+        per_batch = 0  # elements per batch row, for arrays that one step's buffer serves
+        for layer in range(self.num_layers):
+            if layer > 0:
+                per_step += dirs * h * (2 if self.store_masks else 1)
+            per_step += dirs * 4 * h * (1 if self.store_pre else 0)
+            if self.reuse_steps:
+                per_batch += dirs * 6 * h
+            else:
+                per_step += dirs * 7 * h  # the step blocks and the hidden states
+        self.nbytes = self.dtype.itemsize * batch_size * (seq_len * per_step + per_batch)
+
+    def bind(self, payload: np.ndarray) -> CacheViews:
+        """Views of the arrays inside ``payload`` (a 1-D uint8 array of at least ``nbytes``)."""
+        data = payload[:self.nbytes].view(self.dtype)
+        t, n, h, dirs = self.seq_len, self.batch_size, self.hidden_size, self.num_directions
+        position = 0
+
+        def take(*shape: int) -> np.ndarray:
+            nonlocal position
+            size = math.prod(shape)
+            view = data[position:position + size].reshape(shape)
+            position += size
+            return view
+
+        def per_step(*shape: int) -> np.ndarray:
+            if not self.reuse_steps:
+                return take(t, *shape)
+            one = take(*shape)
+            return np.lib.stride_tricks.as_strided(one, (t, *shape), (0, *one.strides), writeable=True)
+
+        views = CacheViews([], [], [], [], [])
+        for layer in range(self.num_layers):
+            views.inputs.append(take(t, n, dirs * h) if layer > 0 else None)
+            views.masks.append(take(t, n, dirs * h) if layer > 0 and self.store_masks else None)
+            views.steps.append([])
+            views.pre.append([])
+            views.hidden.append([])
+            for _ in range(dirs):
+                views.steps[layer].append(per_step(6 * h, n))
+                views.pre[layer].append(take(t, 4 * h, n) if self.store_pre else None)
+                views.hidden[layer].append(None if self.reuse_steps else take(t, h, n))
+        assert position == data.size
+        return views
+
+
+class _Packed(NamedTuple):
+    """The payload of :class:`LSTMPackedWeights` for the built-in backends."""
+
+    plan: LSTMStepPlan
+    weights: list[list[LSTMWeights]]
+
+
+def _plan(config: LSTMConfig) -> LSTMStepPlan:
+    return LSTMStepPlan.build(config.hidden_size, config.gate_activations, config.hidden_activation,
+                              config.peepholes)
+
+
+def _step_masks(lengths: np.ndarray | None, seq_len: int) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
+    """``active`` (T, N) and, per step, a (1, N) mask of the sequences past their length
+    (None when all run), for the feature-major ``(·, N)`` step arrays."""
+    if lengths is None:
+        return None, [None] * seq_len
+    active = np.arange(seq_len)[:, None] < lengths[None, :]
+    inactive = [None if active[t].all() else ~active[t][None, :] for t in range(seq_len)]
+    return active, inactive
+
+
+def _columns(per_step: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """A (T, F, N) per-step feature-major array as one (F, T·N) matrix (column t·N + n)."""
+    seq_len, features, batch = per_step.shape
+    np.copyto(out.reshape(features, seq_len, batch), per_step.transpose(1, 0, 2))
+    return out
+
+
+def _stack(config: LSTMConfig, plan: LSTMStepPlan, gates_public: Sequence[LSTMGateArrays]) -> list[list[LSTMWeights]]:
+    """Per layer and direction, the gates' weights stacked in the internal gate order
+    (copies); the forward ones with the rows of sigmoid gates halved (``LSTMWeights``)."""
+    h, dtype = config.hidden_size, np.dtype(config.dtype)
+    gates = [gates_public[k] for k in INTERNAL_ORDER]
+    kinds = plan.peepholes
+    scale = plan.row_scale(dtype)
+    halve = any(plan.halved)
+    stacked = []
+    for layer in range(config.num_layers):
+        row = []
+        for d in range(config.num_directions):
+            wx = np.concatenate([g.input_weights[0][d] if layer == 0 else g.input_weights[1][layer - 1, d]
+                                 for g in gates])
+            u = np.concatenate([g.hidden_weights[layer, d] for g in gates])
+            bias = np.zeros((4 * h, 1), dtype)
+            for k, g in enumerate(gates):
+                if g.bias is not None:
+                    bias[k * h:(k + 1) * h, 0] = g.bias[layer, d]
+            full_pre = None
+            if any(kind == "full" for kind in kinds[:3]):
+                full_pre = np.zeros((4 * h, h), dtype)
+                for k in range(3):
+                    if kinds[k] == "full":
+                        full_pre[k * h:(k + 1) * h] = gates[k].cell_weights[layer, d]
+            diagonal = tuple(  # columns (H, 1): they scale the rows of an (H, N) state
+                np.array(g.cell_weights[layer, d]).reshape(h, 1) if kind == "diagonal" else None
+                for g, kind in zip(gates, kinds)
+            )
+            full_output = np.array(gates[3].cell_weights[layer, d]) if kinds[3] == "full" else None
+            peepholes = LSTMPeepholes.of(diagonal, full_output)
+            wx_bias = np.zeros((4 * h + PROJECTION_PAD, wx.shape[1] + 1), dtype)
+            wx_bias[:4 * h, :-1] = wx
+            wx_bias[:4 * h, -1:] = bias
+            if halve:
+                rows = [scale[k * h:(k + 1) * h] for k in range(4)]
+                wx_bias[:4 * h] *= scale
+                halved = tuple(None if c is None else c * rows[k] for k, c in enumerate(diagonal))
+                forward = (wx_bias, u * scale, None if full_pre is None else full_pre * scale,
+                           LSTMPeepholes.of(halved, None if full_output is None else full_output * rows[3]))
+            else:
+                forward = (wx_bias, u, full_pre, peepholes)
+            row.append(LSTMWeights(*forward, wx_t=np.ascontiguousarray(wx.T),
+                                   u_t=np.ascontiguousarray(u.T), full_pre_grad=full_pre,
+                                   peepholes_grad=peepholes))
+        stacked.append(row)
+    return stacked
+
+
+class LSTMStack(LSTMKernels):
+    """The contract's LSTM operations, built on per-sequence kernels."""
+
+    # ----------------------------------------------------------------------------------
+    # The one place that picks the per-sequence kernels (a faster backend overrides it).
+    # ----------------------------------------------------------------------------------
+    def _lstm_sequence_kernels(self, plan: LSTMStepPlan,
+                               lengths: np.ndarray | None) -> tuple[ForwardKernel, BackwardKernel]:
+        """The forward and backward kernels that serve this cell and these lengths."""
+        return self.lstm_forward_sequence, self.lstm_backward_sequence
+
+    # ----------------------------------------------------------------------------------
+    # Contract operations.
+    # ----------------------------------------------------------------------------------
+    def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
+        """Stack, halve and transpose the public weights (module docstring)."""
+        plan = _plan(request.config)
+        return LSTMPackedWeights(config=request.config, version=request.version,
+                                 payload=_Packed(plan, _stack(request.config, plan, request.gates)))
+
+    def lstm_cache_layout(self, request: LSTMCacheRequest) -> LSTMCacheLayout:
+        """The size of the payload described in the module docstring."""
+        layout = CacheLayout(_plan(request.config), request.config, request.seq_len, request.batch_size,
+                             training=True)
+        return LSTMCacheLayout(nbytes=layout.nbytes, format=CACHE_FORMAT)
+
+    def lstm_forward(self, request: LSTMForwardRequest) -> LSTMForwardResult:
+        """All layers forward; writes the cache, the output and the final states.
+
+        Per layer and direction the forward kernel runs the input projection and the
+        recurrence and writes that direction's columns of the output (or of the next
+        layer's input, kept in the cache).
+        """
+        config = request.config
+        packed: _Packed = request.weights.payload
+        plan, weights = packed.plan, packed.weights
+        seq_len, batch = request.x.shape[:2]
+        size_d, h = config.num_directions, config.hidden_size
+        layout = CacheLayout(plan, config, seq_len, batch, training=request.training)
+        workspace = request.workspace
+        if request.training:
+            assert request.cache is not None
+            views = layout.bind(request.cache)
+        else:
+            views = layout.bind(workspace.bytes("lstm_forward_steps", layout.nbytes))
+        lengths = request.sequence_lengths
+        forward, _ = self._lstm_sequence_kernels(plan, lengths)
+        active, inactive = _step_masks(lengths, seq_len)
+        h0, c0 = request.hidden, request.cell
+        layer_input = request.x.reshape(seq_len * batch, config.input_size)
+        for layer in range(config.num_layers):
+            last = layer == config.num_layers - 1
+            target = request.output if last else views.inputs[layer + 1]
+            assert target is not None
+            for d in range(size_d):
+                index = layer * size_d + d
+                forward(plan, weights[layer][d], layer_input,
+                        None if h0 is None else h0[index], None if c0 is None else c0[index],
+                        views.steps[layer][d], views.pre[layer][d], views.hidden[layer][d],
+                        target[:, :, d * h:(d + 1) * h], request.hidden_out[index], request.cell_out[index],
+                        reverse=d == 1, inactive=inactive, scratch=workspace)
+            if active is not None:
+                target[~active] = 0.0
+            if not last:
+                mask = views.masks[layer + 1]
+                if request.training and request.dropout_masks is not None:
+                    drawn = request.dropout_masks[layer + 1]
+                    assert mask is not None and drawn is not None
+                    np.copyto(mask, drawn)
+                    np.multiply(target, mask, out=target)
+                layer_input = target.reshape(seq_len * batch, size_d * h)
+        return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
+
+    def lstm_backward(self, request: LSTMBackwardRequest) -> LSTMBackwardResult:
+        """All layers backward, top layer first: per layer and direction the backward kernel
+        leaves the gate gradients feature-major ``(4H, T·N)``, then the weight and input
+        gradients are one product each."""
+        config = request.config
+        packed: _Packed = request.weights.payload
+        plan, weights = packed.plan, packed.weights
+        seq_len, batch = request.x.shape[:2]
+        size_l, size_d, h = config.num_layers, config.num_directions, config.hidden_size
+        dtype = np.dtype(config.dtype)
+        workspace = request.workspace
+        views = CacheLayout(plan, config, seq_len, batch, training=True).bind(request.cache)
+        lengths = request.sequence_lengths
+        _, backward = self._lstm_sequence_kernels(plan, lengths)
+        active, inactive = _step_masks(lengths, seq_len)
+        grads = request.gradients
+        dy, dh_final, dc_final = request.output_gradient, request.hidden_gradient, request.cell_gradient
+        d_gates = workspace.array("lstm_d_gates", (4 * h, seq_len * batch), dtype)
+        c_new = workspace.array("lstm_cell_new", (seq_len, h, batch), dtype) if plan.needs_cell else None
+        x2 = request.x.reshape(seq_len * batch, config.input_size)
+        for layer in range(size_l - 1, -1, -1):
+            upper = views.inputs[layer]
+            layer_input = x2 if upper is None else upper.reshape(seq_len * batch, size_d * h)
+            if layer == 0 and grads.input.flags.c_contiguous:  # write the input gradient in place
+                d_input = grads.input.reshape(layer_input.shape)
+            else:
+                d_input = workspace.array(f"lstm_d_input{layer % 2}", layer_input.shape, dtype)
+            for d in range(size_d):
+                index = layer * size_d + d
+                w = weights[layer][d]
+                backward(plan, w, views.steps[layer][d], views.pre[layer][d],
+                         None if dy is None else dy[:, :, d * h:(d + 1) * h],
+                         None if dh_final is None else dh_final[index],
+                         None if dc_final is None else dc_final[index], grads.hidden[index], grads.cell[index],
+                         d_gates, reverse=d == 1, active=active, inactive=inactive, c_new=c_new, scratch=workspace)
+                self._lstm_weight_gradients(plan, w, layer, d, layer_input, views, d_gates, c_new, d_input,
+                                            grads.gates, workspace)
+            if layer > 0:
+                mask = views.masks[layer]
+                if mask is not None:
+                    np.multiply(d_input, mask.reshape(d_input.shape), out=d_input)
+                dy = d_input.reshape(seq_len, batch, size_d * h)
+            elif not np.shares_memory(d_input, grads.input):
+                np.copyto(grads.input, d_input.reshape(grads.input.shape))
+        return LSTMBackwardResult(gradients=grads)
+
+    def _lstm_weight_gradients(self, plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int,
+                               layer_input: np.ndarray, views: CacheViews, d_gates: np.ndarray,
+                               c_new: np.ndarray | None, d_input: np.ndarray,
+                               gates: Sequence[LSTMGateArrays], workspace: Workspace) -> None:
+        """Weight, bias, peephole and input gradients of one layer and direction: one product
+        each over all T·N columns of ``d_gates`` (4H, T·N), scattered into the public gates."""
+        gemm = self._gemm
+        four_h, columns = d_gates.shape
+        h = four_h // 4
+        dtype = d_gates.dtype
+        d_wx = gemm(d_gates, layer_input)
+        before = views.hidden[layer][d]
+        assert before is not None  # a training cache keeps the states
+        hidden = _columns(before, workspace.array("lstm_hidden_columns", (h, columns), dtype))
+        d_u = gemm(d_gates, hidden, trans_b=True)
+        d_bias = d_gates.sum(axis=1)
+        d_peep: list[np.ndarray | None] = [None] * 4
+        if any(plan.peepholes):
+            cell_prev = _columns(views.steps[layer][d][:, :h],
+                                 workspace.array("lstm_cell_columns", (h, columns), dtype))
+            d_full_pre = None
+            if w.full_pre_grad is not None:
+                d_full_pre = gemm(d_gates, cell_prev, trans_b=True)
+            for gate, kind in enumerate(plan.peepholes):
+                if kind is None:
+                    continue
+                block = d_gates[gate * h:(gate + 1) * h]
+                if gate < 3:
+                    source = cell_prev
+                else:  # the output gate sees the new cell
+                    assert c_new is not None
+                    source = _columns(c_new, workspace.array("lstm_cell_new_columns", (h, columns), dtype))
+                if kind == "full" and gate < 3:
+                    assert d_full_pre is not None
+                    d_peep[gate] = d_full_pre[gate * h:(gate + 1) * h]
+                elif kind == "full":
+                    d_peep[gate] = gemm(block, source, trans_b=True)
+                else:
+                    d_peep[gate] = np.einsum("hr,hr->h", block, source)
+        gemm(d_gates, w.wx_t, out=d_input, trans_a=True, trans_b=True, beta=0.0 if d == 0 else 1.0)
+        # Scatter the stacked rows (internal gate order) into the public per-gate arrays.
+        for k, public in enumerate(INTERNAL_ORDER):
+            g = gates[public]
+            rows = slice(k * h, (k + 1) * h)
+            if layer == 0:
+                g.input_weights[0][d] = d_wx[rows]
+            else:
+                g.input_weights[1][layer - 1, d] = d_wx[rows]
+            g.hidden_weights[layer, d] = d_u[rows]
+            if g.bias is not None:
+                g.bias[layer, d] = d_bias[rows]
+            if g.cell_weights is not None:
+                g.cell_weights[layer, d] = d_peep[k]

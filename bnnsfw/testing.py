@@ -1,0 +1,336 @@
+"""The backend conformance kit: run every layer configuration on a backend and on the reference.
+
+:func:`check_backend` builds each supported configuration of every layer (LSTM: layers,
+directions, peepholes, variable lengths, layouts, activations, dropout, states, dtypes;
+normalization: every type, fused activations, moving statistics, both phases, sizes the
+fast paths take; fully connected: bias, activation, 2-D and 3-D inputs), runs it forward and
+backward on the backend under test and on the reference backend (``numpy``), and compares
+every output and gradient within the contract's tolerance (:data:`TOLERANCE`). It reports
+every disagreement with the configuration that produced it.
+
+>>> from bnnsfw.testing import check_backend
+>>> report = check_backend("scipy-blas", quick=True)
+>>> report.failures
+[]
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterator
+
+import attrs
+import numpy as np
+
+from . import backends
+from .activation import Activation
+from .backends.contract import TOLERANCE, GemmRequest
+from .filter import FilterParameters
+from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
+from .layers.lstm import LSTMLayer, LSTMParameters
+from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
+
+__all__ = ["check_backend", "ConformanceReport", "ConformanceError"]
+
+REFERENCE = "numpy"
+
+
+class ConformanceError(AssertionError):
+    """A backend disagrees with the reference; the message lists every disagreement."""
+
+
+@attrs.frozen
+class ConformanceReport:
+    """What :func:`check_backend` compared: ``checked`` configurations, ``compared`` arrays,
+    and ``failures`` (``"configuration: what differed"``), empty for a conforming backend."""
+
+    backend: str
+    checked: int
+    compared: int
+    failures: list[str]
+
+
+class _Comparison:
+    """Collects array comparisons for one backend."""
+
+    def __init__(self, rtol: float | None, atol: float | None) -> None:
+        self.rtol, self.atol = rtol, atol
+        self.checked = 0
+        self.compared = 0
+        self.failures: list[str] = []
+
+    def arrays(self, where: str, name: str, got: Any, want: Any) -> None:
+        self.compared += 1
+        if want is None or got is None:
+            if (want is None) != (got is None):
+                self.failures.append(f"{where}: {name} is {'missing' if got is None else 'unexpected'}")
+            return
+        got, want = np.asarray(got), np.asarray(want)
+        if got.shape != want.shape or got.dtype != want.dtype:
+            self.failures.append(f"{where}: {name} is {got.dtype.name}{got.shape}, "
+                                 f"expected {want.dtype.name}{want.shape}")
+            return
+        rtol, atol = TOLERANCE[want.dtype]
+        rtol = rtol if self.rtol is None else self.rtol
+        atol = atol if self.atol is None else self.atol
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+        if bad.any():
+            error = np.abs(got.astype(np.float64) - want)[bad].max()
+            self.failures.append(f"{where}: {name} differs in {int(bad.sum())} of {want.size} elements "
+                                 f"(largest difference {error:.3g}; rtol={rtol:g}, atol={atol:g})")
+
+    def run(self, where: str, check: Callable[[], None]) -> None:
+        """One configuration; an exception is a failure of that configuration."""
+        self.checked += 1
+        try:
+            check()
+        except Exception as exc:  # report it with its configuration and go on
+            self.failures.append(f"{where}: raised {type(exc).__name__}: {exc}")
+
+
+# --------------------------------------------------------------------------------------
+# Configurations.
+# --------------------------------------------------------------------------------------
+_CUSTOM_GATES = {  # every gate off its default, derivatives from the input and the output
+    "input_gate": Activation.hard_sigmoid(0.2, 0.5),
+    "forget_gate": Activation.sigmoid(),
+    "candidate_gate": Activation.softsign(),
+    "output_gate": Activation.elu(),
+}
+
+
+def _lstm_cases(quick: bool) -> Iterator[dict[str, Any]]:
+    dtypes = (np.float64,) if quick else (np.float32, np.float64)
+    stacks = ((1, False), (2, True)) if quick else ((1, False), (1, True), (2, False), (2, True))
+    peepholes = (None, "diagonal", "full")
+    lengths = (False, True)
+    variants = itertools.cycle(["plain", "custom", "batch_first", "states", "dropout", "no_bias"])
+    for dtype, (layers, bidirectional), peephole, varied in itertools.product(dtypes, stacks, peepholes, lengths):
+        variant = next(variants)
+        if variant == "dropout" and layers == 1:
+            variant = "states"
+        yield dict(dtype=dtype, num_layers=layers, bidirectional=bidirectional, peepholes=peephole,
+                   variable_lengths=varied, variant=variant)
+    yield dict(dtype=np.float32, num_layers=1, bidirectional=False, peepholes=None, variable_lengths=False,
+               variant="long")  # a sequence long and wide enough for a fast path's blocking
+
+
+def _lstm_parameters(case: dict[str, Any]) -> LSTMParameters:
+    variant = case["variant"]
+    size_i, hidden = (5, 24) if variant == "long" else (3, 4)
+    options: dict[str, Any] = {}
+    if variant == "batch_first":
+        options["batch_first"] = True
+    if variant == "dropout":
+        options["dropout"] = 0.3
+    if variant == "custom":
+        options["hidden_activation"] = Activation.softsign()
+    params = LSTMParameters.random(input_size=size_i, hidden_size=hidden, num_layers=case["num_layers"],
+                                   bidirectional=case["bidirectional"], peepholes=case["peepholes"],
+                                   bias=variant != "no_bias", seed=7, dtype=case["dtype"], **options)
+    if variant == "custom":
+        params = attrs.evolve(params, **{name: attrs.evolve(getattr(params, name), activation=act)
+                                         for name, act in _CUSTOM_GATES.items()})
+    return params
+
+
+def _check_lstm(compare: _Comparison, backend: Any, reference: Any, case: dict[str, Any]) -> None:
+    params = _lstm_parameters(case)
+    where = "LSTM " + ", ".join(f"{k}={v.__name__ if isinstance(v, type) else v}" for k, v in case.items())
+    rng = np.random.default_rng(3)
+    dtype = np.dtype(case["dtype"])
+    seq_len, batch = (40, 3) if case["variant"] == "long" else (5, 3)
+    d, h = params.num_directions, params.hidden_size
+    x_shape = (batch, seq_len, params.input_size) if params.batch_first else (seq_len, batch, params.input_size)
+    y_shape = (batch, seq_len, d * h) if params.batch_first else (seq_len, batch, d * h)
+    state_shape = (params.num_layers * d, batch, h)
+    x, dy = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(y_shape).astype(dtype)
+    states = case["variant"] in ("states", "custom")
+    h0 = rng.standard_normal(state_shape).astype(dtype) if states else None
+    c0 = rng.standard_normal(state_shape).astype(dtype) if states else None
+    dh = rng.standard_normal(state_shape).astype(dtype)
+    dc = rng.standard_normal(state_shape).astype(dtype)
+    lengths = np.array([seq_len, 2, seq_len - 1][:batch]) if case["variable_lengths"] else None
+
+    def results(spec: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with LSTMLayer(params, FilterParameters(backend=spec)) as layer:
+            inference = layer.apply(x, h0, c0, lengths)
+            out.update(inference_output=inference.output, inference_hidden=inference.hidden,
+                       inference_cell=inference.cell)
+            forward = layer.apply(x, h0, c0, lengths, training=True)
+            out.update(output=forward.output, hidden=forward.hidden, cell=forward.cell)
+            grads = layer.apply_backward(x, dy, h0, c0, dh, dc, lengths, training_cache=forward.training_cache)
+            out.update(d_input=grads.input, d_hidden=grads.hidden, d_cell=grads.cell)
+            for name, g in zip(("input", "forget", "candidate", "output"), grads.gates):
+                out.update({f"d_{name}_gate.iw0": g.input_weights[0], f"d_{name}_gate.iw1": g.input_weights[1],
+                            f"d_{name}_gate.hidden": g.hidden_weights, f"d_{name}_gate.cell": g.cell_weights,
+                            f"d_{name}_gate.bias": g.bias})
+            if params.dropout == 0.0:  # backward without a cache recomputes the forward
+                again = layer.apply_backward(x, dy, h0, c0, dh, dc, lengths)
+                out.update(recomputed_d_input=again.input, recomputed_d_forget_hidden=again.forget_gate.hidden_weights)
+        return out
+
+    def check() -> None:
+        want, got = results(reference), results(backend)
+        for name, expected in want.items():
+            compare.arrays(where, name, got.get(name), expected)
+
+    compare.run(where, check)
+
+
+_NORMALIZATION_SHAPES = {"small": (3, 4, 3, 5), "large": (4, 8, 40, 40)}
+
+
+def _normalization_cases(quick: bool) -> Iterator[dict[str, Any]]:
+    kinds = ("batch", "instance", "layer", "group")
+    activations = ("identity", "relu", "gelu")
+    sizes = ("small",) if quick else ("small", "large")
+    dtypes = (np.float64,) if quick else (np.float32, np.float64)
+    for kind, activation, size, dtype in itertools.product(kinds, activations, sizes, dtypes):
+        phases = ("training", "inference") if kind in ("batch", "instance") else ("training",)
+        for phase in phases:
+            yield dict(kind=kind, activation=activation, size=size, dtype=dtype, phase=phase)
+
+
+def _normalization_parameters(case: dict[str, Any], rng: np.random.Generator) -> NormalizationParameters:
+    shape = _NORMALIZATION_SHAPES[case["size"]]
+    channels = shape[1]
+    kind = case["kind"]
+    if kind == "batch":
+        ntype = NormalizationType.batch(rng.standard_normal(channels), rng.uniform(0.5, 2.0, channels))
+    elif kind == "instance":
+        ntype = NormalizationType.instance(rng.standard_normal(channels), rng.uniform(0.5, 2.0, channels))
+    elif kind == "layer":
+        ntype = NormalizationType.layer(normalization_axis=1)
+    else:
+        ntype = NormalizationType.group(group_count=2)
+    affine = shape[2:] if kind == "layer" else (channels,)
+    act = {"identity": Activation.identity(), "relu": Activation.relu(), "gelu": Activation.gelu()}[case["activation"]]
+    return NormalizationParameters(type=ntype, input_shape=shape[1:], gamma=rng.uniform(0.5, 1.5, affine),
+                                   beta=rng.standard_normal(affine), momentum=0.9, activation=act,
+                                   dtype=case["dtype"])
+
+
+def _check_normalization(compare: _Comparison, backend: Any, reference: Any, case: dict[str, Any]) -> None:
+    where = "normalization " + ", ".join(f"{k}={v.__name__ if isinstance(v, type) else v}" for k, v in case.items())
+    rng = np.random.default_rng(5)
+    params = _normalization_parameters(case, rng)
+    shape = _NORMALIZATION_SHAPES[case["size"]]
+    x = (rng.standard_normal(shape) + 0.5).astype(case["dtype"])
+    dy = rng.standard_normal(shape).astype(case["dtype"])
+
+    def results(spec: Any) -> dict[str, Any]:
+        with NormalizationLayer(params, FilterParameters(backend=spec)) as layer:
+            y = layer.apply(x, phase=case["phase"])
+            grads = layer.apply_backward(x, dy, output=y, phase=case["phase"])
+            return dict(output=y, d_input=grads.input, d_gamma=grads.gamma, d_beta=grads.beta,
+                        moving_mean=layer.moving_mean, moving_variance=layer.moving_variance)
+
+    def check() -> None:
+        want, got = results(reference), results(backend)
+        for name, expected in want.items():
+            compare.arrays(where, name, got.get(name), expected)
+
+    compare.run(where, check)
+
+
+def _fully_connected_cases(quick: bool) -> Iterator[dict[str, Any]]:
+    dtypes = (np.float64,) if quick else (np.float32, np.float64)
+    for dtype, bias, activation, rank in itertools.product(dtypes, (True, False), ("identity", "tanh"), (2, 3)):
+        yield dict(dtype=dtype, bias=bias, activation=activation, rank=rank)
+
+
+def _check_fully_connected(compare: _Comparison, backend: Any, reference: Any, case: dict[str, Any]) -> None:
+    where = "fully connected " + ", ".join(f"{k}={v.__name__ if isinstance(v, type) else v}"
+                                           for k, v in case.items())
+    rng = np.random.default_rng(9)
+    dtype = case["dtype"]
+    act = Activation.tanh() if case["activation"] == "tanh" else Activation.identity()
+    params = FullyConnectedParameters(
+        input_size=6, output_size=5, weights=rng.standard_normal((5, 6)),
+        bias=rng.standard_normal(5) if case["bias"] else None, activation=act, dtype=dtype)
+    shape = (4, 3, 6) if case["rank"] == 3 else (4, 6)
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal((*shape[:-1], 5)).astype(dtype)
+
+    def results(spec: Any) -> dict[str, Any]:
+        with FullyConnectedLayer(params, FilterParameters(backend=spec)) as layer:
+            y = layer.apply(x)
+            grads = layer.apply_backward(x, dy, output=y)
+            return dict(output=y, d_input=grads.input, d_weights=grads.weights, d_bias=grads.bias)
+
+    def check() -> None:
+        want, got = results(reference), results(backend)
+        for name, expected in want.items():
+            compare.arrays(where, name, got.get(name), expected)
+
+    compare.run(where, check)
+
+
+def _check_gemm(compare: _Comparison, backend: Any, reference: Any) -> None:
+    rng = np.random.default_rng(1)
+    for dtype, trans_a, trans_b, (alpha, beta) in itertools.product(
+            (np.float32, np.float64), (False, True), (False, True), ((1.0, 0.0), (-0.5, 2.0))):
+        where = f"gemm dtype={np.dtype(dtype).name}, trans_a={trans_a}, trans_b={trans_b}, alpha={alpha}, beta={beta}"
+        m, n, k = 7, 5, 9
+        a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+        b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+        c = rng.standard_normal((m, n)).astype(dtype)
+
+        def product(spec: Any, a: Any = a, b: Any = b, c: Any = c, trans_a: bool = trans_a,
+                    trans_b: bool = trans_b, alpha: float = alpha, beta: float = beta) -> Any:
+            out = c.copy()
+            request = GemmRequest(a=a, b=b, out=out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+            result = spec.gemm(request).out
+            if result is not out:
+                raise AssertionError("gemm must return the request's out array when one is given")
+            return result
+
+        def check(where: str = where, product: Callable[[Any], Any] = product) -> None:
+            compare.arrays(where, "out", product(backend), product(reference))
+
+        compare.run(where, check)
+
+
+def check_backend(backend: Any, *, rtol: float | None = None, atol: float | None = None, quick: bool = False,
+                  raise_on_failure: bool = True) -> ConformanceReport:
+    """Run every layer configuration on ``backend`` and on the reference; compare everything.
+
+    Parameters
+    ----------
+    backend : str or backend object
+        A registered name or an object implementing the contract (checked first: an object
+        that breaks the contract raises :class:`~bnnsfw.BackendError` naming what it lacks).
+    rtol, atol : float, optional
+        Override the contract's per-dtype tolerance (:data:`bnnsfw.backends.contract.TOLERANCE`).
+    quick : bool
+        One dtype (float64) and fewer combinations: a few seconds instead of about ten.
+    raise_on_failure : bool
+        Raise :class:`ConformanceError` listing every disagreement (default); otherwise
+        return them in the report.
+
+    Returns
+    -------
+    ConformanceReport
+    """
+    candidate = backends.get_backend(backend)
+    reference = backends.get_backend(REFERENCE)
+    compare = _Comparison(rtol, atol)
+    _check_gemm(compare, candidate, reference)
+    for case in _lstm_cases(quick):
+        _check_lstm(compare, candidate, reference, case)
+    for case in _normalization_cases(quick):
+        _check_normalization(compare, candidate, reference, case)
+    for case in _fully_connected_cases(quick):
+        _check_fully_connected(compare, candidate, reference, case)
+    report = ConformanceReport(backend=candidate.name, checked=compare.checked, compared=compare.compared,
+                               failures=compare.failures)
+    if compare.failures and raise_on_failure:
+        shown = "\n".join(f"  - {failure}" for failure in compare.failures[:50])
+        more = len(compare.failures) - 50
+        raise ConformanceError(
+            f"backend {candidate.name!r} disagrees with the reference in {len(compare.failures)} of "
+            f"{compare.checked} configurations' checks:\n{shown}" + (f"\n  … and {more} more" if more > 0 else ""))
+    return report
