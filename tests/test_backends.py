@@ -169,6 +169,11 @@ def test_a_backend_with_only_a_product_is_refused_naming_every_missing_operation
         bf.get_backend(ProductOnly())
 
 
+def test_a_backend_class_handed_over_as_an_object_is_refused_with_advice():
+    with pytest.raises(bf.BackendError, match="an instance, not the class NumpyBackend"):
+        bf.FilterParameters(backend=backends.NumpyBackend)
+
+
 def test_a_factory_that_makes_no_backend_is_refused_at_registration(isolated_registry):
     with pytest.raises(bf.BackendError, match=r"register_backend\('answer', factory\).*got a int.*name must be"):
         bf.register_backend("answer", lambda: 42)

@@ -502,6 +502,8 @@ def contract_problems(candidate: object) -> list[str]:
     callable with exactly one positional argument, and, where it is annotated, takes the
     operation's request type and returns its result type.
     """
+    if isinstance(candidate, type):
+        return [f"an instance, not the class {candidate.__name__} (register a class with register_backend)"]
     problems = []
     name = getattr(candidate, "name", None)
     if not isinstance(name, str) or not name:
