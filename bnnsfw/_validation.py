@@ -102,7 +102,9 @@ def parameter_array(
     ``copy=False`` keeps the caller's array when no cast is needed (client pointers).
     """
     try:
-        array = np.array(value, dtype=dtype, copy=copy or None)
+        # np.asarray copies only when it must; np.array(copy=None) means the same on NumPy 2
+        # but is refused by NumPy 1.x.
+        array = np.array(value, dtype=dtype, copy=True) if copy else np.asarray(value, dtype=dtype)
     except (TypeError, ValueError):
         raise InvalidParameterError(must_be(where, f"an array convertible to {dtype.name}", type(value).__name__)) from None
     if shape is not None and tuple(array.shape) != tuple(shape):
