@@ -19,7 +19,7 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def layer_dtype(value: object, where: str = "dtype") -> np.dtype:
     """Normalise a layer dtype: float32 or float64."""
     try:
-        dtype = np.dtype(value)  # type: ignore[call-overload]
+        dtype = np.dtype(value)  # type: ignore[call-overload]  # any object: np.dtype() is the check
     except TypeError:
         raise DTypeError(must_be(where, "float32 or float64", value)) from None
     if dtype not in SUPPORTED_DTYPES:
@@ -127,7 +127,7 @@ def finite_float(where: str, value: object, *, low: float | None = None, high: f
                  high_open: bool = False) -> float:
     """A finite float within ``[low, high]`` (or ``[low, high)`` with ``high_open``)."""
     try:
-        number = float(value)  # type: ignore[arg-type]
+        number = float(value)  # type: ignore[arg-type]  # any object: float() is the check
     except (TypeError, ValueError):
         raise InvalidParameterError(must_be(where, "a number", value)) from None
     if not math.isfinite(number):
