@@ -49,10 +49,12 @@ def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
     """The descriptor's data as a flat 1-D array of ``dtype`` sharing its memory."""
     if isinstance(data, np.ndarray):
         if data.dtype != dtype:
-            raise DTypeError(must_be(f"{where}.data", f"an array of {dtype.name} (the descriptor's data_type)",
+            raise DTypeError(must_be(f"{where}.data",
+                                     f"an array of {dtype.name} (the descriptor's data_type)",
                                      data.dtype.name))
         if not (data.flags.c_contiguous or data.flags.f_contiguous):
-            raise InvalidParameterError(must_be(f"{where}.data", "a contiguous array (describe strides in the "
+            raise InvalidParameterError(must_be(f"{where}.data",
+                                                "a contiguous array (describe strides in the "
                                                 "descriptor instead)", "a strided view"))
         return data.ravel(order="K")  # memory order: a view for contiguous data
     try:
@@ -106,7 +108,8 @@ def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, 
             raise ShapeError(must_be(f"{where}.size", "set (non-zero)", tuple(sizes)))
         numpy_shape = tuple(int(s) for s in expected_shape)
         if len(numpy_shape) != rank:
-            raise ShapeError(must_be(f"{where}.size", f"set explicitly: a {layout.name} layout has rank {rank} "
+            raise ShapeError(must_be(f"{where}.size",
+                                     f"set explicitly: a {layout.name} layout has rank {rank} "
                                      f"but the data has shape {numpy_shape}", tuple(sizes)))
         if layout is DataLayout.column_major_matrix:
             sizes = [numpy_shape[0], numpy_shape[1]]

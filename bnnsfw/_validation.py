@@ -56,14 +56,16 @@ def as_input(
         try:
             array = np.asarray(value, dtype=dtype)
         except (TypeError, ValueError):
-            raise InvalidParameterError(must_be(where, f"an array of {dtype.name}", type(value).__name__)) from None
+            raise InvalidParameterError(must_be(where, f"an array of {dtype.name}",
+                                                type(value).__name__)) from None
     if shape is not None and not shape_matches(array.shape, shape):
         expected = shape_text or format_shape(shape)
         raise ShapeError(must_be(where, f"of shape {expected}", describe(array)))
     return array
 
 
-def as_output(where: str, value: np.ndarray | None, dtype: np.dtype, shape: Sequence[int]) -> np.ndarray | None:
+def as_output(where: str, value: np.ndarray | None, dtype: np.dtype,
+              shape: Sequence[int]) -> np.ndarray | None:
     """Check a caller-provided output buffer (writable, exact shape and dtype)."""
     if value is None:
         return None
@@ -106,11 +108,13 @@ def parameter_array(
         # but is refused by NumPy 1.x.
         array = np.array(value, dtype=dtype, copy=True) if copy else np.asarray(value, dtype=dtype)
     except (TypeError, ValueError):
-        raise InvalidParameterError(must_be(where, f"an array convertible to {dtype.name}", type(value).__name__)) from None
+        raise InvalidParameterError(must_be(where, f"an array convertible to {dtype.name}",
+                                            type(value).__name__)) from None
     if shape is not None and tuple(array.shape) != tuple(shape):
         raise ShapeError(must_be(where, f"of shape {tuple(shape)}", describe(array)))
     if finite and array.size and not np.isfinite(array).all():
-        raise InvalidParameterError(must_be(where, "finite (no NaN or infinity)", "an array with non-finite values"))
+        raise InvalidParameterError(must_be(where, "finite (no NaN or infinity)",
+                                            "an array with non-finite values"))
     return array
 
 

@@ -149,8 +149,8 @@ class BNNSNDArrayDescriptor:
         sizes = tuple(reversed(array.shape))
         if chosen is DataLayout.column_major_matrix:
             raise InvalidParameterError(must_be("BNNSNDArrayDescriptor.from_array(layout)",
-                                                "row-major for a C-contiguous array (describe np.asfortranarray "
-                                                "data by hand)", chosen.name))
+                                                "row-major for a C-contiguous array (describe "
+                                                "np.asfortranarray data by hand)", chosen.name))
         return cls(flags=flags, layout=chosen, size=sizes, data=array,
                    data_type=DataType.from_numpy(array.dtype))
 
@@ -277,7 +277,8 @@ class BNNSFilter:
     """What a BNNS create function returns: the layer and the state BNNS keeps with it."""
 
     def __init__(self, layer: Any, i_desc: BNNSNDArrayDescriptor, o_desc: BNNSNDArrayDescriptor,
-                 moving_descs: tuple[BNNSNDArrayDescriptor | None, BNNSNDArrayDescriptor | None] = (None, None),
+                 moving_descs: tuple[BNNSNDArrayDescriptor | None,
+                                     BNNSNDArrayDescriptor | None] = (None, None),
                  ) -> None:
         self.layer = layer
         self.i_desc = i_desc
@@ -319,7 +320,8 @@ def BNNSFilterCreateLayerNormalization(
 
     kind = FilterType.parse(filter_type, "filter_type")
     if kind not in _NORMALIZATION_TYPES:
-        raise InvalidParameterError(must_be("filter_type", "batch_norm, instance_norm, layer_norm or group_norm",
+        raise InvalidParameterError(must_be("filter_type",
+                                            "batch_norm, instance_norm, layer_norm or group_norm",
                                             kind.name))
     p = layer_params
     if not isinstance(p, BNNSLayerParametersNormalization):
@@ -335,13 +337,15 @@ def BNNSFilterCreateLayerNormalization(
     channels = shape[0]
     name = _NORMALIZATION_TYPES[kind]
     if name == "layer":
-        weights_shape: tuple[int, ...] = shape[p.normalization_axis:] if 0 <= p.normalization_axis < len(shape) else shape
+        axis = p.normalization_axis
+        weights_shape: tuple[int, ...] = shape[axis:] if 0 <= axis < len(shape) else shape
     else:
         weights_shape = (channels,)
     gamma = nd.read("layer_params.gamma_desc", p.gamma_desc, weights_shape, required=False)
     beta = nd.read("layer_params.beta_desc", p.beta_desc, weights_shape, required=False)
     moving_mean = nd.read("layer_params.moving_mean_desc", p.moving_mean_desc, (channels,), required=False)
-    moving_var = nd.read("layer_params.moving_variance_desc", p.moving_variance_desc, (channels,), required=False)
+    moving_var = nd.read("layer_params.moving_variance_desc", p.moving_variance_desc, (channels,),
+                         required=False)
     if name == "batch":
         ntype = NormalizationType.batch(moving_mean=moving_mean, moving_variance=moving_var)
     elif name == "instance":
@@ -404,7 +408,8 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     f = _check_filter(filter)
     n = int(batch_size)
     if f.last_input is None:
-        raise InvalidParameterError(must_be("filter", "applied forward before its backward", "no forward yet"))
+        raise InvalidParameterError(must_be("filter", "applied forward before its backward",
+                                            "no forward yet"))
     if f.last_input.shape[0] != n:
         raise ShapeError(must_be("batch_size", f"the last forward's batch size {f.last_input.shape[0]}", n))
     shape = f.layer.input_shape
@@ -413,7 +418,8 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     grads = f.layer.apply_backward(f.last_input, dy, output=y, phase=f.last_phase)
     nd.write("in_delta", _batch_desc(f.i_desc, in_delta) if in_delta is not None else None, grads.input,
              batch=(n, int(in_delta_stride)))
-    for name, desc, value in (("beta_delta", beta_delta, grads.beta), ("gamma_delta", gamma_delta, grads.gamma)):
+    for name, desc, value in (("beta_delta", beta_delta, grads.beta),
+                              ("gamma_delta", gamma_delta, grads.gamma)):
         if desc is not None and value is not None:
             nd.write(name, desc, value, accumulate=bool(desc.flags & NDArrayFlags.backprop_accumulate))
     return 0
@@ -497,8 +503,8 @@ def _sequence_lengths(p: BNNSLayerParametersLSTM, n: int, t: int) -> np.ndarray 
                     data_types=(DataType.int32, DataType.float32)).astype(np.int64)
     if sizes[0] != n or np.any(sizes < 1) or np.any(np.diff(sizes) > 0):
         raise InvalidParameterError(must_be("layer_params.sequence_descriptor.data",
-                                            f"non-increasing batch sizes per step in [1, {n}], starting at {n}",
-                                            sizes.tolist()))
+                                            f"non-increasing batch sizes per step in [1, {n}], "
+                                            f"starting at {n}", sizes.tolist()))
     return (sizes[None, :] > np.arange(n)[:, None]).sum(axis=1)
 
 
@@ -560,7 +566,8 @@ def _read_sequence(where: str, desc: BNNSNDArrayDescriptor | None, batch_first: 
     return value
 
 
-def _state(where: str, data: BNNSLSTMDataDescriptor | None, field: str, shape: tuple[int, ...]) -> np.ndarray | None:
+def _state(where: str, data: BNNSLSTMDataDescriptor | None, field: str,
+           shape: tuple[int, ...]) -> np.ndarray | None:
     if data is None:
         return None
     return nd.read(f"{where}.{field}", getattr(data, field), shape, required=False)
@@ -573,7 +580,8 @@ def _cache_view(training_cache: object, capacity: int) -> object:
         raise InvalidParameterError(must_be("training_cache_capacity", "a byte count >= 0", capacity))
     buffer = memoryview(training_cache).cast("B")  # type: ignore[arg-type]  # checked by memoryview()
     if buffer.nbytes < capacity:
-        raise InvalidParameterError(must_be("training_cache_capacity", f"at most the buffer's {buffer.nbytes} bytes",
+        raise InvalidParameterError(must_be("training_cache_capacity",
+                                            f"at most the buffer's {buffer.nbytes} bytes",
                                             capacity))
     return buffer[: int(capacity)]
 
@@ -640,7 +648,8 @@ def BNNSDirectApplyLSTMBatchBackward(
     """
     p, dp = layer_params, layer_delta_params
     if not isinstance(dp, BNNSLayerParametersLSTM):
-        raise InvalidParameterError(must_be("layer_delta_params", "a BNNSLayerParametersLSTM", type(dp).__name__))
+        raise InvalidParameterError(must_be("layer_delta_params", "a BNNSLayerParametersLSTM",
+                                            type(dp).__name__))
     call = _lstm(p, filter_params)
     i, h, n, layers, t, d = _lstm_sizes(p)
     try:
@@ -665,7 +674,8 @@ def BNNSDirectApplyLSTMBatchBackward(
                 _write_sequence("layer_delta_params.input_descriptor.data_desc", din.data_desc, grads.input,
                                 call.batch_first, accumulate=_accumulate(din.data_desc))
             _write_delta("layer_delta_params.input_descriptor.hidden_desc", din.hidden_desc, grads.hidden)
-            _write_delta("layer_delta_params.input_descriptor.cell_state_desc", din.cell_state_desc, grads.cell)
+            _write_delta("layer_delta_params.input_descriptor.cell_state_desc", din.cell_state_desc,
+                         grads.cell)
         for name in _GATES:
             gd, g = getattr(dp, name), getattr(grads, name)
             if gd is None:
