@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,3 +107,15 @@ def test_smoke_tests_run_from_the_unpacked_sdist(unpacked):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+def test_readme_requirements_name_every_dependency_and_its_floor():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        dependencies = tomllib.load(f)["project"]["dependencies"]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    requirements = readme.split("## Requirements", 1)[1].split("\n## ", 1)[0]
+    requirements = " ".join(requirements.split()).lower()
+    for dependency in dependencies:
+        name, floor = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", dependency.replace(" ", "")).groups()
+        assert f"{name.lower()} ≥ {floor}" in requirements, f"README's requirements lack {name} ≥ {floor}"
