@@ -9,7 +9,7 @@ at its boundary.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Literal, Sequence, overload
 
 import numpy as np
 
@@ -49,14 +49,16 @@ def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
     """The descriptor's data as a flat 1-D array of ``dtype`` sharing its memory."""
     if isinstance(data, np.ndarray):
         if data.dtype != dtype:
-            raise DTypeError(must_be(f"{where}.data", f"an array of {dtype.name} (the descriptor's data_type)",
+            raise DTypeError(must_be(f"{where}.data",
+                                     f"an array of {dtype.name} (the descriptor's data_type)",
                                      data.dtype.name))
         if not (data.flags.c_contiguous or data.flags.f_contiguous):
-            raise InvalidParameterError(must_be(f"{where}.data", "a contiguous array (describe strides in the "
+            raise InvalidParameterError(must_be(f"{where}.data",
+                                                "a contiguous array (describe strides in the "
                                                 "descriptor instead)", "a strided view"))
         return data.ravel(order="K")  # memory order: a view for contiguous data
     try:
-        view = memoryview(data)  # type: ignore[arg-type]
+        view = memoryview(data)  # type: ignore[arg-type]  # checked by memoryview()
     except TypeError:
         raise InvalidParameterError(must_be(f"{where}.data", "a NumPy array, a buffer or None",
                                             type(data).__name__)) from None
@@ -67,14 +69,27 @@ def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
     return raw.view(dtype)
 
 
+@overload
+def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
+         writable: Literal[False] = False, data_types: Sequence[DataType] = ...,
+         batch: tuple[int, int] | None = None) -> np.ndarray | None: ...
+
+
+@overload
+def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
+         writable: bool, data_types: Sequence[DataType] = ...,
+         batch: tuple[int, int] | None = None) -> np.ndarray | _ShapedWrite | None: ...
+
+
 def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
          writable: bool = False, data_types: Sequence[DataType] = (DataType.float32,),
-         batch: tuple[int, int] | None = None) -> np.ndarray | None:
+         batch: tuple[int, int] | None = None) -> np.ndarray | _ShapedWrite | None:
     """NumPy view (slowest dimension first) of ``desc``'s data, or ``None`` when it has no data.
 
     Size fields that are all 0 take ``expected_shape``. The element count and, when given,
     the shape must match ``expected_shape`` (a view of another shape with the same element
-    count in the same order is reshaped, as BNNS reads a dense buffer).
+    count in the same order is reshaped, as BNNS reads a dense buffer; a writable view of
+    that kind comes back as a ``_ShapedWrite`` for :func:`write`).
     """
     data = getattr(desc, "data")
     if data is None:
@@ -93,7 +108,8 @@ def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, 
             raise ShapeError(must_be(f"{where}.size", "set (non-zero)", tuple(sizes)))
         numpy_shape = tuple(int(s) for s in expected_shape)
         if len(numpy_shape) != rank:
-            raise ShapeError(must_be(f"{where}.size", f"set explicitly: a {layout.name} layout has rank {rank} "
+            raise ShapeError(must_be(f"{where}.size",
+                                     f"set explicitly: a {layout.name} layout has rank {rank} "
                                      f"but the data has shape {numpy_shape}", tuple(sizes)))
         if layout is DataLayout.column_major_matrix:
             sizes = [numpy_shape[0], numpy_shape[1]]
@@ -133,7 +149,7 @@ def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, 
             raise ShapeError(must_be(f"{where}.size", f"describing {math.prod(expected_shape)} elements, "
                                      f"shaped {tuple(expected_shape)}", tuple(sizes)))
         if writable:
-            return _ShapedWrite(arr, (*lead, *expected_shape))  # type: ignore[return-value]
+            return _ShapedWrite(arr, (*lead, *expected_shape))
         arr = arr.reshape((*lead, *expected_shape))
     return arr
 
@@ -143,6 +159,16 @@ class _ShapedWrite:
 
     def __init__(self, target: np.ndarray, shape: tuple[int, ...]) -> None:
         self.target, self.shape = target, shape
+
+
+@overload
+def read(where: str, desc: object, expected_shape: Sequence[int] | None, *, required: Literal[True] = True,
+         data_types: Sequence[DataType] = ..., batch: tuple[int, int] | None = None) -> np.ndarray: ...
+
+
+@overload
+def read(where: str, desc: object, expected_shape: Sequence[int] | None, *, required: bool,
+         data_types: Sequence[DataType] = ..., batch: tuple[int, int] | None = None) -> np.ndarray | None: ...
 
 
 def read(where: str, desc: object, expected_shape: Sequence[int] | None, *, required: bool = True,

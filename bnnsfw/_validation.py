@@ -19,7 +19,7 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def layer_dtype(value: object, where: str = "dtype") -> np.dtype:
     """Normalise a layer dtype: float32 or float64."""
     try:
-        dtype = np.dtype(value)  # type: ignore[call-overload]
+        dtype = np.dtype(value)  # type: ignore[call-overload]  # any object: np.dtype() is the check
     except TypeError:
         raise DTypeError(must_be(where, "float32 or float64", value)) from None
     if dtype not in SUPPORTED_DTYPES:
@@ -56,14 +56,16 @@ def as_input(
         try:
             array = np.asarray(value, dtype=dtype)
         except (TypeError, ValueError):
-            raise InvalidParameterError(must_be(where, f"an array of {dtype.name}", type(value).__name__)) from None
+            raise InvalidParameterError(must_be(where, f"an array of {dtype.name}",
+                                                type(value).__name__)) from None
     if shape is not None and not shape_matches(array.shape, shape):
         expected = shape_text or format_shape(shape)
         raise ShapeError(must_be(where, f"of shape {expected}", describe(array)))
     return array
 
 
-def as_output(where: str, value: np.ndarray | None, dtype: np.dtype, shape: Sequence[int]) -> np.ndarray | None:
+def as_output(where: str, value: np.ndarray | None, dtype: np.dtype,
+              shape: Sequence[int]) -> np.ndarray | None:
     """Check a caller-provided output buffer (writable, exact shape and dtype)."""
     if value is None:
         return None
@@ -102,13 +104,17 @@ def parameter_array(
     ``copy=False`` keeps the caller's array when no cast is needed (client pointers).
     """
     try:
-        array = np.array(value, dtype=dtype, copy=copy or None)
+        # np.asarray copies only when it must; np.array(copy=None) means the same on NumPy 2
+        # but is refused by NumPy 1.x.
+        array = np.array(value, dtype=dtype, copy=True) if copy else np.asarray(value, dtype=dtype)
     except (TypeError, ValueError):
-        raise InvalidParameterError(must_be(where, f"an array convertible to {dtype.name}", type(value).__name__)) from None
+        raise InvalidParameterError(must_be(where, f"an array convertible to {dtype.name}",
+                                            type(value).__name__)) from None
     if shape is not None and tuple(array.shape) != tuple(shape):
         raise ShapeError(must_be(where, f"of shape {tuple(shape)}", describe(array)))
     if finite and array.size and not np.isfinite(array).all():
-        raise InvalidParameterError(must_be(where, "finite (no NaN or infinity)", "an array with non-finite values"))
+        raise InvalidParameterError(must_be(where, "finite (no NaN or infinity)",
+                                            "an array with non-finite values"))
     return array
 
 
@@ -125,7 +131,7 @@ def finite_float(where: str, value: object, *, low: float | None = None, high: f
                  high_open: bool = False) -> float:
     """A finite float within ``[low, high]`` (or ``[low, high)`` with ``high_open``)."""
     try:
-        number = float(value)  # type: ignore[arg-type]
+        number = float(value)  # type: ignore[arg-type]  # any object: float() is the check
     except (TypeError, ValueError):
         raise InvalidParameterError(must_be(where, "a number", value)) from None
     if not math.isfinite(number):

@@ -172,7 +172,8 @@ _KERNELS: dict[AF, _Kernel] = {
     ),
     AF.selu: _Kernel(
         lambda x, a, b: _SELU_LAMBDA * np.where(x > 0, x, _SELU_ALPHA * np.expm1(np.minimum(x, 0))),
-        lambda x, a, b: _where(x > 0, _SELU_LAMBDA, _SELU_LAMBDA * _SELU_ALPHA * np.exp(np.minimum(x, 0)), x.dtype),
+        lambda x, a, b: _where(x > 0, _SELU_LAMBDA, _SELU_LAMBDA * _SELU_ALPHA * np.exp(np.minimum(x, 0)),
+                               x.dtype),
     ),
     AF.celu: _Kernel(_celu, _celu_d),
     AF.hard_shrink: _Kernel(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, ParamSpec, SupportsInt, TypeVar
 
 import attrs
 import numpy as np
@@ -51,18 +51,20 @@ _log = logging.getLogger("bnnsfw")
 #: The ``BNNSFlags`` bit that keeps the caller's weight pointers instead of copying the weights.
 BNNSFlagsUseClientPtr = 0x0001
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_T = TypeVar("_T")
 
 
-def _entry_point(failure: object) -> Callable[[_F], _F]:
+def _entry_point(failure: _T) -> Callable[[Callable[_P, _R]], Callable[_P, _R | _T]]:
     """Wrap a BNNS entry point: warn as deprecated, and turn any error into ``failure``.
 
     The reason is logged on the ``bnnsfw`` logger, as BNNS logs it on the console.
     """
 
-    def decorate(fn: _F) -> _F:
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R | _T]:
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R | _T:
             warn_deprecated(fn.__name__, stacklevel=2)
             try:
                 return fn(*args, **kwargs)
@@ -72,29 +74,42 @@ def _entry_point(failure: object) -> Callable[[_F], _F]:
                 _log.error("%s failed: %s: %s", fn.__name__, type(exc).__name__, exc)
             return failure
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return decorate
 
 
-def _deprecated_struct(cls: type) -> type:
+def _deprecated_struct(cls: type[_T]) -> type[_T]:
     """Make constructing ``cls`` emit the registry's warning, pointing at the caller."""
-    original = cls.__init__
+    original: Callable[..., None] = getattr(cls, "__init__")
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         warn_deprecated(cls.__name__, stacklevel=2)
         original(self, *args, **kwargs)
 
-    cls.__init__ = __init__  # type: ignore[misc]
+    setattr(cls, "__init__", __init__)
     return cls
 
 
-def _eight(values: object) -> tuple[int, ...]:
-    items = tuple(int(v) for v in values)  # type: ignore[union-attr]
+def _eight(values: Iterable[SupportsInt]) -> tuple[int, ...]:
+    items = tuple(int(v) for v in values)
     if len(items) > nd.MAX_RANK:
         raise InvalidParameterError(must_be("BNNSNDArrayDescriptor.size/stride", "at most 8 entries", items))
     return items + (0,) * (nd.MAX_RANK - len(items))
+
+
+# attrs converters (named functions, so that type checkers see the fields' types).
+def _layout(value: object) -> DataLayout:
+    return DataLayout.parse(value)
+
+
+def _data_type(value: object) -> DataType:
+    return DataType.parse(value)
+
+
+def _activation_function(value: object) -> ActivationFunction:
+    return ActivationFunction.parse(value)
 
 
 # ------------------------------------------------------------------ structures ---------
@@ -109,11 +124,11 @@ class BNNSNDArrayDescriptor:
     """
 
     flags: int = attrs.field(default=0, converter=int)
-    layout: DataLayout = attrs.field(default=DataLayout.vector, converter=DataLayout.parse)
+    layout: DataLayout = attrs.field(default=DataLayout.vector, converter=_layout)
     size: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_eight)
     stride: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_eight)
     data: Any = None
-    data_type: DataType = attrs.field(default=DataType.float32, converter=DataType.parse)
+    data_type: DataType = attrs.field(default=DataType.float32, converter=_data_type)
 
     @classmethod
     def from_array(cls, array: np.ndarray, layout: DataLayout | int | str | None = None, *,
@@ -134,8 +149,8 @@ class BNNSNDArrayDescriptor:
         sizes = tuple(reversed(array.shape))
         if chosen is DataLayout.column_major_matrix:
             raise InvalidParameterError(must_be("BNNSNDArrayDescriptor.from_array(layout)",
-                                                "row-major for a C-contiguous array (describe np.asfortranarray "
-                                                "data by hand)", chosen.name))
+                                                "row-major for a C-contiguous array (describe "
+                                                "np.asfortranarray data by hand)", chosen.name))
         return cls(flags=flags, layout=chosen, size=sizes, data=array,
                    data_type=DataType.from_numpy(array.dtype))
 
@@ -150,7 +165,7 @@ class BNNSActivation:
     """``BNNSActivation``: function, alpha and beta."""
 
     function: ActivationFunction = attrs.field(default=ActivationFunction.identity,
-                                               converter=ActivationFunction.parse)
+                                               converter=_activation_function)
     alpha: float = attrs.field(default=0.0, converter=float)
     beta: float = attrs.field(default=0.0, converter=float)
 
@@ -262,7 +277,8 @@ class BNNSFilter:
     """What a BNNS create function returns: the layer and the state BNNS keeps with it."""
 
     def __init__(self, layer: Any, i_desc: BNNSNDArrayDescriptor, o_desc: BNNSNDArrayDescriptor,
-                 moving_descs: tuple[BNNSNDArrayDescriptor | None, BNNSNDArrayDescriptor | None] = (None, None),
+                 moving_descs: tuple[BNNSNDArrayDescriptor | None,
+                                     BNNSNDArrayDescriptor | None] = (None, None),
                  ) -> None:
         self.layer = layer
         self.i_desc = i_desc
@@ -277,9 +293,13 @@ class BNNSFilter:
         return f"<BNNSFilter {self.layer!r}>"
 
 
-def _descriptor_shape(where: str, desc: BNNSNDArrayDescriptor | None) -> tuple[int, ...]:
+def _descriptor(where: str, desc: BNNSNDArrayDescriptor | None) -> BNNSNDArrayDescriptor:
     if not isinstance(desc, BNNSNDArrayDescriptor):
         raise InvalidParameterError(must_be(where, "a BNNSNDArrayDescriptor", type(desc).__name__))
+    return desc
+
+
+def _descriptor_shape(where: str, desc: BNNSNDArrayDescriptor) -> tuple[int, ...]:
     layout = nd.layout_of(where, desc.layout)
     sizes = desc.size[: layout.rank]
     if any(s <= 0 for s in sizes):
@@ -300,27 +320,32 @@ def BNNSFilterCreateLayerNormalization(
 
     kind = FilterType.parse(filter_type, "filter_type")
     if kind not in _NORMALIZATION_TYPES:
-        raise InvalidParameterError(must_be("filter_type", "batch_norm, instance_norm, layer_norm or group_norm",
+        raise InvalidParameterError(must_be("filter_type",
+                                            "batch_norm, instance_norm, layer_norm or group_norm",
                                             kind.name))
     p = layer_params
     if not isinstance(p, BNNSLayerParametersNormalization):
         raise InvalidParameterError(must_be("layer_params", "a BNNSLayerParametersNormalization",
                                             type(p).__name__))
-    shape = _descriptor_shape("layer_params.i_desc", p.i_desc)
-    out_shape = _descriptor_shape("layer_params.o_desc", p.o_desc)
+    i_desc = _descriptor("layer_params.i_desc", p.i_desc)
+    shape = _descriptor_shape("layer_params.i_desc", i_desc)
+    o_desc = _descriptor("layer_params.o_desc", p.o_desc)
+    out_shape = _descriptor_shape("layer_params.o_desc", o_desc)
     if out_shape != shape:
         raise ShapeError(must_be("layer_params.o_desc.size", f"the input's sizes {tuple(reversed(shape))}",
                                  tuple(reversed(out_shape))))
     channels = shape[0]
     name = _NORMALIZATION_TYPES[kind]
     if name == "layer":
-        weights_shape: tuple[int, ...] = shape[p.normalization_axis:] if 0 <= p.normalization_axis < len(shape) else shape
+        axis = p.normalization_axis
+        weights_shape: tuple[int, ...] = shape[axis:] if 0 <= axis < len(shape) else shape
     else:
         weights_shape = (channels,)
     gamma = nd.read("layer_params.gamma_desc", p.gamma_desc, weights_shape, required=False)
     beta = nd.read("layer_params.beta_desc", p.beta_desc, weights_shape, required=False)
     moving_mean = nd.read("layer_params.moving_mean_desc", p.moving_mean_desc, (channels,), required=False)
-    moving_var = nd.read("layer_params.moving_variance_desc", p.moving_variance_desc, (channels,), required=False)
+    moving_var = nd.read("layer_params.moving_variance_desc", p.moving_variance_desc, (channels,),
+                         required=False)
     if name == "batch":
         ntype = NormalizationType.batch(moving_mean=moving_mean, moving_variance=moving_var)
     elif name == "instance":
@@ -334,8 +359,7 @@ def BNNSFilterCreateLayerNormalization(
         activation=_activation("layer_params.activation", p.activation), dtype=np.float32,
     )
     layer = NormalizationLayer(params, _filter_parameters(filter_params))
-    return BNNSFilter(layer, p.i_desc, p.o_desc,  # type: ignore[arg-type]
-                      (p.moving_mean_desc, p.moving_variance_desc))
+    return BNNSFilter(layer, i_desc, o_desc, (p.moving_mean_desc, p.moving_variance_desc))
 
 
 def _check_filter(value: object) -> BNNSFilter:
@@ -384,7 +408,8 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     f = _check_filter(filter)
     n = int(batch_size)
     if f.last_input is None:
-        raise InvalidParameterError(must_be("filter", "applied forward before its backward", "no forward yet"))
+        raise InvalidParameterError(must_be("filter", "applied forward before its backward",
+                                            "no forward yet"))
     if f.last_input.shape[0] != n:
         raise ShapeError(must_be("batch_size", f"the last forward's batch size {f.last_input.shape[0]}", n))
     shape = f.layer.input_shape
@@ -393,7 +418,8 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     grads = f.layer.apply_backward(f.last_input, dy, output=y, phase=f.last_phase)
     nd.write("in_delta", _batch_desc(f.i_desc, in_delta) if in_delta is not None else None, grads.input,
              batch=(n, int(in_delta_stride)))
-    for name, desc, value in (("beta_delta", beta_delta, grads.beta), ("gamma_delta", gamma_delta, grads.gamma)):
+    for name, desc, value in (("beta_delta", beta_delta, grads.beta),
+                              ("gamma_delta", gamma_delta, grads.gamma)):
         if desc is not None and value is not None:
             nd.write(name, desc, value, accumulate=bool(desc.flags & NDArrayFlags.backprop_accumulate))
     return 0
@@ -416,19 +442,21 @@ class _LSTMCall:
     layer: Any
     batch_first: bool
     sequence_lengths: np.ndarray | None
+    input_data: BNNSNDArrayDescriptor  # layer_params.input_descriptor.data_desc, checked to be there
 
 
 def _lstm_sizes(p: BNNSLayerParametersLSTM) -> tuple[int, int, int, int, int, int]:
     if not isinstance(p, BNNSLayerParametersLSTM):
         raise InvalidParameterError(must_be("layer_params", "a BNNSLayerParametersLSTM", type(p).__name__))
-    values = []
+    values: list[int] = []
     for field in ("input_size", "hidden_size", "batch_size", "num_layers", "seq_len"):
         v = getattr(p, field)
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise InvalidParameterError(must_be(f"BNNSLayerParametersLSTM.{field}", "an integer >= 1", v))
         values.append(int(v))
     d = 2 if int(p.lstm_flags) & LayerFlags.lstm_bidirectional else 1
-    return (*values, d)  # type: ignore[return-value]
+    i, h, n, layers, t = values
+    return i, h, n, layers, t, d
 
 
 def _gate(where: str, g: BNNSLSTMGateDescriptor | None, i: int, h: int, layers: int, d: int,
@@ -475,8 +503,8 @@ def _sequence_lengths(p: BNNSLayerParametersLSTM, n: int, t: int) -> np.ndarray 
                     data_types=(DataType.int32, DataType.float32)).astype(np.int64)
     if sizes[0] != n or np.any(sizes < 1) or np.any(np.diff(sizes) > 0):
         raise InvalidParameterError(must_be("layer_params.sequence_descriptor.data",
-                                            f"non-increasing batch sizes per step in [1, {n}], starting at {n}",
-                                            sizes.tolist()))
+                                            f"non-increasing batch sizes per step in [1, {n}], "
+                                            f"starting at {n}", sizes.tolist()))
     return (sizes[None, :] > np.arange(n)[:, None]).sum(axis=1)
 
 
@@ -491,7 +519,8 @@ def _lstm(p: BNNSLayerParametersLSTM, filter_params: BNNSFilterParameters | None
                          else _activation("layer_params.hidden_activation", p.hidden_activation))
     if p.input_descriptor is None or p.input_descriptor.data_desc is None:
         raise InvalidParameterError(must_be("layer_params.input_descriptor.data_desc", "a descriptor", None))
-    layout = nd.layout_of("layer_params.input_descriptor.data_desc", p.input_descriptor.data_desc.layout)
+    input_data = p.input_descriptor.data_desc
+    layout = nd.layout_of("layer_params.input_descriptor.data_desc", input_data.layout)
     if layout not in (DataLayout.sne, DataLayout.nse):
         raise InvalidParameterError(must_be("layer_params.input_descriptor.data_desc.layout", "SNE or NSE",
                                             layout.name))
@@ -501,7 +530,7 @@ def _lstm(p: BNNSLayerParametersLSTM, filter_params: BNNSFilterParameters | None
         hidden_activation=hidden_activation, default_activations=default_activations, dtype=np.float32,
     )
     layer = LSTMLayer(params, _filter_parameters(filter_params))
-    return _LSTMCall(layer, layout is DataLayout.nse, _sequence_lengths(p, n, t))
+    return _LSTMCall(layer, layout is DataLayout.nse, _sequence_lengths(p, n, t), input_data)
 
 
 def _sequence_shape(batch_first: bool, t: int, n: int, width: int) -> tuple[int, int, int]:
@@ -537,7 +566,8 @@ def _read_sequence(where: str, desc: BNNSNDArrayDescriptor | None, batch_first: 
     return value
 
 
-def _state(where: str, data: BNNSLSTMDataDescriptor | None, field: str, shape: tuple[int, ...]) -> np.ndarray | None:
+def _state(where: str, data: BNNSLSTMDataDescriptor | None, field: str,
+           shape: tuple[int, ...]) -> np.ndarray | None:
     if data is None:
         return None
     return nd.read(f"{where}.{field}", getattr(data, field), shape, required=False)
@@ -548,9 +578,10 @@ def _cache_view(training_cache: object, capacity: int) -> object:
         return None
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 0:
         raise InvalidParameterError(must_be("training_cache_capacity", "a byte count >= 0", capacity))
-    buffer = memoryview(training_cache).cast("B")  # type: ignore[arg-type]
+    buffer = memoryview(training_cache).cast("B")  # type: ignore[arg-type]  # checked by memoryview()
     if buffer.nbytes < capacity:
-        raise InvalidParameterError(must_be("training_cache_capacity", f"at most the buffer's {buffer.nbytes} bytes",
+        raise InvalidParameterError(must_be("training_cache_capacity",
+                                            f"at most the buffer's {buffer.nbytes} bytes",
                                             capacity))
     return buffer[: int(capacity)]
 
@@ -577,7 +608,7 @@ def BNNSDirectApplyLSTMBatchTrainingCaching(
     call = _lstm(p, filter_params)
     i, h, n, layers, t, d = _lstm_sizes(p)
     try:
-        x = _read_sequence("layer_params.input_descriptor.data_desc", p.input_descriptor.data_desc,
+        x = _read_sequence("layer_params.input_descriptor.data_desc", call.input_data,
                            call.batch_first, t, n, i, required=True)
         states = (layers * d, n, h)
         h0 = _state("layer_params.input_descriptor", p.input_descriptor, "hidden_desc", states)
@@ -617,11 +648,12 @@ def BNNSDirectApplyLSTMBatchBackward(
     """
     p, dp = layer_params, layer_delta_params
     if not isinstance(dp, BNNSLayerParametersLSTM):
-        raise InvalidParameterError(must_be("layer_delta_params", "a BNNSLayerParametersLSTM", type(dp).__name__))
+        raise InvalidParameterError(must_be("layer_delta_params", "a BNNSLayerParametersLSTM",
+                                            type(dp).__name__))
     call = _lstm(p, filter_params)
     i, h, n, layers, t, d = _lstm_sizes(p)
     try:
-        x = _read_sequence("layer_params.input_descriptor.data_desc", p.input_descriptor.data_desc,
+        x = _read_sequence("layer_params.input_descriptor.data_desc", call.input_data,
                            call.batch_first, t, n, i, required=True)
         states = (layers * d, n, h)
         h0 = _state("layer_params.input_descriptor", p.input_descriptor, "hidden_desc", states)
@@ -642,7 +674,8 @@ def BNNSDirectApplyLSTMBatchBackward(
                 _write_sequence("layer_delta_params.input_descriptor.data_desc", din.data_desc, grads.input,
                                 call.batch_first, accumulate=_accumulate(din.data_desc))
             _write_delta("layer_delta_params.input_descriptor.hidden_desc", din.hidden_desc, grads.hidden)
-            _write_delta("layer_delta_params.input_descriptor.cell_state_desc", din.cell_state_desc, grads.cell)
+            _write_delta("layer_delta_params.input_descriptor.cell_state_desc", din.cell_state_desc,
+                         grads.cell)
         for name in _GATES:
             gd, g = getattr(dp, name), getattr(grads, name)
             if gd is None:

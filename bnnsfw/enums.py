@@ -8,10 +8,21 @@ through :meth:`parse`.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .errors import DTypeError, InvalidParameterError, must_be
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    # Every class that mixes in _Parse is an enum; saying so lets the type checker see the
+    # members that parse() iterates over and builds.
+    _EnumMixin = enum.Enum
+else:
+    _EnumMixin = object
 
 __all__ = [
     "DataType",
@@ -24,25 +35,25 @@ __all__ = [
 ]
 
 
-class _Parse:
+class _Parse(_EnumMixin):
     """Mixin: build a member from itself, its raw value or its name (any case)."""
 
     @classmethod
-    def parse(cls, value: object, where: str | None = None):
+    def parse(cls, value: object, where: str | None = None) -> Self:
         """Return the member for ``value`` (a member, a raw integer, or a name string)."""
         where = where or cls.__name__
         if isinstance(value, cls):
             return value
         if isinstance(value, str):
             key = value.strip().replace("-", "_").replace(" ", "_").lower()
-            for member in cls:  # type: ignore[attr-defined]
+            for member in cls:
                 if member.name.lower() == key:
                     return member
-            names = ", ".join(m.name for m in cls)  # type: ignore[attr-defined]
+            names = ", ".join(m.name for m in cls)
             raise InvalidParameterError(must_be(where, f"one of {names}", value))
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             try:
-                return cls(int(value))  # type: ignore[call-arg]
+                return cls(int(value))
             except ValueError:
                 pass
         raise InvalidParameterError(must_be(where, f"a {cls.__name__} member, raw value or name", value))
@@ -66,9 +77,9 @@ class DataType(_Parse, enum.IntEnum):
         return np.dtype(self.name)
 
     @classmethod
-    def from_numpy(cls, dtype: object) -> "DataType":
+    def from_numpy(cls, dtype: DTypeLike) -> "DataType":
         """The BNNS data type of a NumPy dtype (float64 has none: BNNS does not support it)."""
-        name = np.dtype(dtype).name  # type: ignore[call-overload]
+        name = np.dtype(dtype).name
         if name not in cls.__members__:
             supported = ", ".join(m.name for m in cls if m is not cls.bfloat16)
             raise DTypeError(must_be("dtype", f"one BNNS supports ({supported})", name))

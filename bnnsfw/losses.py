@@ -32,8 +32,6 @@ computed in the prediction's dtype.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import attrs
 import numpy as np
 
@@ -61,13 +59,18 @@ class LossResult:
     gradient: np.ndarray
 
 
-def _reduction(owner: str) -> Callable[[object], str]:
-    def convert(value: object) -> str:
-        if isinstance(value, str) and value.strip().lower() in _REDUCTIONS:
-            return value.strip().lower()
-        raise InvalidParameterError(must_be(f"{owner}.reduction", '"mean" or "sum"', value))
+def _reduction(owner: str, value: object) -> str:
+    if isinstance(value, str) and value.strip().lower() in _REDUCTIONS:
+        return value.strip().lower()
+    raise InvalidParameterError(must_be(f"{owner}.reduction", '"mean" or "sum"', value))
 
-    return convert
+
+def _mse_reduction(value: object) -> str:
+    return _reduction("MeanSquaredError", value)
+
+
+def _cross_entropy_reduction(value: object) -> str:
+    return _reduction("SoftmaxCrossEntropy", value)
 
 
 def _prediction(where: str, value: object) -> np.ndarray:
@@ -103,7 +106,7 @@ class MeanSquaredError:
     5.0
     """
 
-    reduction: str = attrs.field(default="mean", converter=_reduction("MeanSquaredError"))
+    reduction: str = attrs.field(default="mean", converter=_mse_reduction)
 
     def apply(self, prediction: object, target: object) -> LossResult:
         """The loss and its gradient.
@@ -151,7 +154,7 @@ class SoftmaxCrossEntropy:
            [ 0.25, -0.25]]))
     """
 
-    reduction: str = attrs.field(default="mean", converter=_reduction("SoftmaxCrossEntropy"))
+    reduction: str = attrs.field(default="mean", converter=_cross_entropy_reduction)
 
     def apply(self, prediction: object, target: object) -> LossResult:
         """The loss and its gradient with respect to the logits.

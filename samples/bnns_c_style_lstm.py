@@ -75,7 +75,8 @@ def main(quick: bool = False) -> int:
         print("capacity query failed (see the log)")
         return 1
     cache = np.empty(capacity, np.uint8)
-    print(f"training cache: {capacity} bytes for T={seq_len}, N={batch}, {layers} layers x {directions} directions")
+    print(f"training cache: {capacity} bytes for T={seq_len}, N={batch}, "
+          f"{layers} layers x {directions} directions")
 
     # 4. Forward, filling the cache.
     if BNNSDirectApplyLSTMBatchTrainingCaching(params, None, cache, capacity) != 0:

@@ -61,7 +61,8 @@ def main(quick: bool = False) -> int:
                 grads += [g.input_weights[0], g.input_weights[1], g.hidden_weights, g.bias]
             grads += [g_norm.gamma, g_norm.beta, g_head.weights, g_head.bias]
             optimizer.step(weights, grads)
-        val = head.apply(norm.apply(np.ascontiguousarray(lstm.apply(task.x_val).output[-1]), phase="inference"))
+        val = head.apply(norm.apply(np.ascontiguousarray(lstm.apply(task.x_val).output[-1]),
+                                    phase="inference"))
         print(f"epoch {epoch:2d}: validation RMSE {rmse(val, task.y_val):.4f} "
               f"(repeat-last baseline {rmse(repeat_last_baseline(task.x_val, horizon), task.y_val):.4f})")
     for layer in (lstm, norm, head):

@@ -98,7 +98,8 @@ def test_gemm_rejects_bad_shapes(backend_name):
 
 
 def test_unknown_backend_lists_registered_names():
-    with pytest.raises(bf.UnknownBackendError, match=r"backend must be one of auto, .*numpy.*scipy-blas.*; got 'cuda'"):
+    with pytest.raises(bf.UnknownBackendError,
+                       match=r"backend must be one of auto, .*numpy.*scipy-blas.*; got 'cuda'"):
         bf.get_backend("cuda")
     with pytest.raises(bf.UnknownBackendError):
         with bf.use_backend("cuda"):

@@ -227,7 +227,8 @@ def test_lstm_matches_object_api(case, rng):
         input_size=i, hidden_size=h, batch_size=n, num_layers=p.num_layers, seq_len=t,
         input_descriptor=bnns.BNNSLSTMDataDescriptor(data_desc=dx_desc, hidden_desc=desc(np.zeros(states)),
                                                      cell_state_desc=desc(np.zeros(states))),
-        output_descriptor=bnns.BNNSLSTMDataDescriptor(data_desc=desc(dy, case["layout"]), hidden_desc=desc(dht),
+        output_descriptor=bnns.BNNSLSTMDataDescriptor(data_desc=desc(dy, case["layout"]),
+                                                      hidden_desc=desc(dht),
                                                       cell_state_desc=None),
         **delta_gates)
     assert bnns.BNNSDirectApplyLSTMBatchBackward(lp, dlp, None, cache, capacity) == 0
@@ -292,7 +293,8 @@ def test_lstm_failures_log_the_reason(caplog, rng):
     assert "data_type must be DataType.float32" in caplog.text
     caplog.clear()
     lp.input_gate.hw_desc = desc(p.input_gate.hidden_weights)
-    lp.sequence_descriptor = Desc(layout="vector", size=(t,), data=np.array([1, 2, 2], np.int32), data_type="int32")
+    lp.sequence_descriptor = Desc(layout="vector", size=(t,), data=np.array([1, 2, 2], np.int32),
+                                  data_type="int32")
     assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, None, 0) == -1
     assert "non-increasing" in caplog.text
 

@@ -34,7 +34,8 @@ def test_learning_phase_parses_names_and_numbers(value):
 
 
 def test_parse_rejects_unknown_with_choices():
-    with pytest.raises(bf.InvalidParameterError, match=r"LearningPhase must be one of training, inference; got 'train'"):
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"LearningPhase must be one of training, inference; got 'train'"):
         bf.LearningPhase.parse("train")
     with pytest.raises(bf.InvalidParameterError, match="got 7"):
         bf.LearningPhase.parse(7)

@@ -36,7 +36,8 @@ def test_close_is_idempotent_and_blocks_further_use():
     layer.close()
     layer.close()
     assert layer.closed and layer.weights is None
-    with pytest.raises(bf.FilterClosedError, match=r"ScaleLayer.apply\(\) was called after close\(\); create a new ScaleLayer"):
+    with pytest.raises(bf.FilterClosedError,
+                       match=r"ScaleLayer.apply\(\) was called after close\(\); create a new ScaleLayer"):
         layer.apply(np.ones((1, 2)))
     assert issubclass(bf.FilterClosedError, ValueError)
 
@@ -94,7 +95,8 @@ def test_n_threads_limits_blas_only_while_running():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"n_threads": -1}, r"FilterParameters.n_threads must be an integer >= 0 \(0: library default\); got -1"),
+        ({"n_threads": -1},
+         r"FilterParameters.n_threads must be an integer >= 0 \(0: library default\); got -1"),
         ({"n_threads": 1.5}, "n_threads must be"),
         ({"use_client_pointer": 1}, "FilterParameters.use_client_pointer must be True or False; got 1"),
         ({"backend": 3.0}, "FilterParameters.backend must implement the backend contract"),
@@ -119,5 +121,6 @@ def test_unknown_backend_name_fails_at_creation():
 
 
 def test_wrong_filter_parameters_type():
-    with pytest.raises(bf.InvalidParameterError, match=r"ScaleLayer\(filter_parameters\) must be a FilterParameters"):
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"ScaleLayer\(filter_parameters\) must be a FilterParameters"):
         ScaleLayer(np.eye(2), {"backend": "numpy"})

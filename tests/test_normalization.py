@@ -136,7 +136,8 @@ def test_apple_instance_norm_example(backend_name):
     expected = [-1.549, -1.162, -0.775, -0.387, 0.0, 0.387, 0.775, 1.162, 1.549]
     for channel in range(3):
         np.testing.assert_allclose(y[0, channel, 0], expected, atol=5e-4)
-        np.testing.assert_allclose(y[0, channel, 0], (np.arange(1, 10) - 5) / math.sqrt(20 / 3), rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(y[0, channel, 0], (np.arange(1, 10) - 5) / math.sqrt(20 / 3), rtol=2e-6,
+                                   atol=1e-6)
 
 
 @pytest.mark.parametrize("rank", sorted(SHAPES))
@@ -160,17 +161,20 @@ def test_layer_norm_every_axis(backend_name, rng, axis):
     assert params.gamma.shape == shape[axis:]
     x = rng.standard_normal((2, *shape))
     with make_layer(params, backend_name) as layer:
-        np.testing.assert_allclose(layer.apply(x), reference_forward(x, params, "training"), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(layer.apply(x), reference_forward(x, params, "training"), rtol=1e-12,
+                                   atol=1e-12)
 
 
 def test_missing_gamma_and_beta_mean_one_and_zero(backend_name, rng):
-    params = NormalizationParameters(type=NormalizationType.group(group_count=2), input_shape=(4, 3), dtype=np.float64)
+    params = NormalizationParameters(type=NormalizationType.group(group_count=2), input_shape=(4, 3),
+                                     dtype=np.float64)
     layer = make_layer(params, backend_name)
     np.testing.assert_array_equal(layer.gamma, np.ones(4))
     np.testing.assert_array_equal(layer.beta, np.zeros(4))
     x = rng.standard_normal((2, 4, 3))
     xg = x.reshape(2, 2, 6)
-    expected = ((xg - xg.mean(axis=2, keepdims=True)) / np.sqrt(xg.var(axis=2, keepdims=True) + 1e-5)).reshape(x.shape)
+    expected = (xg - xg.mean(axis=2, keepdims=True)) / np.sqrt(xg.var(axis=2, keepdims=True) + 1e-5)
+    expected = expected.reshape(x.shape)
     np.testing.assert_allclose(layer.apply(x), expected, rtol=1e-12, atol=1e-12)
 
 
@@ -258,7 +262,8 @@ def check_gradients(layer: NormalizationLayer, x: np.ndarray, phase: str, rng: n
     assert isinstance(grads, NormalizationGradients)
     assert_gradient_close(grads.input, numerical_gradient(loss, x), rtol=rtol, atol=atol, name="input")
     # gamma and beta are the layer's live arrays: perturbing them in place changes the forward.
-    assert_gradient_close(grads.gamma, numerical_gradient(loss, layer.gamma), rtol=rtol, atol=atol, name="gamma")
+    assert_gradient_close(grads.gamma, numerical_gradient(loss, layer.gamma), rtol=rtol, atol=atol,
+                          name="gamma")
     assert_gradient_close(grads.beta, numerical_gradient(loss, layer.beta), rtol=rtol, atol=atol, name="beta")
 
 
@@ -270,7 +275,8 @@ def test_gradients_match_finite_differences(backend_name, rng, kind, phase, acti
     # Batch and instance norm carry moving statistics, so their inference backward is the
     # constant-statistics one; layer and group norm differentiate through the statistics.
     shape = SHAPES[rank]
-    params = make_params(kind, shape, rng, moving=kind in ("batch", "instance"), activation=ACTIVATIONS[activation])
+    params = make_params(kind, shape, rng, moving=kind in ("batch", "instance"),
+                         activation=ACTIVATIONS[activation])
     layer = make_layer(params, backend_name)
     x = rng.standard_normal((3, *shape)) * 1.5 + 0.3
     check_gradients(layer, x, phase, rng)
@@ -432,8 +438,10 @@ def test_accumulate_adds_into_the_buffers(backend_name, rng, kind):
     layer = make_layer(params, backend_name)
     x, dy = rng.standard_normal((2, 4, 3)), rng.standard_normal((2, 4, 3))
     fresh = layer.apply_backward(x, dy)
-    dx, dbeta, dgamma = np.full(x.shape, 0.25), np.full(params.affine_shape, -1.0), np.full(params.affine_shape, 2.0)
-    g = layer.apply_backward(x, dy, input_gradient=dx, beta_gradient=dbeta, gamma_gradient=dgamma, accumulate=True)
+    dx = np.full(x.shape, 0.25)
+    dbeta, dgamma = np.full(params.affine_shape, -1.0), np.full(params.affine_shape, 2.0)
+    g = layer.apply_backward(x, dy, input_gradient=dx, beta_gradient=dbeta, gamma_gradient=dgamma,
+                             accumulate=True)
     assert g.input is dx and g.beta is dbeta and g.gamma is dgamma
     np.testing.assert_allclose(dx, fresh.input + 0.25, rtol=1e-12)
     np.testing.assert_allclose(dbeta, fresh.beta - 1.0, rtol=1e-12)
@@ -477,7 +485,8 @@ def test_client_pointer_shares_the_callers_arrays(backend_name, rng):
     np.testing.assert_allclose(mean, x.mean(axis=(0, 2)), rtol=1e-12)
     np.testing.assert_allclose(variance, x.var(axis=(0, 2)), rtol=1e-12)
     gamma *= 2.0  # an optimizer step on the caller's array is seen by the next call
-    np.testing.assert_allclose(layer.apply(x, phase="inference"), 2.0 * (x - mean[:, None]) / np.sqrt(variance[:, None] + 1e-5))
+    np.testing.assert_allclose(layer.apply(x, phase="inference"),
+                               2.0 * (x - mean[:, None]) / np.sqrt(variance[:, None] + 1e-5))
     copied = make_layer(params, backend_name)
     assert copied.gamma is not gamma and copied.moving_mean is not mean
 
@@ -553,31 +562,41 @@ def _params(**changes):
     [
         (dict(type=NormalizationType.group(group_count=3)), bf.InvalidParameterError,
          r"input_shape\[0\] \(channels\) must be divisible by NormalizationType.group_count = 3; got 4"),
-        (dict(gamma=np.ones(3)), bf.ShapeError, r"NormalizationParameters.gamma must be of shape \(4,\); got 'shape \(3,\) float32'"),
+        (dict(gamma=np.ones(3)), bf.ShapeError,
+         r"NormalizationParameters.gamma must be of shape \(4,\); got 'shape \(3,\) float32'"),
         (dict(beta=np.ones((4, 3))), bf.ShapeError, r"NormalizationParameters.beta must be of shape \(4,\)"),
         (dict(type=NormalizationType.layer(1), gamma=np.ones(4)), bf.ShapeError,
          r"NormalizationParameters.gamma must be of shape \(3,\)"),
-        (dict(type=NormalizationType.batch(moving_mean=np.zeros(3), moving_variance=np.ones(3))), bf.ShapeError,
+        (dict(type=NormalizationType.batch(moving_mean=np.zeros(3), moving_variance=np.ones(3))),
+         bf.ShapeError,
          r"NormalizationParameters.type.moving_mean must be of shape \(4,\)"),
-        (dict(type=NormalizationType.instance(moving_mean=np.zeros(4), moving_variance=np.ones(5))), bf.ShapeError,
+        (dict(type=NormalizationType.instance(moving_mean=np.zeros(4), moving_variance=np.ones(5))),
+         bf.ShapeError,
          r"type.moving_variance must be of shape \(4,\)"),
         (dict(type=NormalizationType.batch(moving_mean=np.zeros(4), moving_variance=-np.ones(4))),
          bf.InvalidParameterError, r"moving_variance must be >= 0 everywhere"),
-        (dict(momentum=1.5), bf.InvalidParameterError, r"NormalizationParameters.momentum must be in \[0, 1\]; got 1.5\."),
+        (dict(momentum=1.5), bf.InvalidParameterError,
+         r"NormalizationParameters.momentum must be in \[0, 1\]; got 1.5\."),
         (dict(momentum=-0.1), bf.InvalidParameterError, r"momentum must be in \[0, 1\]; got -0.1\."),
-        (dict(epsilon=-1e-3), bf.InvalidParameterError, r"NormalizationParameters.epsilon must be >= 0; got -0.001\."),
-        (dict(epsilon=float("nan")), bf.InvalidParameterError, r"NormalizationParameters.epsilon must be finite"),
+        (dict(epsilon=-1e-3), bf.InvalidParameterError,
+         r"NormalizationParameters.epsilon must be >= 0; got -0.001\."),
+        (dict(epsilon=float("nan")), bf.InvalidParameterError,
+         r"NormalizationParameters.epsilon must be finite"),
         (dict(type=NormalizationType.layer(normalization_axis=2)), bf.InvalidParameterError,
-         r"NormalizationParameters.type.normalization_axis must be in \[0, 1\] for input_shape \(4, 3\); got 2"),
+         r"NormalizationParameters.type.normalization_axis must be in \[0, 1\] "
+         r"for input_shape \(4, 3\); got 2"),
         (dict(gamma=[1.0, np.nan, 1.0, 1.0]), bf.InvalidParameterError, r"gamma must be finite"),
         (dict(beta=[1.0, np.inf, 1.0, 1.0]), bf.InvalidParameterError, r"beta must be finite"),
-        (dict(dtype=np.float16), bf.DTypeError, r"NormalizationParameters.dtype must be float32 or float64; got 'float16'"),
+        (dict(dtype=np.float16), bf.DTypeError,
+         r"NormalizationParameters.dtype must be float32 or float64; got 'float16'"),
         (dict(activation=Activation(11)),
          bf.InvalidParameterError, r"NormalizationParameters.activation must be a per-element activation"),
         (dict(activation="relu"), bf.InvalidParameterError, r"activation must be an Activation"),
         (dict(input_shape=()), bf.InvalidParameterError, r"input_shape must be a tuple of positive extents"),
-        (dict(input_shape=(4, 0)), bf.InvalidParameterError, r"input_shape\[1\] must be an integer >= 1; got 0"),
-        (dict(type="batch"), bf.InvalidParameterError, r"NormalizationParameters.type must be a NormalizationType"),
+        (dict(input_shape=(4, 0)), bf.InvalidParameterError,
+         r"input_shape\[1\] must be an integer >= 1; got 0"),
+        (dict(type="batch"), bf.InvalidParameterError,
+         r"NormalizationParameters.type must be a NormalizationType"),
     ],
 )
 def test_invalid_parameters(changes, error, message):
@@ -588,13 +607,16 @@ def test_invalid_parameters(changes, error, message):
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: NormalizationType.batch(moving_mean=np.zeros(4)), r"given together or not at all; got 'only moving_mean'"),
-        (lambda: NormalizationType(kind="layer_norm", normalization_axis=-1), r"normalization_axis must be an integer >= 0"),
+        (lambda: NormalizationType.batch(moving_mean=np.zeros(4)),
+         r"given together or not at all; got 'only moving_mean'"),
+        (lambda: NormalizationType(kind="layer_norm", normalization_axis=-1),
+         r"normalization_axis must be an integer >= 0"),
         (lambda: NormalizationType.group(group_count=0), r"group_count must be an integer >= 1; got 0"),
         (lambda: NormalizationType(kind="convolution"), r"NormalizationType.kind must be one of batch_norm"),
         (lambda: NormalizationType(kind="group_norm", group_count=2, moving_mean=[0], moving_variance=[1]),
          r"NormalizationType.moving_mean must be None for group_norm"),
-        (lambda: NormalizationType(kind="batch_norm", group_count=2), r"group_count must be None for batch_norm"),
+        (lambda: NormalizationType(kind="batch_norm", group_count=2),
+         r"group_count must be None for batch_norm"),
         (lambda: NormalizationType.instance(moving_mean="zero", moving_variance=[1.0]),
          r"NormalizationType.moving_mean must be None or an array of numbers; got 'str'"),
     ],
@@ -606,7 +628,8 @@ def test_invalid_types(build, message):
 
 def test_types_compare_by_value():
     assert NormalizationType.layer(1) == NormalizationType(kind=4, normalization_axis=1)
-    assert NormalizationType.batch([0.0, 1.0], [1.0, 1.0]) == NormalizationType.batch(np.array([0.0, 1.0]), [1, 1])
+    same = NormalizationType.batch(np.array([0.0, 1.0]), [1, 1])
+    assert NormalizationType.batch([0.0, 1.0], [1.0, 1.0]) == same
     assert NormalizationType.batch([0.0, 1.0], [1.0, 1.0]) != NormalizationType.batch([0.0, 2.0], [1.0, 1.0])
     assert hash(_params()) == hash(_params())
     assert NormalizationType.group(2).kind is bf.FilterType.group_norm
@@ -616,22 +639,26 @@ def test_invalid_calls(backend_name, rng):
     params = make_params("batch", (4, 3), rng, activation=Activation.sigmoid(), dtype=np.float32)
     layer = make_layer(params, backend_name)
     x = rng.standard_normal((2, 4, 3)).astype(np.float32)
-    with pytest.raises(bf.ShapeError, match=r"NormalizationLayer.apply\(x\) must be of shape \(N, 4, 3\); got 'shape \(2, 3, 4\) float32'\."):
+    with pytest.raises(bf.ShapeError, match=r"NormalizationLayer.apply\(x\) must be of shape \(N, 4, 3\); "
+                                            r"got 'shape \(2, 3, 4\) float32'\."):
         layer.apply(x.reshape(2, 3, 4))
     with pytest.raises(bf.ShapeError, match=r"at least one sample"):
         layer.apply(x[:0])
-    with pytest.raises(bf.DTypeError, match=r"NormalizationLayer.apply\(x\) must be a float32 array \(the layer's dtype\); got 'float64'"):
+    with pytest.raises(bf.DTypeError, match=r"NormalizationLayer.apply\(x\) must be a float32 array "
+                                            r"\(the layer's dtype\); got 'float64'"):
         layer.apply(x.astype(np.float64))
     with pytest.raises(bf.InvalidParameterError, match=r"apply\(phase\) must be one of training, inference"):
         layer.apply(x, phase="testing")
-    with pytest.raises(bf.InvalidParameterError, match=r"apply\(output\) must be x itself or an array that does not overlap x"):
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"apply\(output\) must be x itself or an array that does not overlap x"):
         big = np.zeros((3, 4, 3), np.float32)
         layer.apply(big[:2], output=big[1:])
     with pytest.raises(bf.ShapeError, match=r"apply\(output\) must be of shape \(2, 4, 3\)"):
         layer.apply(x, output=np.empty((2, 4, 4), np.float32))
     y = layer.apply(x)
     with pytest.raises(bf.InvalidParameterError,
-                       match=r"apply_backward\(output\) must be the forward output \(the fused sigmoid activation needs it"):
+                       match=r"apply_backward\(output\) must be the forward output "
+                             r"\(the fused sigmoid activation needs it"):
         layer.apply_backward(x, y)
     with pytest.raises(bf.ShapeError, match=r"apply_backward\(dy\) must be of shape \(2, 4, 3\)"):
         layer.apply_backward(x, y[:1], output=y)
@@ -639,21 +666,24 @@ def test_invalid_calls(backend_name, rng):
         layer.apply_backward(x, y.astype(np.float64), output=y)
     with pytest.raises(bf.ShapeError, match=r"apply_backward\(gamma_gradient\) must be of shape \(4,\)"):
         layer.apply_backward(x, y, output=y, gamma_gradient=np.zeros(3, np.float32))
-    with pytest.raises(bf.InvalidParameterError, match=r"input_gradient\) must be an array that does not overlap x"):
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"input_gradient\) must be an array that does not overlap x"):
         layer.apply_backward(x, y.copy(), output=y, input_gradient=x)
     dy = y.copy()
     with pytest.raises(bf.InvalidParameterError, match=r"does not overlap dy when accumulate=True"):
         layer.apply_backward(x, dy, output=y, input_gradient=dy, accumulate=True)
     with pytest.raises(bf.InvalidParameterError, match=r"accumulate\) must be True or False"):
         layer.apply_backward(x, dy, output=y, accumulate=1)
-    with pytest.raises(bf.InvalidParameterError, match=r"NormalizationLayer\(parameters\) must be a NormalizationParameters"):
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"NormalizationLayer\(parameters\) must be a NormalizationParameters"):
         NormalizationLayer({"type": "batch"})
 
 
 def test_read_only_moving_statistics_need_a_copy(backend_name):
     mean, variance = np.zeros(2), np.ones(2)
     mean.flags.writeable = False
-    params = NormalizationParameters(type=NormalizationType.batch(mean, variance), input_shape=(2,), dtype=np.float64)
+    params = NormalizationParameters(type=NormalizationType.batch(mean, variance), input_shape=(2,),
+                                     dtype=np.float64)
     make_layer(params, backend_name)  # the layer's own copy is writable
     with pytest.raises(bf.InvalidParameterError, match=r"NormalizationType.moving_mean must be writable"):
         make_layer(params, backend_name, use_client_pointer=True)
@@ -670,7 +700,8 @@ def test_matches_pytorch_batch_norm(backend_name, rng):
     gamma, beta = rng.uniform(0.5, 1.5, c), rng.standard_normal(c)
     momentum = 0.8
     params = NormalizationParameters(
-        type=NormalizationType.batch(moving_mean=np.zeros(c), moving_variance=np.ones(c)), input_shape=(c, h, w),
+        type=NormalizationType.batch(moving_mean=np.zeros(c), moving_variance=np.ones(c)),
+        input_shape=(c, h, w),
         gamma=gamma, beta=beta, momentum=momentum, dtype=np.float64,
     )
     layer = make_layer(params, backend_name)
@@ -722,7 +753,8 @@ def test_matches_pytorch_layer_and_group_norm(backend_name, rng, kind):
 # --- the blocked, multithreaded kernels of the scipy-blas backend --------------------------
 
 # Odd extents, so that blocks of whole rows split the batch unevenly.
-BLOCKED_SHAPES = {"batch": (5, 7, 9, 11), "instance": (3, 6, 13, 7), "layer": (7, 5, 33), "group": (3, 6, 5, 7)}
+BLOCKED_SHAPES = {"batch": (5, 7, 9, 11), "instance": (3, 6, 13, 7), "layer": (7, 5, 33),
+                  "group": (3, 6, 5, 7)}
 
 
 def _blocked_case(kind: str, rng: np.random.Generator, activation: Activation, dtype=np.float64):
@@ -744,6 +776,10 @@ def _blocked_case(kind: str, rng: np.random.Generator, activation: Activation, d
     return params, x, dy
 
 
+# What _run returns, in order.
+RESULTS = ("output", "input", "gamma", "beta", "moving_mean", "moving_variance")
+
+
 def _run(params, backend, x, dy, phase, **filter_options):
     layer = NormalizationLayer(params, FilterParameters(backend=backend, **filter_options))
     y = layer.apply(x, phase=phase)
@@ -760,7 +796,7 @@ def test_blocked_kernels_match_the_reference(rng, kind, phase, activation, block
     params, x, dy = _blocked_case(kind, rng, ACTIVATIONS[activation])
     ours = _run(params, blocked_backend(block, block), x, dy, phase)
     reference = _run(params, "numpy", x, dy, phase)
-    for name, a, b in zip(("output", "input", "gamma", "beta", "moving_mean", "moving_variance"), ours, reference):
+    for name, a, b in zip(RESULTS, ours, reference):
         if b is not None:
             np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12, err_msg=name)
 
@@ -770,7 +806,7 @@ def test_blocked_kernels_float32_agree_with_the_reference(rng, kind):
     params, x, dy = _blocked_case(kind, rng, Activation.tanh(), dtype=np.float32)
     ours = _run(params, blocked_backend(64, 64), x, dy, "training")
     reference = _run(params, "numpy", x, dy, "training")
-    for name, a, b in zip(("output", "input", "gamma", "beta", "moving_mean", "moving_variance"), ours, reference):
+    for name, a, b in zip(RESULTS, ours, reference):
         if b is not None:
             assert a.dtype == np.float32
             np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5 * np.abs(b).max(), err_msg=name)
@@ -792,10 +828,13 @@ def test_thread_count_does_not_change_results(rng, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_default_blocks_one_and_two_threads_agree(rng, kind):
     # Above the size limit, with the default block sizes (which differ with the thread count).
-    shape = {"batch": (6, 8, 40, 40), "instance": (4, 8, 40, 40), "layer": (6, 64, 128), "group": (4, 8, 40, 40)}[kind]
+    shape = {"batch": (6, 8, 40, 40), "instance": (4, 8, 40, 40), "layer": (6, 64, 128),
+             "group": (4, 8, 40, 40)}[kind]
     channels = shape[1]
-    ntype = {"batch": NormalizationType.batch(np.zeros(channels), np.ones(channels)), "instance": NormalizationType.instance(),
-             "layer": NormalizationType.layer(normalization_axis=1), "group": NormalizationType.group(group_count=4)}[kind]
+    ntype = {"batch": NormalizationType.batch(np.zeros(channels), np.ones(channels)),
+             "instance": NormalizationType.instance(),
+             "layer": NormalizationType.layer(normalization_axis=1),
+             "group": NormalizationType.group(group_count=4)}[kind]
     affine = shape[-1:] if kind == "layer" else (channels,)
     params = NormalizationParameters(type=ntype, input_shape=shape[1:], gamma=rng.uniform(0.5, 1.5, affine),
                                      beta=rng.standard_normal(affine), dtype=np.float32)
@@ -805,7 +844,7 @@ def test_default_blocks_one_and_two_threads_agree(rng, kind):
     one = _run(params, "scipy-blas", x, dy, "training", n_threads=1)
     two = _run(params, "scipy-blas", x, dy, "training", n_threads=2)
     reference = _run(params, "numpy", x, dy, "training")
-    for name, a, b, c in zip(("output", "input", "gamma", "beta", "moving_mean", "moving_variance"), one, two, reference):
+    for name, a, b, c in zip(RESULTS, one, two, reference):
         if a is not None:
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(a).max(), err_msg=name)
             np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4 * np.abs(c).max(), err_msg=name)
@@ -889,7 +928,8 @@ def test_blocked_forward_keeps_float32_precision_for_offset_rows(rng, kind):
         y = layer.apply(x, phase="training")
         np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-4 * np.abs(expected).max())
         if kind == "instance":  # the moving variance averages the per-instance ones
-            np.testing.assert_allclose(layer.moving_variance, _run(params, "numpy", x, dy, "training")[5], rtol=1e-4)
+            np.testing.assert_allclose(layer.moving_variance, _run(params, "numpy", x, dy, "training")[5],
+                                       rtol=1e-4)
 
 
 def test_layer_norm_backward_restores_the_blas_thread_limit(rng):

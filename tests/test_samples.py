@@ -11,7 +11,8 @@ SAMPLES = sorted((Path(__file__).resolve().parent.parent / "samples").glob("*.py
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
 def test_sample_runs(sample):
-    done = subprocess.run([sys.executable, str(sample), "--quick"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(sample), "--quick"], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip()
 

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
+from .._compat import vecdot
 from .._threadpool import blas_controller
 from ._normalization_kernels import reciprocal_std
 
@@ -267,9 +268,9 @@ def _plain_moments(xr: Array, ones: Array, inv: float, means: Array, variances: 
     over the block, and it allows normalizing as ``x · scale + shift`` with a per-row
     ``shift``, whose rounding grows with ``|mean|/σ`` (bounded by the guard as well).
     """
-    mean = np.vecdot(xr, ones, out=means)
+    mean = vecdot(xr, ones, out=means)
     mean *= inv
-    variance = np.vecdot(xr, xr, out=variances)
+    variance = vecdot(xr, xr, out=variances)
     variance *= inv
     square = mean * mean
     variance -= square
@@ -396,10 +397,10 @@ class BlockedNormalizationKernels:
         def moments(r0: int, r1: int, work: Array) -> Array:
             """Row means (into ``sums``) and centred sums of squares (into ``squares``); ``work = x − mean``."""
             xr = x2[r0:r1]
-            row_mean = np.vecdot(xr, ones, out=sums[r0:r1])
+            row_mean = vecdot(xr, ones, out=sums[r0:r1])
             row_mean *= inv
             np.subtract(xr, row_mean[:, None], out=work)
-            return np.vecdot(work, work, out=squares[r0:r1])
+            return vecdot(work, work, out=squares[r0:r1])
 
         if not per_sample:  # batch norm: the statistics first, then normalize
             def batch_moments(index: int, r0: int, r1: int, work: Array, _: Array) -> None:
@@ -530,8 +531,8 @@ class BlockedNormalizationKernels:
             return _block_dz(activation, dy3[r0:r1], o3[r0:r1], None if y3 is None else y3[r0:r1], preactivation)
 
         def reduce_pairs(r0: int, r1: int, dz3: Array, centered3: Array) -> None:
-            np.vecdot(dz3, ones_s, out=sums_dz[r0:r1])
-            np.vecdot(dz3, centered3, out=sums_dzc[r0:r1])
+            vecdot(dz3, ones_s, out=sums_dz[r0:r1])
+            vecdot(dz3, centered3, out=sums_dzc[r0:r1])
 
         if per_sample and mean is None:  # instance and group norm: one sweep
             rstds = np.empty(n * g, dtype)
@@ -539,17 +540,17 @@ class BlockedNormalizationKernels:
 
             def backward(index: int, r0: int, r1: int, work: Array, spare: Array) -> None:
                 xr = x2[r0:r1]
-                row_mean = np.vecdot(xr, ones)
+                row_mean = vecdot(xr, ones)
                 row_mean *= inv
                 np.subtract(xr, row_mean[:, None], out=work)
-                rstd = reciprocal_std(np.vecdot(work, work) * inv, epsilon)
+                rstd = reciprocal_std(vecdot(work, work) * inv, epsilon)
                 rstds[r0:r1] = rstd
                 c3, w3 = work.reshape(-1, k, s), spare.reshape(-1, k, s)
                 scale = gamma_r[r0:r1] * rstd[:, None, None]
                 dz3 = block_dz(r0, r1, w3, c3, scale)
                 reduce_pairs(r0, r1, dz3, c3)
-                a = np.vecdot(sums_dz[r0:r1], gamma_rk[r0:r1])
-                b = np.vecdot(sums_dzc[r0:r1], gamma_rk[r0:r1])
+                a = vecdot(sums_dz[r0:r1], gamma_rk[r0:r1])
+                b = vecdot(sums_dzc[r0:r1], gamma_rk[r0:r1])
                 a *= rstd * inv
                 b *= rstd * rstd * rstd * inv
                 np.multiply(c3, b[:, None, None], out=c3)
@@ -589,10 +590,10 @@ class BlockedNormalizationKernels:
 
         def moments(index: int, r0: int, r1: int, work: Array, spare: Array) -> None:
             xr = x2[r0:r1]
-            row_mean = np.vecdot(xr, ones, out=sums[r0:r1])
+            row_mean = vecdot(xr, ones, out=sums[r0:r1])
             row_mean *= inv
             np.subtract(xr, row_mean[:, None], out=work)
-            np.vecdot(work, work, out=squares[r0:r1])
+            vecdot(work, work, out=squares[r0:r1])
             if early:
                 c3 = work.reshape(-1, k, s)
                 reduce_pairs(r0, r1, block_dz(r0, r1, spare.reshape(-1, k, s), c3, None), c3)
@@ -653,10 +654,10 @@ class BlockedNormalizationKernels:
 
         def backward(index: int, r0: int, r1: int, centered: Array, work: Array) -> None:
             xr, outr = x2[r0:r1], o2[r0:r1]
-            row_mean = np.vecdot(xr, ones)
+            row_mean = vecdot(xr, ones)
             row_mean *= inv
             np.subtract(xr, row_mean[:, None], out=centered)
-            rstd = reciprocal_std(np.vecdot(centered, centered) * inv, epsilon)
+            rstd = reciprocal_std(vecdot(centered, centered) * inv, epsilon)
 
             def preactivation() -> Array:
                 np.multiply(centered, rstd[:, None], out=work)

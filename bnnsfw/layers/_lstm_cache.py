@@ -46,7 +46,7 @@ def as_byte_buffer(where: str, value: object, *, writable: bool) -> np.ndarray:
             raise InvalidParameterError(must_be(where, "writable", "a read-only array"))
         return value.reshape(-1)
     try:
-        view = memoryview(value)  # type: ignore[arg-type]
+        view = memoryview(value)  # type: ignore[arg-type]  # checked by memoryview()
     except TypeError:
         raise InvalidParameterError(
             must_be(where, "a numpy.uint8 array, a bytearray or another writable buffer",

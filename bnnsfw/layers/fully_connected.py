@@ -12,7 +12,6 @@ Both products go through the layer's backend ``gemm`` (the contract's matrix pro
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import attrs
 import numpy as np
@@ -28,11 +27,12 @@ __all__ = ["FullyConnectedParameters", "FullyConnectedGradients", "FullyConnecte
 _PARAMS = "FullyConnectedParameters"
 
 
-def _size(field: str) -> Callable[[object], int]:
-    def convert(value: object) -> int:
-        return positive_int(f"{_PARAMS}.{field}", value)
+def _input_size(value: object) -> int:
+    return positive_int(f"{_PARAMS}.input_size", value)
 
-    return convert
+
+def _output_size(value: object) -> int:
+    return positive_int(f"{_PARAMS}.output_size", value)
 
 
 def _dtype(value: object) -> np.dtype:
@@ -75,8 +75,8 @@ class FullyConnectedParameters:
     (dtype('float32'), (1, 2), array([0.5], dtype=float32))
     """
 
-    input_size: int = attrs.field(converter=_size("input_size"))
-    output_size: int = attrs.field(converter=_size("output_size"))
+    input_size: int = attrs.field(converter=_input_size)
+    output_size: int = attrs.field(converter=_output_size)
     weights: np.ndarray = attrs.field(eq=_ARRAY_EQ, hash=False)
     bias: np.ndarray | None = attrs.field(default=None, eq=_ARRAY_EQ, hash=False)
     activation: Activation = attrs.field(factory=Activation.identity, validator=_check_activation)
@@ -371,6 +371,7 @@ class FullyConnectedLayer(Filter):
 
     def _affine(self, x2d: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """``x2d @ Wᵀ + b`` into ``out`` (or a new array)."""
+        assert self._weights is not None  # released by close() only, and callers check the layer is open
         y = self.backend.gemm(GemmRequest(a=x2d, b=self._weights, out=out, trans_b=True)).out
         if self._bias is not None:
             y += self._bias
