@@ -89,6 +89,11 @@ class _Comparison:
             self.failures.append(f"{where}: raised {type(exc).__name__}: {exc}")
 
 
+def _describe(case: dict[str, Any]) -> str:
+    """``key=value, …`` with dtypes by name."""
+    return ", ".join(f"{k}={np.dtype(v).name if isinstance(v, type) else v}" for k, v in case.items())
+
+
 # --------------------------------------------------------------------------------------
 # Configurations.
 # --------------------------------------------------------------------------------------
@@ -106,7 +111,8 @@ def _lstm_cases(quick: bool) -> Iterator[dict[str, Any]]:
     peepholes = (None, "diagonal", "full")
     lengths = (False, True)
     variants = itertools.cycle(["plain", "custom", "batch_first", "states", "dropout", "no_bias"])
-    for dtype, (layers, bidirectional), peephole, varied in itertools.product(dtypes, stacks, peepholes, lengths):
+    combinations = itertools.product(dtypes, stacks, peepholes, lengths)
+    for dtype, (layers, bidirectional), peephole, varied in combinations:
         variant = next(variants)
         if variant == "dropout" and layers == 1:
             variant = "states"
@@ -137,12 +143,13 @@ def _lstm_parameters(case: dict[str, Any]) -> LSTMParameters:
 
 def _check_lstm(compare: _Comparison, backend: Any, reference: Any, case: dict[str, Any]) -> None:
     params = _lstm_parameters(case)
-    where = "LSTM " + ", ".join(f"{k}={v.__name__ if isinstance(v, type) else v}" for k, v in case.items())
+    where = "LSTM " + _describe(case)
     rng = np.random.default_rng(3)
     dtype = np.dtype(case["dtype"])
     seq_len, batch = (40, 3) if case["variant"] == "long" else (5, 3)
     d, h = params.num_directions, params.hidden_size
-    x_shape = (batch, seq_len, params.input_size) if params.batch_first else (seq_len, batch, params.input_size)
+    size_i = params.input_size
+    x_shape = (batch, seq_len, size_i) if params.batch_first else (seq_len, batch, size_i)
     y_shape = (batch, seq_len, d * h) if params.batch_first else (seq_len, batch, d * h)
     state_shape = (params.num_layers * d, batch, h)
     x, dy = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(y_shape).astype(dtype)
@@ -161,15 +168,19 @@ def _check_lstm(compare: _Comparison, backend: Any, reference: Any, case: dict[s
                        inference_cell=inference.cell)
             forward = layer.apply(x, h0, c0, lengths, training=True)
             out.update(output=forward.output, hidden=forward.hidden, cell=forward.cell)
-            grads = layer.apply_backward(x, dy, h0, c0, dh, dc, lengths, training_cache=forward.training_cache)
+            grads = layer.apply_backward(x, dy, h0, c0, dh, dc, lengths,
+                                         training_cache=forward.training_cache)
             out.update(d_input=grads.input, d_hidden=grads.hidden, d_cell=grads.cell)
             for name, g in zip(("input", "forget", "candidate", "output"), grads.gates):
-                out.update({f"d_{name}_gate.iw0": g.input_weights[0], f"d_{name}_gate.iw1": g.input_weights[1],
-                            f"d_{name}_gate.hidden": g.hidden_weights, f"d_{name}_gate.cell": g.cell_weights,
+                out.update({f"d_{name}_gate.iw0": g.input_weights[0],
+                            f"d_{name}_gate.iw1": g.input_weights[1],
+                            f"d_{name}_gate.hidden": g.hidden_weights,
+                            f"d_{name}_gate.cell": g.cell_weights,
                             f"d_{name}_gate.bias": g.bias})
             if params.dropout == 0.0:  # backward without a cache recomputes the forward
                 again = layer.apply_backward(x, dy, h0, c0, dh, dc, lengths)
-                out.update(recomputed_d_input=again.input, recomputed_d_forget_hidden=again.forget_gate.hidden_weights)
+                out.update(recomputed_d_input=again.input,
+                           recomputed_d_forget_hidden=again.forget_gate.hidden_weights)
         return out
 
     def check() -> None:
@@ -207,14 +218,15 @@ def _normalization_parameters(case: dict[str, Any], rng: np.random.Generator) ->
     else:
         ntype = NormalizationType.group(group_count=2)
     affine = shape[2:] if kind == "layer" else (channels,)
-    act = {"identity": Activation.identity(), "relu": Activation.relu(), "gelu": Activation.gelu()}[case["activation"]]
+    activations = {"identity": Activation.identity(), "relu": Activation.relu(), "gelu": Activation.gelu()}
+    act = activations[case["activation"]]
     return NormalizationParameters(type=ntype, input_shape=shape[1:], gamma=rng.uniform(0.5, 1.5, affine),
                                    beta=rng.standard_normal(affine), momentum=0.9, activation=act,
                                    dtype=case["dtype"])
 
 
 def _check_normalization(compare: _Comparison, backend: Any, reference: Any, case: dict[str, Any]) -> None:
-    where = "normalization " + ", ".join(f"{k}={v.__name__ if isinstance(v, type) else v}" for k, v in case.items())
+    where = "normalization " + _describe(case)
     rng = np.random.default_rng(5)
     params = _normalization_parameters(case, rng)
     shape = _NORMALIZATION_SHAPES[case["size"]]
@@ -238,13 +250,13 @@ def _check_normalization(compare: _Comparison, backend: Any, reference: Any, cas
 
 def _fully_connected_cases(quick: bool) -> Iterator[dict[str, Any]]:
     dtypes = (np.float64,) if quick else (np.float32, np.float64)
-    for dtype, bias, activation, rank in itertools.product(dtypes, (True, False), ("identity", "tanh"), (2, 3)):
+    combinations = itertools.product(dtypes, (True, False), ("identity", "tanh"), (2, 3))
+    for dtype, bias, activation, rank in combinations:
         yield dict(dtype=dtype, bias=bias, activation=activation, rank=rank)
 
 
 def _check_fully_connected(compare: _Comparison, backend: Any, reference: Any, case: dict[str, Any]) -> None:
-    where = "fully connected " + ", ".join(f"{k}={v.__name__ if isinstance(v, type) else v}"
-                                           for k, v in case.items())
+    where = "fully connected " + _describe(case)
     rng = np.random.default_rng(9)
     dtype = case["dtype"]
     act = Activation.tanh() if case["activation"] == "tanh" else Activation.identity()
@@ -273,7 +285,8 @@ def _check_gemm(compare: _Comparison, backend: Any, reference: Any) -> None:
     rng = np.random.default_rng(1)
     for dtype, trans_a, trans_b, (alpha, beta) in itertools.product(
             (np.float32, np.float64), (False, True), (False, True), ((1.0, 0.0), (-0.5, 2.0))):
-        where = f"gemm dtype={np.dtype(dtype).name}, trans_a={trans_a}, trans_b={trans_b}, alpha={alpha}, beta={beta}"
+        case = dict(dtype=dtype, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+        where = "gemm " + _describe(case)
         m, n, k = 7, 5, 9
         a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
         b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
@@ -332,5 +345,6 @@ def check_backend(backend: Any, *, rtol: float | None = None, atol: float | None
         more = len(compare.failures) - 50
         raise ConformanceError(
             f"backend {candidate.name!r} disagrees with the reference in {len(compare.failures)} of "
-            f"{compare.checked} configurations' checks:\n{shown}" + (f"\n  … and {more} more" if more > 0 else ""))
+            f"{compare.checked} configurations' checks:\n{shown}"
+            + (f"\n  … and {more} more" if more > 0 else ""))
     return report

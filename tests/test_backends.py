@@ -176,7 +176,8 @@ def test_a_backend_class_handed_over_as_an_object_is_refused_with_advice():
 
 
 def test_a_factory_that_makes_no_backend_is_refused_at_registration(isolated_registry):
-    with pytest.raises(bf.BackendError, match=r"register_backend\('answer', factory\).*got a int.*name must be"):
+    with pytest.raises(bf.BackendError,
+                       match=r"register_backend\('answer', factory\).*got a int.*name must be"):
         bf.register_backend("answer", lambda: 42)
     assert "answer" not in bf.available_backends()
 
@@ -196,7 +197,8 @@ def test_wrongly_typed_operations_are_named(isolated_registry):
     with pytest.raises(bf.BackendError) as caught:
         bf.register_backend("miswritten", Miswritten)
     message = str(caught.value)
-    assert "lstm_forward must be a method lstm_forward(LSTMForwardRequest) -> LSTMForwardResult (got int)" in message
+    wanted = "lstm_forward(LSTMForwardRequest) -> LSTMForwardResult"
+    assert f"lstm_forward must be a method {wanted} (got int)" in message
     assert "lstm_backward must take one request argument" in message
     assert "normalization_forward takes a GemmRequest, not a NormalizationForwardRequest" in message
     assert "gemm" not in message.split("breaks it:")[1]  # the inherited ones are fine
@@ -286,7 +288,8 @@ def test_entry_point_discovery(isolated_registry, tmp_path, monkeypatch):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: bnnsfw-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        "[bnnsfw.backends]\nplugin = plugin_backend_mod:PluginBackend\nbroken = plugin_backend_mod:BrokenBackend\n")
+        "[bnnsfw.backends]\nplugin = plugin_backend_mod:PluginBackend\n"
+        "broken = plugin_backend_mod:BrokenBackend\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(backends, "_entry_points_loaded", False)
     assert {"plugin", "broken"} <= set(bf.available_backends())
@@ -295,7 +298,8 @@ def test_entry_point_discovery(isolated_registry, tmp_path, monkeypatch):
         layer = bf.LSTMLayer(bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=0))
     assert layer.backend.name == "plugin"
     layer.apply(np.ones((2, 1, 2), np.float32))
-    with pytest.raises(bf.BackendError, match=r"backend 'broken' must implement the backend contract.*missing gemm"):
+    with pytest.raises(bf.BackendError,
+                       match=r"backend 'broken' must implement the backend contract.*missing gemm"):
         bf.get_backend("broken")
     monkeypatch.delitem(sys.modules, "plugin_backend_mod", raising=False)
 

@@ -76,7 +76,8 @@ def register_backend(name: str, factory: Callable[[], Backend], *, replace: bool
     ``replace=True``) or is ``"auto"``.
     """
     if not isinstance(name, str) or not name or name == "auto":
-        raise InvalidParameterError(must_be("register_backend(name)", "a non-empty string other than 'auto'", name))
+        raise InvalidParameterError(
+            must_be("register_backend(name)", "a non-empty string other than 'auto'", name))
     if not callable(factory):
         raise InvalidParameterError(must_be("register_backend(factory)", "callable", factory))
     with _lock:

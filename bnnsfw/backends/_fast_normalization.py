@@ -122,7 +122,8 @@ def _executor() -> ThreadPoolExecutor:
     global _pool, _pool_pid
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=max(1, _CPUS - 1), thread_name_prefix="bnnsfw-normalization")
+            _pool = ThreadPoolExecutor(max_workers=max(1, _CPUS - 1),
+                                       thread_name_prefix="bnnsfw-normalization")
             _pool_pid = os.getpid()
         return _pool
 
@@ -395,7 +396,8 @@ class BlockedNormalizationKernels:
         squares = np.empty(n * g, dtype)
 
         def moments(r0: int, r1: int, work: Array) -> Array:
-            """Row means (into ``sums``) and centred sums of squares (into ``squares``); ``work = x − mean``."""
+            """Row means (into ``sums``) and centred sums of squares (into ``squares``);
+            ``work = x − mean``."""
             xr = x2[r0:r1]
             row_mean = vecdot(xr, ones, out=sums[r0:r1])
             row_mean *= inv
@@ -528,7 +530,8 @@ class BlockedNormalizationKernels:
                 np.multiply(centered3, scale, out=w3)
                 return np.add(w3, beta_r[r0:r1], out=w3)
 
-            return _block_dz(activation, dy3[r0:r1], o3[r0:r1], None if y3 is None else y3[r0:r1], preactivation)
+            output_block = None if y3 is None else y3[r0:r1]
+            return _block_dz(activation, dy3[r0:r1], o3[r0:r1], output_block, preactivation)
 
         def reduce_pairs(r0: int, r1: int, dz3: Array, centered3: Array) -> None:
             vecdot(dz3, ones_s, out=sums_dz[r0:r1])

@@ -144,7 +144,8 @@ def _plan(config: LSTMConfig) -> LSTMStepPlan:
                               config.peepholes)
 
 
-def _step_masks(lengths: np.ndarray | None, seq_len: int) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
+def _step_masks(lengths: np.ndarray | None,
+                seq_len: int) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
     """``active`` (T, N) and, per step, a (1, N) mask of the sequences past their length
     (None when all run), for the feature-major ``(·, N)`` step arrays."""
     if lengths is None:
@@ -161,7 +162,8 @@ def _columns(per_step: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _stack(config: LSTMConfig, plan: LSTMStepPlan, gates_public: Sequence[LSTMGateArrays]) -> list[list[LSTMWeights]]:
+def _stack(config: LSTMConfig, plan: LSTMStepPlan,
+           gates_public: Sequence[LSTMGateArrays]) -> list[list[LSTMWeights]]:
     """Per layer and direction, the gates' weights stacked in the internal gate order
     (copies); the forward ones with the rows of sigmoid gates halved (``LSTMWeights``)."""
     h, dtype = config.hidden_size, np.dtype(config.dtype)
@@ -316,8 +318,9 @@ class LSTMStack(LSTMKernels):
                 backward(plan, w, views.steps[layer][d], views.pre[layer][d],
                          None if dy is None else dy[:, :, d * h:(d + 1) * h],
                          None if dh_final is None else dh_final[index],
-                         None if dc_final is None else dc_final[index], grads.hidden[index], grads.cell[index],
-                         d_gates, reverse=d == 1, active=active, inactive=inactive, c_new=c_new, scratch=workspace)
+                         None if dc_final is None else dc_final[index], grads.hidden[index],
+                         grads.cell[index], d_gates, reverse=d == 1, active=active, inactive=inactive,
+                         c_new=c_new, scratch=workspace)
                 self._lstm_weight_gradients(plan, w, layer, d, layer_input, views, d_gates, c_new, d_input,
                                             grads.gates, workspace)
             if layer > 0:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol
 
 import attrs
 import numpy as np
@@ -524,7 +524,8 @@ def contract_problems(candidate: object) -> list[str]:
         try:
             signature.bind(object())
         except TypeError:
-            problems.append(f"{operation} must take one request argument, as {wanted} (it is {operation}{signature})")
+            problems.append(
+                f"{operation} must take one request argument, as {wanted} (it is {operation}{signature})")
             continue
         problem = _annotation_problem(operation, method, request_type, result_type)
         if problem is not None:

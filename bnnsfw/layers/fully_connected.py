@@ -6,7 +6,8 @@ per-element activation. :class:`FullyConnectedLayer` applies them to a batch ``(
 sequence of batches ``(T, N, in)``, and :meth:`FullyConnectedLayer.apply_backward` returns the
 input, weights and bias gradients as a :class:`FullyConnectedGradients`.
 
-Both products go through the layer's backend ``gemm`` (the contract's matrix product); the bias is added in place.
+Both products go through the layer's backend ``gemm`` (the contract's matrix product); the
+bias is added in place.
 """
 
 from __future__ import annotations
@@ -411,7 +412,8 @@ class FullyConnectedLayer(Filter):
         target = self._direct(buffer, operands)
         if target is not None:
             rows = target.reshape(-1, shape[-1])
-            self.backend.gemm(GemmRequest(a=a, b=b, out=rows, trans_a=trans_a, beta=1.0 if accumulate else 0.0))
+            beta = 1.0 if accumulate else 0.0
+            self.backend.gemm(GemmRequest(a=a, b=b, out=rows, trans_a=trans_a, beta=beta))
             return target
         result = self.backend.gemm(GemmRequest(a=a, b=b, trans_a=trans_a)).out.reshape(shape)
         if buffer is None:

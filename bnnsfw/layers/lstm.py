@@ -439,7 +439,8 @@ class _CacheSize(NamedTuple):
 
 def _gate_arrays(gate: LSTMGateDescriptor) -> list[np.ndarray]:
     """Every weight array of a gate, in a fixed order."""
-    return [a for a in (*gate.input_weights, gate.hidden_weights, gate.cell_weights, gate.bias) if a is not None]
+    arrays = (*gate.input_weights, gate.hidden_weights, gate.cell_weights, gate.bias)
+    return [a for a in arrays if a is not None]
 
 
 def _copied_gate(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
@@ -592,7 +593,8 @@ class LSTMLayer(Filter):
             if buffer is not None:
                 clear_header(buffer)
             with self._payload(buffer, size, workspace, write=True) as payload:
-                self._forward(weights, x_prepared, h0, c0, lengths, output_tm, h_out, c_out, payload, workspace)
+                self._forward(weights, x_prepared, h0, c0, lengths, output_tm, h_out, c_out, payload,
+                              workspace)
             if buffer is not None:
                 write_header(buffer, fingerprint=self._fingerprint(size, seq_len, batch, lengths),
                              payload_bytes=size.payload, seq_len=seq_len, batch_size=batch,
@@ -658,13 +660,13 @@ class LSTMLayer(Filter):
             weights = self._packed_weights()
             x_prepared = self._prepared_input(x_tm, lengths, workspace)
             with self._payload(buffer, size, workspace, write=False) as payload:
-                assert payload is not None  # backward always has one (a recomputed forward's, without a cache)
+                assert payload is not None  # without a cache: the recomputed forward's
                 if buffer is None:  # recompute the forward, as BNNS does without a cache
                     size_ld, h = p.num_layers * p.num_directions, p.hidden_size
                     output_tm = workspace.array("recompute_output", (seq_len, batch, width), self._dtype)
                     states = workspace.array("recompute_states", (2, size_ld, batch, h), self._dtype)
-                    self._forward(weights, x_prepared, h0, c0, lengths, output_tm, states[0], states[1], payload,
-                                  workspace)
+                    self._forward(weights, x_prepared, h0, c0, lengths, output_tm, states[0], states[1],
+                                  payload, workspace)
                 self.backend.lstm_backward(LSTMBackwardRequest(
                     config=self._config, weights=weights, x=x_prepared, cache=payload, output_gradient=dy,
                     hidden_gradient=dh_final, cell_gradient=dc_final, sequence_lengths=lengths,
@@ -674,9 +676,9 @@ class LSTMLayer(Filter):
     # ----------------------------------------------------------------------------------
     # Orchestration: the backend computes, the layer prepares and hands over.
     # ----------------------------------------------------------------------------------
-    def _forward(self, weights: LSTMPackedWeights, x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
-                 lengths: np.ndarray | None, output_tm: np.ndarray, h_out: np.ndarray, c_out: np.ndarray,
-                 payload: np.ndarray | None, workspace: _Workspace) -> None:
+    def _forward(self, weights: LSTMPackedWeights, x: np.ndarray, h0: np.ndarray | None,
+                 c0: np.ndarray | None, lengths: np.ndarray | None, output_tm: np.ndarray,
+                 h_out: np.ndarray, c_out: np.ndarray, payload: np.ndarray | None, workspace: _Workspace) -> None:
         """One forward through the backend; a training forward when ``payload`` is given."""
         training = payload is not None
         masks = self._dropout_masks(x.shape[0], x.shape[1], workspace) if training else None
@@ -685,7 +687,8 @@ class LSTMLayer(Filter):
             output=output_tm, hidden_out=h_out, cell_out=c_out, training=training, cache=payload,
             dropout_masks=masks, workspace=workspace, threads=self.filter_parameters.n_threads))
 
-    def _dropout_masks(self, seq_len: int, batch: int, workspace: _Workspace) -> tuple[np.ndarray | None, ...] | None:
+    def _dropout_masks(self, seq_len: int, batch: int,
+                       workspace: _Workspace) -> tuple[np.ndarray | None, ...] | None:
         """Inverted-dropout scales for the inputs of layers 1…L−1: 0 with probability p, else
         1/(1−p); drawn from the layer's generator in layer order."""
         config = self._config
@@ -695,8 +698,8 @@ class LSTMLayer(Filter):
         p = config.dropout
         masks: list[np.ndarray | None] = [None]
         for layer in range(1, config.num_layers):
-            mask = workspace.array(f"dropout{layer}", (seq_len, batch, config.num_directions * config.hidden_size),
-                                   self._dtype)
+            width = config.num_directions * config.hidden_size
+            mask = workspace.array(f"dropout{layer}", (seq_len, batch, width), self._dtype)
             self._rng.random(dtype=self._dtype, out=mask)
             np.greater_equal(mask, p, out=mask)
             np.multiply(mask, 1.0 / (1.0 - p), out=mask)
@@ -759,7 +762,8 @@ class LSTMLayer(Filter):
     def _gradient_buffers(self, seq_len: int, batch: int) -> LSTMGradientBuffers:
         """Gradients in the public structure (written by the backend), ``input`` time-major."""
         p = self._params
-        size_l, size_d, h, size_i, dtype = p.num_layers, p.num_directions, p.hidden_size, p.input_size, self._dtype
+        size_l, size_d, h, size_i = p.num_layers, p.num_directions, p.hidden_size, p.input_size
+        dtype = self._dtype
         gates = []
         for gate in p.gates:
             iw1 = np.empty((size_l - 1, size_d, h, size_d * h), dtype) if size_l > 1 else None
@@ -771,7 +775,8 @@ class LSTMLayer(Filter):
         d_x = np.empty((batch, seq_len, size_i) if p.batch_first else (seq_len, batch, size_i), dtype)
         return LSTMGradientBuffers(
             input=d_x.transpose(1, 0, 2) if p.batch_first else d_x,
-            hidden=np.empty((size_l * size_d, batch, h), dtype), cell=np.empty((size_l * size_d, batch, h), dtype),
+            hidden=np.empty((size_l * size_d, batch, h), dtype),
+            cell=np.empty((size_l * size_d, batch, h), dtype),
             gates=(gates[0], gates[1], gates[2], gates[3]))
 
     def _gradients_result(self, buffers: LSTMGradientBuffers) -> LSTMGradients:
@@ -839,7 +844,8 @@ class LSTMLayer(Filter):
             digest.update(lengths.astype("<i8").tobytes())
         return int.from_bytes(digest.digest(), "little")
 
-    def _check_cache_size(self, where: str, buffer: np.ndarray, size: _CacheSize, seq_len: int, batch: int) -> None:
+    def _check_cache_size(self, where: str, buffer: np.ndarray, size: _CacheSize, seq_len: int,
+                          batch: int) -> None:
         if buffer.size < size.nbytes:
             call = f"training_cache_capacity(batch_size={batch}, seq_len={seq_len})"
             raise InvalidParameterError(
