@@ -678,7 +678,8 @@ class LSTMLayer(Filter):
     # ----------------------------------------------------------------------------------
     def _forward(self, weights: LSTMPackedWeights, x: np.ndarray, h0: np.ndarray | None,
                  c0: np.ndarray | None, lengths: np.ndarray | None, output_tm: np.ndarray,
-                 h_out: np.ndarray, c_out: np.ndarray, payload: np.ndarray | None, workspace: _Workspace) -> None:
+                 h_out: np.ndarray, c_out: np.ndarray, payload: np.ndarray | None,
+                 workspace: _Workspace) -> None:
         """One forward through the backend; a training forward when ``payload`` is given."""
         training = payload is not None
         masks = self._dropout_masks(x.shape[0], x.shape[1], workspace) if training else None
