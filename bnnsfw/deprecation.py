@@ -9,7 +9,6 @@ part of bnnsfw that needs them:
 - :func:`warn_deprecated` emits the :class:`DeprecationWarning` that bnnsfw's BNNS-named
   functions raise, pointing at the caller's line;
 - :func:`scan` finds deprecated BNNS names in C, Objective-C, C++, Swift and Python sources;
-- :func:`main` is the ``bnnsfw deprecations`` command line;
 - :func:`markdown_table` renders the registry for ``docs/deprecations.md``.
 
 The data itself lives in :mod:`bnnsfw._deprecation_data`, one line per name.
@@ -17,15 +16,12 @@ The data itself lives in :mod:`bnnsfw._deprecation_data`, one line per name.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import difflib
 import errno
 import functools
-import json
 import os
 import re
-import sys
 import types
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -50,7 +46,6 @@ __all__ = [
     "warn_deprecated",
     "scan",
     "markdown_table",
-    "main",
 ]
 
 #: Platforms the registry knows, in the order versions are listed.
@@ -212,6 +207,23 @@ class DeprecationRecord:
             parts.append(f"bnnsfw: {self.bnnsfw_replacement}")
         return "; ".join(parts) if parts else "no replacement named"
 
+    def since(self) -> str:
+        """Return when the deprecation took effect, on the platforms users ask about first.
+
+        Examples
+        --------
+        >>> lookup("BNNSFilterApply").since()
+        'since macOS 15.0 and iOS 18.0'
+        >>> lookup("BNNSCopy").since()
+        ''
+        """
+        versions = self.deprecated
+        first = [f"{p} {versions[p]}" for p in ("macOS", "iOS") if p in versions]
+        others = [f"{p} {v}" for p, v in versions.items() if p not in ("macOS", "iOS")]
+        if not versions:
+            return ""
+        return f"since {' and '.join(first or others)}" + (" (inferred)" if self.inferred else "")
+
     def describe(self) -> str:
         """Return a readable multi-line description of the record."""
         label = "renamed in Swift" if self.status == "renamed" else self.status
@@ -230,7 +242,7 @@ class DeprecationRecord:
         add("bnnsfw replacement", self.bnnsfw_replacement or "none")
         for successor in _deprecated_names_in(self.apple_replacement):
             if successor.name != self.name:
-                add("caution", f"{successor.name} is itself deprecated {_since(successor)}.")
+                add("caution", f"{successor.name} is itself deprecated {successor.since()}.")
         if self.note:
             add("note", self.note)
         if self.inferred:
@@ -459,16 +471,6 @@ def is_deprecated(name: str) -> bool:
 # --------------------------------------------------------------------------- warnings
 
 
-def _since(record: DeprecationRecord) -> str:
-    """Return 'since macOS 15.0 and iOS 18.0', the platforms users ask about first."""
-    versions = record.deprecated
-    first = [f"{p} {versions[p]}" for p in ("macOS", "iOS") if p in versions]
-    others = [f"{p} {v}" for p, v in versions.items() if p not in ("macOS", "iOS")]
-    if not versions:
-        return ""
-    return f"since {' and '.join(first or others)}" + (" (inferred)" if record.inferred else "")
-
-
 def _replacement_sentence(text: str) -> str:
     """Turn Apple's replacement into a sentence ("Use X instead." or Apple's own words)."""
     return f"{text}." if text.startswith("Use ") else f"Use {text} instead."
@@ -479,7 +481,7 @@ def _warning_message(record: DeprecationRecord) -> str:
     if record.status == "renamed":
         message = f"{record.name} is renamed in Swift: use {record.apple_replacement}."
     else:
-        message = f"{record.name} is deprecated {_since(record)}."
+        message = f"{record.name} is deprecated {record.since()}."
         if record.apple_replacement:
             message += f" Apple: {_replacement_sentence(record.apple_replacement)}"
     if record.bnnsfw_replacement:
@@ -677,146 +679,14 @@ def markdown_table() -> str:
     return "\n".join(header + [_md_row(record) for record in _RECORDS])
 
 
-def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Left-align columns of text; the last column is not padded."""
-    if not rows:
-        return []
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return [
-        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), row[-1]]).rstrip()
-        for row in rows
-    ]
+def __getattr__(name: str) -> Any:
+    """``bnnsfw.deprecation.main``, the command line's old home, still runs the command.
 
-
-def _findings_report(findings: Sequence[Finding]) -> list[str]:
-    """Return the text table of findings and its summary line."""
-    if not findings:
-        return ["No deprecated or renamed BNNS names found."]
-    lines = _aligned([(f.location, f.name, f.replacement) for f in findings])
-    files = len({f.path for f in findings})
-    by_status = ", ".join(
-        f"{sum(f.status == status for f in findings)} {status}"
-        for status in STATUSES
-        if any(f.status == status for f in findings)
-    )
-    noun = "finding" if len(findings) == 1 else "findings"
-    file_noun = "file" if files == 1 else "files"
-    return [*lines, "", f"{len(findings)} {noun} ({by_status}) in {files} {file_noun}."]
-
-
-def _list_report(records: Sequence[DeprecationRecord]) -> list[str]:
-    """Return one aligned line per record: name, kind, status, deprecation, replacement."""
-    return _aligned(
-        [
-            (
-                record.name,
-                record.kind,
-                record.status,
-                _since(record).removeprefix("since ") or "-",
-                record.replacement_text() if record.status != "available" else "",
-            )
-            for record in records
-        ]
-    )
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def _parser() -> argparse.ArgumentParser:
-    """Build the ``bnnsfw deprecations`` argument parser."""
-    parser = argparse.ArgumentParser(
-        prog="bnnsfw deprecations",
-        description="Query Apple's BNNS deprecations and scan sources for deprecated names.",
-        epilog="Exit status: 0 success, 1 findings with --check, 2 usage error or unknown name.",
-    )
-    parser.add_argument("names", nargs="*", metavar="NAME", help="BNNS names to describe")
-    parser.add_argument("--scan", nargs="+", metavar="PATH", help="files or directories to scan")
-    parser.add_argument(
-        "--check", action="store_true", help="with --scan: exit 1 when anything is found"
-    )
-    parser.add_argument(
-        "--list", action="store_true", help="list every registry entry, one per line"
-    )
-    parser.add_argument("--status", choices=STATUSES, help="with --list: keep only this status")
-    parser.add_argument("--kind", choices=KINDS, help="with --list: keep only this kind")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    return parser
-
-
-def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse option combinations that have no meaning (argparse exits with status 2)."""
-    modes = [bool(args.names), args.scan is not None, args.list]
-    if sum(modes) != 1:
-        parser.error("give exactly one of: NAME..., --scan PATH..., --list")
-    if args.check and args.scan is None:
-        parser.error("--check needs --scan")
-    if (args.status or args.kind) and not args.list:
-        parser.error("--status and --kind need --list")
-
-
-def _print_json(data: object) -> None:
-    """Print ``data`` as indented JSON on stdout."""
-    print(json.dumps(data, indent=2, ensure_ascii=False))
-
-
-def _run_describe(names: Sequence[str], as_json: bool) -> int:
-    """Describe each name; unknown names are reported on stderr and give status 2."""
-    records: list[DeprecationRecord] = []
-    status = 0
-    for name in names:
-        try:
-            records.append(lookup(name))
-        except UnknownNameError as error:
-            print(f"bnnsfw deprecations: {error}", file=sys.stderr)
-            status = 2
-    if as_json:
-        _print_json([record.to_dict() for record in records])
-    else:
-        print("\n\n".join(record.describe() for record in records))
-    return status
-
-
-def _run_scan(paths: Sequence[str], as_json: bool, check: bool) -> int:
-    """Scan ``paths`` and print the findings."""
-    try:
-        findings = scan(paths)
-    except FileNotFoundError as error:
-        print(f"bnnsfw deprecations: {error}", file=sys.stderr)
-        return 2
-    if as_json:
-        _print_json([finding.to_dict() for finding in findings])
-    else:
-        print("\n".join(_findings_report(findings)))
-    return 1 if check and findings else 0
-
-
-def _run_list(status: str | None, kind: str | None, as_json: bool) -> int:
-    """Print every entry (optionally filtered)."""
-    records = entries(status=status, kind=kind)
-    if as_json:
-        _print_json([record.to_dict() for record in records])
-    else:
-        print("\n".join(_list_report(records)))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run ``bnnsfw deprecations`` and return its exit status.
-
-    ``NAME...`` describes names; ``--scan PATH...`` reports deprecated names in sources
-    (``--check`` turns findings into exit status 1); ``--list`` prints every entry,
-    filtered by ``--status`` / ``--kind``. ``--json`` switches any of them to JSON.
-    Usage errors and unknown names give exit status 2.
+    The command line lives in :mod:`bnnsfw.cli.deprecations`; it is imported only when this
+    name is asked for, so the registry never loads the command line.
     """
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-        _check_arguments(parser, args)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    if args.scan is not None:
-        return _run_scan(args.scan, args.json, args.check)
-    if args.list:
-        return _run_list(args.status, args.kind, args.json)
-    return _run_describe(args.names, args.json)
+    if name == "main":
+        from .cli.deprecations import main
+
+        return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

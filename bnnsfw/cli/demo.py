@@ -21,12 +21,12 @@ from typing import Any, Iterator, Sequence
 import attrs
 import numpy as np
 
-from .filter import FilterParameters
-from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
-from .layers.lstm import LSTMLayer, LSTMParameters
-from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
-from .losses import MeanSquaredError, SoftmaxCrossEntropy
-from .optimizers import Adam
+from ..filter import FilterParameters
+from ..layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
+from ..layers.lstm import LSTMLayer, LSTMParameters
+from ..layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
+from ..losses import MeanSquaredError, SoftmaxCrossEntropy
+from ..optimizers import Adam
 
 __all__ = ["SineTask", "make_sine_task", "SequenceModel", "run_forecast", "run_digits", "main"]
 
@@ -246,7 +246,7 @@ def run_forecast(*, epochs: int = 30, hidden: int = 32, batch_size: int = 64, le
     verdict = "beats both baselines" if result.beats_baselines else "does NOT beat both baselines"
     print(f"the model {verdict} ({result.seconds:.1f} s)", file=out)
     if save:
-        from .serialization import save_weights
+        from ..serialization import save_weights
 
         save_weights(save, model.layers())
         print(f"weights saved to {save}", file=out)
