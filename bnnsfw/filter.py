@@ -74,7 +74,7 @@ class Filter:
     """Base class of every layer: backend, thread limit, lifecycle and ``repr``.
 
     Subclasses call ``super().__init__(filter_parameters)``, guard each public method with
-    ``self._check_open("method")``, release their arrays in :meth:`_release`, and describe
+    ``self.check_open("method")``, release their arrays in :meth:`_release`, and describe
     themselves in :meth:`_describe`.
     """
 
@@ -126,12 +126,20 @@ class Filter:
         except Exception:  # pragma: no cover - never raise from a finalizer
             pass
 
-    def _check_open(self, method: str) -> None:
+    def check_open(self, method: str) -> None:
+        """Raise :class:`~bnnsfw.FilterClosedError` naming ``method`` if the layer is closed.
+
+        Every public method of a layer starts with it, and so does code that works on a
+        layer from outside (``save_weights``), so a closed layer is refused the same way.
+        """
         if self._closed:
             raise FilterClosedError(
                 f"{type(self).__name__}.{method}() was called after close(); "
                 f"create a new {type(self).__name__} to compute again."
             )
+
+    #: The spelling the layer modules use inside their own methods.
+    _check_open = check_open
 
     def _threads(self) -> contextlib.AbstractContextManager[None]:
         """Context manager applying this layer's BLAS thread limit."""

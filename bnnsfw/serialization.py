@@ -17,11 +17,11 @@ import numpy as np
 from .activation import Activation
 from .errors import InvalidParameterError, must_be
 from .filter import Filter, FilterParameters
+from .layers.lstm import GATE_FIELDS
 
 __all__ = ["save_weights", "load_weights"]
 
 _FORMAT = "bnnsfw-weights-1"
-_GATES = ("input_gate", "forget_gate", "candidate_gate", "output_gate")
 
 
 def _activation_json(act: Activation | None) -> list[float] | None:
@@ -43,7 +43,7 @@ def _describe(name: str, layer: Filter, arrays: dict[str, np.ndarray]) -> dict[s
 
     if isinstance(layer, LSTMLayer):
         p = layer.parameters
-        for gate_name, gate in zip(_GATES, p.gates):
+        for gate_name, gate in zip(GATE_FIELDS, p.gates):
             put(f"{gate_name}/input_weights0", gate.input_weights[0])
             put(f"{gate_name}/input_weights1", gate.input_weights[1])
             put(f"{gate_name}/hidden_weights", gate.hidden_weights)
@@ -90,7 +90,7 @@ def save_weights(path: str | os.PathLike[str], layers: Mapping[str, Filter]) -> 
         if not isinstance(layer, Filter):
             raise InvalidParameterError(must_be(f"save_weights(layers[{name!r}])", "a bnnsfw layer",
                                                 type(layer).__name__))
-        layer._check_open("save_weights")
+        layer.check_open("save_weights")
         meta[name] = _describe(name, layer, arrays)
     arrays["__meta__"] = np.array(json.dumps({"format": _FORMAT, "layers": meta}))
     np.savez(path, **arrays)
@@ -108,7 +108,7 @@ def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | No
     kind = meta["type"]
     if kind == "lstm":
         gates = {}
-        for gate_name, act in zip(_GATES, meta["gate_activations"]):
+        for gate_name, act in zip(GATE_FIELDS, meta["gate_activations"]):
             gates[gate_name] = LSTMGateDescriptor(
                 input_weights=(get(f"{gate_name}/input_weights0"), get(f"{gate_name}/input_weights1")),
                 hidden_weights=get(f"{gate_name}/hidden_weights"), cell_weights=get(f"{gate_name}/cell_weights"),
