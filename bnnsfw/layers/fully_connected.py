@@ -12,7 +12,7 @@ Both products go through the layer's backend ``gemm`` (the contract's matrix pro
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 import numpy as np
@@ -127,6 +127,41 @@ class FullyConnectedParameters:
             activation=Activation.identity() if activation is None else activation,
             dtype=dtype,
         )
+
+    def to_state(self) -> dict[str, Any]:
+        """The parameters as plain data: sizes, ``activation`` as ``[function, alpha, beta]``,
+        ``dtype`` by name, and the arrays ``weights`` and ``bias`` (themselves, not copies;
+        ``bias`` is ``None`` when absent). :meth:`from_state` reads it back.
+
+        >>> state = FullyConnectedParameters.random(input_size=4, output_size=3, bias=False).to_state()
+        >>> state["weights"].shape, state["bias"], state["activation"], state["dtype"]
+        ((3, 4), None, [0, 0.0, 0.0], 'float32')
+        """
+        return {
+            "input_size": self.input_size,
+            "output_size": self.output_size,
+            "activation": self.activation.to_state(),
+            "dtype": self.dtype.name,
+            "weights": self.weights,
+            "bias": self.bias,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "FullyConnectedParameters":
+        """The parameters that :meth:`to_state` described; an absent ``bias`` is ``None``."""
+        from .._state import StateReader
+
+        reader = StateReader(_PARAMS, state)
+        parameters = cls(
+            input_size=reader.required("input_size"),
+            output_size=reader.required("output_size"),
+            weights=reader.required("weights"),
+            bias=reader.optional("bias"),
+            activation=Activation.from_state(reader.required("activation")),
+            dtype=reader.required("dtype"),
+        )
+        reader.finish()
+        return parameters
 
 
 @attrs.frozen(kw_only=True, eq=False)
