@@ -31,7 +31,8 @@ def _check_backend(instance: object, attribute: attrs.Attribute, value: object) 
 
 def _check_threads(instance: object, attribute: attrs.Attribute, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidParameterError(must_be("FilterParameters.n_threads", "an integer >= 0 (0: library default)", value))
+        rule = "an integer >= 0 (0: library default)"
+        raise InvalidParameterError(must_be("FilterParameters.n_threads", rule, value))
 
 
 def _check_bool(instance: object, attribute: attrs.Attribute, value: object) -> None:
@@ -55,7 +56,8 @@ class FilterParameters:
         (``BNNSFlagsUseClientPtr``): in-place updates to them are seen by the next call.
     """
 
-    backend: BackendSpec | None = attrs.field(default=None, validator=attrs.validators.optional(_check_backend))
+    backend: BackendSpec | None = attrs.field(default=None,
+                                              validator=attrs.validators.optional(_check_backend))
     n_threads: int = attrs.field(default=0, validator=_check_threads)
     use_client_pointer: bool = attrs.field(default=False, validator=_check_bool)
 
@@ -82,9 +84,8 @@ class Filter:
         if filter_parameters is None:
             filter_parameters = FilterParameters()
         if not isinstance(filter_parameters, FilterParameters):
-            raise InvalidParameterError(
-                must_be(f"{type(self).__name__}(filter_parameters)", "a FilterParameters or None", filter_parameters)
-            )
+            where = f"{type(self).__name__}(filter_parameters)"
+            raise InvalidParameterError(must_be(where, "a FilterParameters or None", filter_parameters))
         self._closed = True  # until the backend resolves, so __del__ has nothing to do
         self._filter_parameters = filter_parameters
         self._backend: Backend = backends.get_backend(filter_parameters.backend)
