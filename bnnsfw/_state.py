@@ -45,6 +45,14 @@ class StateReader:
         """The entry ``key``, or ``None`` when the state leaves it out (an absent array)."""
         return self._left.pop(key, None)
 
+    def required_entries(self, *keys: str) -> dict[str, Any]:
+        """The entries ``keys``, by key (keyword arguments of the class); each must be there."""
+        return {key: self.required(key) for key in keys}
+
+    def optional_entries(self, *keys: str) -> dict[str, Any]:
+        """The entries ``keys``, by key, ``None`` for those the state leaves out."""
+        return {key: self.optional(key) for key in keys}
+
     def prefixed(self, prefix: str) -> dict[str, Any]:
         """Every entry whose key starts with ``prefix``, keyed by the rest of the key."""
         taken = {key: value for key, value in self._left.items() if key.startswith(prefix)}

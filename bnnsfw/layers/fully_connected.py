@@ -153,12 +153,9 @@ class FullyConnectedParameters:
 
         reader = StateReader(_PARAMS, state)
         parameters = cls(
-            input_size=reader.required("input_size"),
-            output_size=reader.required("output_size"),
-            weights=reader.required("weights"),
+            **reader.required_entries("input_size", "output_size", "weights", "dtype"),
             bias=reader.optional("bias"),
             activation=Activation.from_state(reader.required("activation")),
-            dtype=reader.required("dtype"),
         )
         reader.finish()
         return parameters

@@ -205,8 +205,7 @@ class LSTMGateDescriptor:
         gate = cls(
             input_weights=(reader.required("input_weights0"), reader.optional("input_weights1")),
             hidden_weights=reader.required("hidden_weights"),
-            cell_weights=reader.optional("cell_weights"),
-            bias=reader.optional("bias"),
+            **reader.optional_entries("cell_weights", "bias"),
             activation=None if activation is None else Activation.from_state(activation),
         )
         reader.finish()
@@ -434,16 +433,9 @@ class LSTMParameters:
             for name, activation in zip(GATE_FIELDS, activations)}
         hidden_activation = reader.required("hidden_activation")
         parameters = cls(
-            input_size=reader.required("input_size"),
-            hidden_size=reader.required("hidden_size"),
-            num_layers=reader.required("num_layers"),
-            bidirectional=reader.required("bidirectional"),
-            batch_first=reader.required("batch_first"),
-            dropout=reader.required("dropout"),
-            seed=reader.required("seed"),
-            default_activations=reader.required("default_activations"),
+            **reader.required_entries("input_size", "hidden_size", "num_layers", "bidirectional",
+                                      "batch_first", "dropout", "seed", "default_activations", "dtype"),
             hidden_activation=None if hidden_activation is None else Activation.from_state(hidden_activation),
-            dtype=reader.required("dtype"),
             **gates,
         )
         reader.finish()

@@ -352,21 +352,14 @@ class NormalizationParameters:
         from .._state import StateReader
 
         reader = StateReader("NormalizationParameters", state)
+        kind = NormalizationType(**reader.required_entries("kind", "normalization_axis", "group_count"),
+                                 **reader.optional_entries("moving_mean", "moving_variance"))
         parameters = cls(
-            type=NormalizationType(
-                kind=reader.required("kind"),
-                normalization_axis=reader.required("normalization_axis"),
-                group_count=reader.required("group_count"),
-                moving_mean=reader.optional("moving_mean"),
-                moving_variance=reader.optional("moving_variance"),
-            ),
+            type=kind,
             input_shape=tuple(reader.required("input_shape")),
-            gamma=reader.optional("gamma"),
-            beta=reader.optional("beta"),
-            momentum=reader.required("momentum"),
-            epsilon=reader.required("epsilon"),
+            **reader.optional_entries("gamma", "beta"),
+            **reader.required_entries("momentum", "epsilon", "dtype"),
             activation=Activation.from_state(reader.required("activation")),
-            dtype=reader.required("dtype"),
         )
         reader.finish()
         return parameters
