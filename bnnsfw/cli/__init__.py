@@ -43,7 +43,6 @@ def _info() -> int:
     import bnnsfw
 
     from .. import backends
-    from ..backends.contract import GemmRequest
 
     print(f"bnnsfw {bnnsfw.__version__} (numpy {np.__version__})")
     auto = backends.get_backend("auto").name
