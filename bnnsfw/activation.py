@@ -460,3 +460,21 @@ class Activation:
         if self.is_identity:
             return dy.copy()
         return dy * self.derivative(x=x, y=y)
+
+    # Plain state (what a weights file stores).
+    def to_state(self) -> list[float]:
+        """``[function, alpha, beta]``: the activation as plain numbers, for files and JSON.
+
+        >>> Activation.leaky_relu(0.2).to_state()
+        [2, 0.2, 0.0]
+        """
+        return [int(self.function), self.alpha, self.beta]
+
+    @classmethod
+    def from_state(cls, state: object) -> "Activation":
+        """The activation that :meth:`to_state` wrote as ``[function, alpha, beta]``."""
+        if not isinstance(state, (list, tuple)) or len(state) != 3:
+            rule = "[function, alpha, beta]"
+            raise InvalidParameterError(must_be("Activation.from_state(state)", rule, state))
+        function, alpha, beta = state
+        return cls(function, alpha, beta)

@@ -26,6 +26,7 @@ from .deprecation import warn_deprecated
 from .enums import ActivationFunction, DataLayout, DataType, FilterType, LayerFlags, NDArrayFlags
 from .errors import BNNSError, InvalidParameterError, ShapeError, must_be
 from .filter import FilterParameters
+from .layers.lstm import GATE_FIELDS
 
 __all__ = [
     "BNNSFlagsUseClientPtr",
@@ -434,8 +435,6 @@ def BNNSFilterDestroy(filter: BNNSFilter) -> None:
 
 # ------------------------------------------------------------------ LSTM ---------------
 
-_GATES = ("input_gate", "forget_gate", "candidate_gate", "output_gate")
-
 
 @attrs.frozen
 class _LSTMCall:
@@ -514,7 +513,7 @@ def _lstm(p: BNNSLayerParametersLSTM, filter_params: BNNSFilterParameters | None
     i, h, n, layers, t, d = _lstm_sizes(p)
     default_activations = bool(int(p.lstm_flags) & LayerFlags.lstm_default_activations)
     gates = {name: _gate(f"layer_params.{name}", getattr(p, name), i, h, layers, d, default_activations)
-             for name in _GATES}
+             for name in GATE_FIELDS}
     hidden_activation = (Activation.tanh() if default_activations or p.hidden_activation is None
                          else _activation("layer_params.hidden_activation", p.hidden_activation))
     if p.input_descriptor is None or p.input_descriptor.data_desc is None:
@@ -676,7 +675,7 @@ def BNNSDirectApplyLSTMBatchBackward(
             _write_delta("layer_delta_params.input_descriptor.hidden_desc", din.hidden_desc, grads.hidden)
             _write_delta("layer_delta_params.input_descriptor.cell_state_desc", din.cell_state_desc,
                          grads.cell)
-        for name in _GATES:
+        for name in GATE_FIELDS:
             gd, g = getattr(dp, name), getattr(grads, name)
             if gd is None:
                 continue

@@ -31,7 +31,8 @@ def _check_backend(instance: object, attribute: attrs.Attribute, value: object) 
 
 def _check_threads(instance: object, attribute: attrs.Attribute, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidParameterError(must_be("FilterParameters.n_threads", "an integer >= 0 (0: library default)", value))
+        rule = "an integer >= 0 (0: library default)"
+        raise InvalidParameterError(must_be("FilterParameters.n_threads", rule, value))
 
 
 def _check_bool(instance: object, attribute: attrs.Attribute, value: object) -> None:
@@ -55,7 +56,8 @@ class FilterParameters:
         (``BNNSFlagsUseClientPtr``): in-place updates to them are seen by the next call.
     """
 
-    backend: BackendSpec | None = attrs.field(default=None, validator=attrs.validators.optional(_check_backend))
+    backend: BackendSpec | None = attrs.field(default=None,
+                                              validator=attrs.validators.optional(_check_backend))
     n_threads: int = attrs.field(default=0, validator=_check_threads)
     use_client_pointer: bool = attrs.field(default=False, validator=_check_bool)
 
@@ -74,7 +76,7 @@ class Filter:
     """Base class of every layer: backend, thread limit, lifecycle and ``repr``.
 
     Subclasses call ``super().__init__(filter_parameters)``, guard each public method with
-    ``self._check_open("method")``, release their arrays in :meth:`_release`, and describe
+    ``self.check_open("method")``, release their arrays in :meth:`_release`, and describe
     themselves in :meth:`_describe`.
     """
 
@@ -82,9 +84,8 @@ class Filter:
         if filter_parameters is None:
             filter_parameters = FilterParameters()
         if not isinstance(filter_parameters, FilterParameters):
-            raise InvalidParameterError(
-                must_be(f"{type(self).__name__}(filter_parameters)", "a FilterParameters or None", filter_parameters)
-            )
+            where = f"{type(self).__name__}(filter_parameters)"
+            raise InvalidParameterError(must_be(where, "a FilterParameters or None", filter_parameters))
         self._closed = True  # until the backend resolves, so __del__ has nothing to do
         self._filter_parameters = filter_parameters
         self._backend: Backend = backends.get_backend(filter_parameters.backend)
@@ -126,12 +127,20 @@ class Filter:
         except Exception:  # pragma: no cover - never raise from a finalizer
             pass
 
-    def _check_open(self, method: str) -> None:
+    def check_open(self, method: str) -> None:
+        """Raise :class:`~bnnsfw.FilterClosedError` naming ``method`` if the layer is closed.
+
+        Every public method of a layer starts with it, and so does code that works on a
+        layer from outside (``save_weights``), so a closed layer is refused the same way.
+        """
         if self._closed:
             raise FilterClosedError(
                 f"{type(self).__name__}.{method}() was called after close(); "
                 f"create a new {type(self).__name__} to compute again."
             )
+
+    #: The spelling the layer modules use inside their own methods.
+    _check_open = check_open
 
     def _threads(self) -> contextlib.AbstractContextManager[None]:
         """Context manager applying this layer's BLAS thread limit."""

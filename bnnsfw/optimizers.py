@@ -56,8 +56,10 @@ SGD with momentum), AMSGrad, AdamW, and clipping each tensor by its own norm.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+import attrs
 import numpy as np
 
 from ._validation import SUPPORTED_DTYPES, as_input, describe, finite_float
@@ -80,6 +82,10 @@ def _optional_positive(where: str, value: object) -> float | None:
     return None if value is None else _positive(where, value)
 
 
+def _non_negative(where: str, value: object) -> float:
+    return finite_float(where, value, low=0.0)
+
+
 def _unit_interval(where: str, value: object) -> float:
     """A number in [0, 1)."""
     return finite_float(where, value, low=0.0, high=1.0, high_open=True)
@@ -99,79 +105,87 @@ def _count(where: str, value: object) -> int:
     return int(array)
 
 
+#: Field metadata key of a hyperparameter's check: ``check(where, value)`` rejects a bad value
+#: and returns the value kept.
+_CHECK = "bnnsfw.optimizers.check"
+
+
+def _hyperparameter(check: Callable[[str, Any], Any], default: Any = attrs.NOTHING, *,
+                    positional: bool = False, settable: bool = False) -> Any:
+    """Declare one hyperparameter: its check, its default, and whether it may change later.
+
+    The check runs when the optimizer is created (:meth:`Optimizer.__attrs_post_init__`) and,
+    for a ``settable`` one, on every assignment; the others cannot be assigned, since the
+    state kept between steps depends on them.
+    """
+
+    def checked(instance: object, attribute: attrs.Attribute, value: object) -> Any:
+        return check(f"{type(instance).__name__}.{attribute.name}", value)
+
+    return attrs.field(default=default, kw_only=not positional, metadata={_CHECK: check},
+                       on_setattr=checked if settable else attrs.setters.frozen)
+
+
+def _learning_rate(default: Any = attrs.NOTHING) -> Any:
+    """The step size: the first argument, > 0; may be changed between steps (a schedule)."""
+    return _hyperparameter(_positive, default, positional=True, settable=True)
+
+
+@attrs.define(eq=False, repr=False)
 class Optimizer:
     """Base class: hyperparameters shared by every optimizer, the step pipeline and the state.
 
-    Subclasses name their per-parameter state arrays in :meth:`_state_names` and apply their
-    rule in :meth:`_update`.
+    Subclasses are attrs classes too: each declares its own hyperparameters once, as fields
+    (the check, the default, whether it may be assigned), names its per-parameter state
+    arrays in :meth:`_state_names` and applies its rule in :meth:`_update`.
+
+    Parameters
+    ----------
+    learning_rate : float
+        The step size, > 0; the only hyperparameter that may be assigned between steps (a
+        schedule), checked like at creation.
+    weight_decay : float
+        L2 regularization, >= 0, adding ``weight_decay · p`` to each gradient.
+    clip_value : float or None
+        Bound for clipping gradients elementwise to ``[−clip_value, clip_value]`` (``None``
+        is off).
+    clip_norm : float or None
+        Maximum global L2 norm of all the gradients of a step (``None`` is off).
+    gradient_scale : float
+        Factor applied to every gradient first, > 0.
     """
 
-    def __init__(
-        self,
-        *,
-        learning_rate: float,
-        weight_decay: float,
-        clip_value: float | None,
-        clip_norm: float | None,
-        gradient_scale: float,
-    ) -> None:
-        name = type(self).__name__
-        self._learning_rate = _positive(f"{name}.learning_rate", learning_rate)
-        self._weight_decay = finite_float(f"{name}.weight_decay", weight_decay, low=0.0)
-        self._clip_value = _optional_positive(f"{name}.clip_value", clip_value)
-        self._clip_norm = _optional_positive(f"{name}.clip_norm", clip_norm)
-        self._gradient_scale = _positive(f"{name}.gradient_scale", gradient_scale)
-        self._step_count = 0
-        self._shapes: list[tuple[int, ...]] | None = None
-        self._dtypes: list[np.dtype | None] = []
-        self._state: list[dict[str, np.ndarray]] = []
+    learning_rate: float = _learning_rate()
+    weight_decay: float = _hyperparameter(_non_negative, 0.0)
+    clip_value: float | None = _hyperparameter(_optional_positive, None)
+    clip_norm: float | None = _hyperparameter(_optional_positive, None)
+    gradient_scale: float = _hyperparameter(_positive, 1.0)
+    _step_count: int = attrs.field(default=0, init=False)
+    _shapes: list[tuple[int, ...]] | None = attrs.field(default=None, init=False)
+    _dtypes: list[np.dtype | None] = attrs.field(factory=list, init=False)
+    _state: list[dict[str, np.ndarray]] = attrs.field(factory=list, init=False)
 
-    # Hyperparameters.
-    @property
-    def learning_rate(self) -> float:
-        """The step size; may be changed between steps (a schedule), and must stay > 0."""
-        return self._learning_rate
+    def __attrs_post_init__(self) -> None:
+        """Check every hyperparameter, in the order :func:`repr` lists them."""
+        for field in self._hyperparameter_fields():
+            where = f"{type(self).__name__}.{field.name}"
+            object.__setattr__(self, field.name, field.metadata[_CHECK](where, getattr(self, field.name)))
 
-    @learning_rate.setter
-    def learning_rate(self, value: float) -> None:
-        self._learning_rate = _positive(f"{type(self).__name__}.learning_rate", value)
-
-    @property
-    def weight_decay(self) -> float:
-        """L2 regularization, adding ``weight_decay · p`` to each gradient."""
-        return self._weight_decay
-
-    @property
-    def clip_value(self) -> float | None:
-        """Bound for clipping gradients elementwise to ``[−clip_value, clip_value]`` (``None`` is off)."""
-        return self._clip_value
-
-    @property
-    def clip_norm(self) -> float | None:
-        """Maximum global L2 norm of all the gradients of a step (``None`` is off)."""
-        return self._clip_norm
-
-    @property
-    def gradient_scale(self) -> float:
-        """Factor applied to every gradient first."""
-        return self._gradient_scale
+    @classmethod
+    def _hyperparameter_fields(cls) -> list[attrs.Attribute]:
+        """``learning_rate``, then the optimizer's own hyperparameters, then the shared ones."""
+        shared = {field.name for field in attrs.fields(Optimizer)}
+        fields = [field for field in attrs.fields(cls) if _CHECK in field.metadata]
+        return sorted(fields, key=lambda field: (field.name != "learning_rate", field.name in shared))
 
     @property
     def step_count(self) -> int:
         """How many steps have been taken (restored by :meth:`load_state_dict`)."""
         return self._step_count
 
-    def _hyperparameters(self) -> dict[str, object]:
-        return {
-            "learning_rate": self._learning_rate,
-            "weight_decay": self._weight_decay,
-            "clip_value": self._clip_value,
-            "clip_norm": self._clip_norm,
-            "gradient_scale": self._gradient_scale,
-        }
-
     def __repr__(self) -> str:
-        options = ", ".join(f"{key}={value!r}" for key, value in self._hyperparameters().items())
+        fields = self._hyperparameter_fields()
+        options = ", ".join(f"{field.name}={getattr(self, field.name)!r}" for field in fields)
         return f"{type(self).__name__}({options}; step_count={self._step_count})"
 
     # The step.
@@ -242,20 +256,20 @@ class Optimizer:
 
     def _prepare(self, params: list[np.ndarray], grads: list[np.ndarray]) -> list[np.ndarray]:
         """Steps 1–4: scaled, clipped, decayed copies of the gradients."""
-        scale = self._gradient_scale
+        scale = self.gradient_scale
         work = [g * scale if scale != 1.0 else g.copy() for g in grads]
-        if self._clip_value is not None:
+        if self.clip_value is not None:
             for w in work:
-                np.clip(w, -self._clip_value, self._clip_value, out=w)
-        if self._clip_norm is not None:
+                np.clip(w, -self.clip_value, self.clip_value, out=w)
+        if self.clip_norm is not None:
             norm = math.sqrt(sum(float(np.sum(np.square(w, dtype=np.float64))) for w in work))
-            factor = self._clip_norm / (norm + _NORM_EPSILON)
+            factor = self.clip_norm / (norm + _NORM_EPSILON)
             if factor < 1.0:
                 for w in work:
                     w *= factor
-        if self._weight_decay != 0.0:
+        if self.weight_decay != 0.0:
             for w, p in zip(work, params):
-                w += self._weight_decay * p
+                w += self.weight_decay * p
         return work
 
     # Hooks.
@@ -351,6 +365,7 @@ class Optimizer:
         self._state = arrays
 
 
+@attrs.define(eq=False, repr=False)
 class SGD(Optimizer):
     """Stochastic gradient descent, optionally with (Nesterov) momentum.
 
@@ -385,56 +400,35 @@ class SGD(Optimizer):
     (array([0.71, 2.29]), 2)
     """
 
-    def __init__(
-        self,
-        learning_rate: float,
-        *,
-        momentum: float = 0.0,
-        nesterov: bool = False,
-        weight_decay: float = 0.0,
-        clip_value: float | None = None,
-        clip_norm: float | None = None,
-        gradient_scale: float = 1.0,
-    ) -> None:
-        super().__init__(learning_rate=learning_rate, weight_decay=weight_decay, clip_value=clip_value,
-                         clip_norm=clip_norm, gradient_scale=gradient_scale)
-        self._momentum = _unit_interval("SGD.momentum", momentum)
-        self._nesterov = _flag("SGD.nesterov", nesterov)
-        if self._nesterov and self._momentum == 0.0:
-            raise InvalidParameterError(must_be("SGD.momentum", "> 0 when nesterov=True", momentum))
+    momentum: float = _hyperparameter(_unit_interval, 0.0)
+    nesterov: bool = _hyperparameter(_flag, False)
 
-    @property
-    def momentum(self) -> float:
-        return self._momentum
-
-    @property
-    def nesterov(self) -> bool:
-        return self._nesterov
-
-    def _hyperparameters(self) -> dict[str, object]:
-        return {"learning_rate": self._learning_rate, "momentum": self._momentum, "nesterov": self._nesterov,
-                **{k: v for k, v in super()._hyperparameters().items() if k != "learning_rate"}}
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.nesterov and self.momentum == 0.0:
+            raise InvalidParameterError(must_be("SGD.momentum", "> 0 when nesterov=True", self.momentum))
 
     def _state_names(self) -> tuple[str, ...]:
-        return ("momentum_buffer",) if self._momentum != 0.0 else ()
+        return ("momentum_buffer",) if self.momentum != 0.0 else ()
 
     def _update(self, parameter: np.ndarray, gradient: np.ndarray, state: dict[str, np.ndarray]) -> None:
-        lr = self._learning_rate
-        if self._momentum == 0.0:
+        lr = self.learning_rate
+        if self.momentum == 0.0:
             gradient *= lr
             parameter -= gradient
             return
         velocity = state["momentum_buffer"]
-        velocity *= self._momentum
+        velocity *= self.momentum
         velocity += gradient
-        if self._nesterov:
-            gradient += self._momentum * velocity
+        if self.nesterov:
+            gradient += self.momentum * velocity
             gradient *= lr
             parameter -= gradient
         else:
             parameter -= lr * velocity
 
 
+@attrs.define(eq=False, repr=False)
 class Adam(Optimizer):
     """Adam, with bias-corrected moment estimates.
 
@@ -468,40 +462,10 @@ class Adam(Optimizer):
     array([0.9, 2.1])
     """
 
-    def __init__(
-        self,
-        learning_rate: float = 1e-3,
-        *,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        epsilon: float = 1e-8,
-        weight_decay: float = 0.0,
-        clip_value: float | None = None,
-        clip_norm: float | None = None,
-        gradient_scale: float = 1.0,
-    ) -> None:
-        super().__init__(learning_rate=learning_rate, weight_decay=weight_decay, clip_value=clip_value,
-                         clip_norm=clip_norm, gradient_scale=gradient_scale)
-        self._beta1 = _unit_interval("Adam.beta1", beta1)
-        self._beta2 = _unit_interval("Adam.beta2", beta2)
-        self._epsilon = _positive("Adam.epsilon", epsilon)
-
-    @property
-    def beta1(self) -> float:
-        return self._beta1
-
-    @property
-    def beta2(self) -> float:
-        return self._beta2
-
-    @property
-    def epsilon(self) -> float:
-        return self._epsilon
-
-    def _hyperparameters(self) -> dict[str, object]:
-        return {"learning_rate": self._learning_rate, "beta1": self._beta1, "beta2": self._beta2,
-                "epsilon": self._epsilon,
-                **{k: v for k, v in super()._hyperparameters().items() if k != "learning_rate"}}
+    learning_rate: float = _learning_rate(1e-3)
+    beta1: float = _hyperparameter(_unit_interval, 0.9)
+    beta2: float = _hyperparameter(_unit_interval, 0.999)
+    epsilon: float = _hyperparameter(_positive, 1e-8)
 
     def _state_names(self) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
@@ -509,22 +473,23 @@ class Adam(Optimizer):
     def _update(self, parameter: np.ndarray, gradient: np.ndarray, state: dict[str, np.ndarray]) -> None:
         t = self._step_count
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= self._beta1
-        m += (1.0 - self._beta1) * gradient
-        v *= self._beta2
+        m *= self.beta1
+        m += (1.0 - self.beta1) * gradient
+        v *= self.beta2
         gradient *= gradient
-        gradient *= 1.0 - self._beta2
+        gradient *= 1.0 - self.beta2
         v += gradient
-        correction1 = 1.0 - self._beta1**t
-        correction2 = 1.0 - self._beta2**t
+        correction1 = 1.0 - self.beta1**t
+        correction2 = 1.0 - self.beta2**t
         denominator = np.sqrt(v)
         denominator *= 1.0 / math.sqrt(correction2)  # √v̂
-        denominator += self._epsilon
+        denominator += self.epsilon
         update = np.divide(m, denominator, out=denominator)
-        update *= self._learning_rate / correction1  # m̂ = m / correction1
+        update *= self.learning_rate / correction1  # m̂ = m / correction1
         parameter -= update
 
 
+@attrs.define(eq=False, repr=False)
 class RMSProp(Optimizer):
     """RMSProp, as PyTorch's ``RMSprop``, with the centered and momentum variants.
 
@@ -562,61 +527,26 @@ class RMSProp(Optimizer):
     array([0.98])
     """
 
-    def __init__(
-        self,
-        learning_rate: float = 1e-2,
-        *,
-        alpha: float = 0.99,
-        epsilon: float = 1e-8,
-        momentum: float = 0.0,
-        centered: bool = False,
-        weight_decay: float = 0.0,
-        clip_value: float | None = None,
-        clip_norm: float | None = None,
-        gradient_scale: float = 1.0,
-    ) -> None:
-        super().__init__(learning_rate=learning_rate, weight_decay=weight_decay, clip_value=clip_value,
-                         clip_norm=clip_norm, gradient_scale=gradient_scale)
-        self._alpha = _unit_interval("RMSProp.alpha", alpha)
-        self._epsilon = _positive("RMSProp.epsilon", epsilon)
-        self._momentum = _unit_interval("RMSProp.momentum", momentum)
-        self._centered = _flag("RMSProp.centered", centered)
-
-    @property
-    def alpha(self) -> float:
-        return self._alpha
-
-    @property
-    def epsilon(self) -> float:
-        return self._epsilon
-
-    @property
-    def momentum(self) -> float:
-        return self._momentum
-
-    @property
-    def centered(self) -> bool:
-        return self._centered
-
-    def _hyperparameters(self) -> dict[str, object]:
-        return {"learning_rate": self._learning_rate, "alpha": self._alpha, "epsilon": self._epsilon,
-                "momentum": self._momentum, "centered": self._centered,
-                **{k: v for k, v in super()._hyperparameters().items() if k != "learning_rate"}}
+    learning_rate: float = _learning_rate(1e-2)
+    alpha: float = _hyperparameter(_unit_interval, 0.99)
+    epsilon: float = _hyperparameter(_positive, 1e-8)
+    momentum: float = _hyperparameter(_unit_interval, 0.0)
+    centered: bool = _hyperparameter(_flag, False)
 
     def _state_names(self) -> tuple[str, ...]:
         names = ["square_avg"]
-        if self._centered:
+        if self.centered:
             names.append("grad_avg")
-        if self._momentum != 0.0:
+        if self.momentum != 0.0:
             names.append("momentum_buffer")
         return tuple(names)
 
     def _update(self, parameter: np.ndarray, gradient: np.ndarray, state: dict[str, np.ndarray]) -> None:
-        alpha = self._alpha
+        alpha = self.alpha
         square_avg = state["square_avg"]
         square_avg *= alpha
         square_avg += (1.0 - alpha) * (gradient * gradient)
-        if self._centered:
+        if self.centered:
             grad_avg = state["grad_avg"]
             grad_avg *= alpha
             grad_avg += (1.0 - alpha) * gradient
@@ -625,13 +555,13 @@ class RMSProp(Optimizer):
             np.sqrt(denominator, out=denominator)
         else:
             denominator = np.sqrt(square_avg)
-        denominator += self._epsilon
+        denominator += self.epsilon
         ratio = np.divide(gradient, denominator, out=denominator)
-        if self._momentum != 0.0:
+        if self.momentum != 0.0:
             buffer = state["momentum_buffer"]
-            buffer *= self._momentum
+            buffer *= self.momentum
             buffer += ratio
-            parameter -= self._learning_rate * buffer
+            parameter -= self.learning_rate * buffer
         else:
-            ratio *= self._learning_rate
+            ratio *= self.learning_rate
             parameter -= ratio

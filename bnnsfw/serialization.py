@@ -4,6 +4,11 @@
 configuration (as JSON) and arrays — LSTM gate descriptors, normalization gamma/beta and
 moving statistics, fully connected weights and bias — and ``load_weights(path)`` rebuilds
 the same layers, which then compute exactly what the saved ones computed.
+
+What a layer holds is its parameter object's plain state (``to_state()`` /
+``from_state()``); this module only lays that state out in the file. For a layer named
+``name``, each array of the state is the entry ``name/<key>`` and every other value goes
+into the JSON entry ``__meta__``, beside the layer's ``type``.
 """
 
 from __future__ import annotations
@@ -14,131 +19,89 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .activation import Activation
 from .errors import InvalidParameterError, must_be
 from .filter import Filter, FilterParameters
+from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
+from .layers.lstm import LSTMLayer, LSTMParameters
+from .layers.normalization import NormalizationLayer, NormalizationParameters
 
 __all__ = ["save_weights", "load_weights"]
 
 _FORMAT = "bnnsfw-weights-1"
-_GATES = ("input_gate", "forget_gate", "candidate_gate", "output_gate")
+
+#: The layers a file holds, by the ``type`` written for them: (layer class, parameter class).
+_LAYER_TYPES: dict[str, tuple[type[Any], type[Any]]] = {
+    "lstm": (LSTMLayer, LSTMParameters),
+    "normalization": (NormalizationLayer, NormalizationParameters),
+    "fully_connected": (FullyConnectedLayer, FullyConnectedParameters),
+}
 
 
-def _activation_json(act: Activation | None) -> list[float] | None:
-    return None if act is None else [int(act.function), act.alpha, act.beta]
+def _type_names() -> str:
+    """``"lstm, normalization or fully_connected"``, for messages."""
+    names = list(_LAYER_TYPES)
+    return f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-def _activation_from(value: list[float] | None) -> Activation | None:
-    return None if value is None else Activation(int(value[0]), value[1], value[2])
+def _live_state(name: str, layer: Filter) -> tuple[str, dict[str, Any]]:
+    """The layer's type name and state, holding the arrays the layer computes with now.
 
-
-def _describe(name: str, layer: Filter, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    from .layers.fully_connected import FullyConnectedLayer
-    from .layers.lstm import LSTMLayer
-    from .layers.normalization import NormalizationLayer
-
-    def put(key: str, value: np.ndarray | None) -> None:
-        if value is not None:
-            arrays[f"{name}/{key}"] = np.array(value, copy=True)
-
-    if isinstance(layer, LSTMLayer):
-        p = layer.parameters
-        for gate_name, gate in zip(_GATES, p.gates):
-            put(f"{gate_name}/input_weights0", gate.input_weights[0])
-            put(f"{gate_name}/input_weights1", gate.input_weights[1])
-            put(f"{gate_name}/hidden_weights", gate.hidden_weights)
-            put(f"{gate_name}/cell_weights", gate.cell_weights)
-            put(f"{gate_name}/bias", gate.bias)
-        return {
-            "type": "lstm", "input_size": p.input_size, "hidden_size": p.hidden_size,
-            "num_layers": p.num_layers, "bidirectional": p.bidirectional, "batch_first": p.batch_first,
-            "dropout": p.dropout, "seed": p.seed, "default_activations": p.default_activations,
-            "hidden_activation": _activation_json(p.hidden_activation), "dtype": p.dtype.name,
-            "gate_activations": [_activation_json(g.activation) for g in p.gates],
-        }
-    if isinstance(layer, NormalizationLayer):
-        p = layer.parameters
-        put("gamma", layer.gamma)
-        put("beta", layer.beta)
-        put("moving_mean", layer.moving_mean)
-        put("moving_variance", layer.moving_variance)
-        return {
-            "type": "normalization", "kind": p.type.kind.name, "input_shape": list(p.input_shape),
-            "normalization_axis": p.type.normalization_axis, "group_count": p.type.group_count,
-            "momentum": p.momentum, "epsilon": p.epsilon, "activation": _activation_json(p.activation),
-            "dtype": p.dtype.name,
-        }
-    if isinstance(layer, FullyConnectedLayer):
-        put("weights", layer.weights)
-        put("bias", layer.bias)
-        return {"type": "fully_connected", "input_size": layer.input_size, "output_size": layer.output_size,
-                "activation": _activation_json(layer.activation), "dtype": layer.dtype.name}
-    raise InvalidParameterError(must_be(f"save_weights(layers[{name!r}])",
-                                        "an LSTMLayer, NormalizationLayer or FullyConnectedLayer",
-                                        type(layer).__name__))
+    A layer that copied its arrays at creation (the default, without client pointers) trains
+    those copies, and exposes them as properties named like the state's entries
+    (``NormalizationLayer.gamma``, ``FullyConnectedLayer.weights`` …): those are saved.
+    """
+    for type_name, (layer_class, _) in _LAYER_TYPES.items():
+        if isinstance(layer, layer_class):
+            state: dict[str, Any] = layer.parameters.to_state()
+            for key, value in state.items():
+                live = getattr(layer_class, key, None)
+                if (value is None or isinstance(value, np.ndarray)) and isinstance(live, property):
+                    array = getattr(layer, key)
+                    if isinstance(array, np.ndarray):
+                        state[key] = array
+            return type_name, state
+    classes = ", ".join(layer_class.__name__ for layer_class, _ in _LAYER_TYPES.values())
+    where = f"save_weights(layers[{name!r}])"
+    raise InvalidParameterError(must_be(where, f"one of {classes}", type(layer).__name__))
 
 
 def save_weights(path: str | os.PathLike[str], layers: Mapping[str, Filter]) -> None:
     """Write ``layers`` (name → open layer) to ``path`` (a ``.npz`` file)."""
     if not layers:
-        raise InvalidParameterError(must_be("save_weights(layers)", "a non-empty mapping of name to layer", layers))
-    arrays: dict[str, np.ndarray] = {}
+        rule = "a non-empty mapping of name to layer"
+        raise InvalidParameterError(must_be("save_weights(layers)", rule, layers))
+    arrays: dict[str, Any] = {}
     meta: dict[str, Any] = {}
     for name, layer in layers.items():
         if not isinstance(name, str) or not name or "/" in name:
-            raise InvalidParameterError(must_be("save_weights(layers) keys", "non-empty names without '/'", name))
+            rule = "non-empty names without '/'"
+            raise InvalidParameterError(must_be("save_weights(layers) keys", rule, name))
         if not isinstance(layer, Filter):
             raise InvalidParameterError(must_be(f"save_weights(layers[{name!r}])", "a bnnsfw layer",
                                                 type(layer).__name__))
-        layer._check_open("save_weights")
-        meta[name] = _describe(name, layer, arrays)
+        layer.check_open("save_weights")
+        type_name, state = _live_state(name, layer)
+        meta[name] = {"type": type_name}
+        for key, value in state.items():
+            if isinstance(value, np.ndarray):
+                arrays[f"{name}/{key}"] = value
+            else:
+                meta[name][key] = value
     arrays["__meta__"] = np.array(json.dumps({"format": _FORMAT, "layers": meta}))
     np.savez(path, **arrays)
 
 
 def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | None) -> Filter:
-    from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
-    from .layers.lstm import LSTMGateDescriptor, LSTMLayer, LSTMParameters
-    from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
-
-    def get(key: str) -> np.ndarray | None:
-        full = f"{name}/{key}"
-        return data[full] if full in data.files else None
-
-    kind = meta["type"]
-    if kind == "lstm":
-        gates = {}
-        for gate_name, act in zip(_GATES, meta["gate_activations"]):
-            gates[gate_name] = LSTMGateDescriptor(
-                input_weights=(get(f"{gate_name}/input_weights0"), get(f"{gate_name}/input_weights1")),
-                hidden_weights=get(f"{gate_name}/hidden_weights"), cell_weights=get(f"{gate_name}/cell_weights"),
-                bias=get(f"{gate_name}/bias"), activation=_activation_from(act))
-        params = LSTMParameters(
-            input_size=meta["input_size"], hidden_size=meta["hidden_size"], num_layers=meta["num_layers"],
-            bidirectional=meta["bidirectional"], batch_first=meta["batch_first"], dropout=meta["dropout"],
-            seed=meta["seed"], default_activations=meta["default_activations"],
-            hidden_activation=_activation_from(meta["hidden_activation"]), dtype=meta["dtype"], **gates)
-        return LSTMLayer(params, fp)
-    if kind == "normalization":
-        moving = dict(moving_mean=get("moving_mean"), moving_variance=get("moving_variance"))
-        ntype = {
-            "batch_norm": lambda: NormalizationType.batch(**moving),
-            "instance_norm": lambda: NormalizationType.instance(**moving),
-            "layer_norm": lambda: NormalizationType.layer(normalization_axis=meta["normalization_axis"]),
-            "group_norm": lambda: NormalizationType.group(group_count=meta["group_count"]),
-        }[meta["kind"]]()
-        params = NormalizationParameters(
-            type=ntype, input_shape=tuple(meta["input_shape"]), gamma=get("gamma"), beta=get("beta"),
-            momentum=meta["momentum"], epsilon=meta["epsilon"], activation=_activation_from(meta["activation"]),
-            dtype=meta["dtype"])
-        return NormalizationLayer(params, fp)
-    if kind == "fully_connected":
-        params = FullyConnectedParameters(
-            input_size=meta["input_size"], output_size=meta["output_size"], weights=get("weights"),
-            bias=get("bias"), activation=_activation_from(meta["activation"]), dtype=meta["dtype"])
-        return FullyConnectedLayer(params, fp)
-    raise InvalidParameterError(must_be(f"load_weights: layer {name!r} type", "lstm, normalization or "
-                                        "fully_connected", kind))
+    """Rebuild the layer ``name`` from its JSON entry and its arrays."""
+    state = dict(meta)
+    type_name = state.pop("type", None)
+    if type_name not in _LAYER_TYPES:
+        raise InvalidParameterError(must_be(f"load_weights: layer {name!r} type", _type_names(), type_name))
+    prefix = f"{name}/"
+    state.update({key[len(prefix):]: data[key] for key in data.files if key.startswith(prefix)})
+    layer_class, parameters_class = _LAYER_TYPES[type_name]
+    layer: Filter = layer_class(parameters_class.from_state(state), fp)
+    return layer
 
 
 def load_weights(path: str | os.PathLike[str],

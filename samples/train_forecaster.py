@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 import bnnsfw as bf
-from bnnsfw.demo import make_sine_task, repeat_last_baseline, rmse
+from bnnsfw.cli.demo import make_sine_task, repeat_last_baseline, rmse
 
 
 def main(quick: bool = False) -> int:

@@ -3,7 +3,7 @@
 import builtins
 import json
 
-from bnnsfw import bench
+from bnnsfw.cli import bench
 
 
 def test_quick_bench_prints_every_row_and_writes_json(tmp_path, capsys):

@@ -1,6 +1,8 @@
 import subprocess
 import sys
+from pathlib import Path
 
+import bnnsfw
 from bnnsfw import cli
 
 
@@ -41,3 +43,26 @@ def test_deprecations_subcommand_is_wired(capsys):
     assert cli.main(["deprecations", "BNNSDirectApplyLSTMBatchBackward"]) == 0
     out = capsys.readouterr().out
     assert "bnnsfw.LSTMLayer.apply_backward" in out and "Use BNNSGraph* APIs" in out
+
+
+def test_the_library_never_imports_the_command_line():
+    """Importing every library module leaves ``bnnsfw.cli`` unloaded."""
+    package = Path(bnnsfw.__file__).parent
+    names = sorted(
+        ".".join(("bnnsfw", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+        for path in package.rglob("*.py")
+        if path.relative_to(package).parts[0] not in ("cli", "__main__.py")
+    )
+    script = "import importlib, sys\n" + "".join(f"importlib.import_module({name!r})\n" for name in names)
+    script += "print(sorted(m for m in sys.modules if m.startswith('bnnsfw.cli')))\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert "bnnsfw.deprecation" in names and "bnnsfw.serialization" in names
+
+
+def test_deprecation_main_is_still_the_deprecations_command():
+    from bnnsfw import deprecation
+    from bnnsfw.cli import deprecations
+
+    assert deprecation.main is deprecations.main

@@ -5,7 +5,7 @@ import io
 import numpy as np
 import pytest
 
-from bnnsfw import demo
+from bnnsfw.cli import demo
 
 
 def test_task_is_deterministic_and_split_by_series():

@@ -18,11 +18,11 @@ from bnnsfw.deprecation import (
     entries,
     is_deprecated,
     lookup,
-    main,
     markdown_table,
     scan,
     warn_deprecated,
 )
+from bnnsfw.cli.deprecations import main
 from bnnsfw.errors import BNNSError, InvalidParameterError, UnknownNameError
 
 # --------------------------------------------------------------------------- expected facts

@@ -42,6 +42,14 @@ def test_close_is_idempotent_and_blocks_further_use():
     assert issubclass(bf.FilterClosedError, ValueError)
 
 
+def test_check_open_is_public_and_names_the_caller():
+    layer = ScaleLayer(np.eye(2))
+    layer.check_open("save_weights")  # open: nothing happens
+    layer.close()
+    with pytest.raises(bf.FilterClosedError, match=r"ScaleLayer.save_weights\(\) was called after close\(\)"):
+        layer.check_open("save_weights")
+
+
 def test_context_manager_closes():
     with ScaleLayer(np.eye(2)) as layer:
         np.testing.assert_array_equal(layer.apply(np.ones((1, 2))), [[1.0, 1.0]])

@@ -302,6 +302,14 @@ def test_learning_rate_can_change_between_steps():
         opt.learning_rate = 0
 
 
+@pytest.mark.parametrize("name", ["momentum", "nesterov", "weight_decay", "clip_norm", "gradient_scale"])
+def test_only_the_learning_rate_can_be_assigned(name):
+    opt = SGD(0.1, momentum=0.5)
+    with pytest.raises(AttributeError):
+        setattr(opt, name, getattr(opt, name))
+    assert opt.momentum == 0.5 and opt.state_dict() == {"step_count": 0, "parameter_count": 0}
+
+
 @pytest.mark.parametrize(
     "make, match",
     [

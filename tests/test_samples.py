@@ -18,7 +18,7 @@ def test_sample_runs(sample):
 
 
 def test_the_scanner_finds_the_c_style_sample(capsys):
-    from bnnsfw.deprecation import main
+    from bnnsfw.cli.deprecations import main
 
     samples = str(SAMPLES[0].parent)
     assert main(["--scan", samples, "--check"]) == 1

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -50,3 +52,124 @@ def test_load_refuses_foreign_files(tmp_path):
     np.savez(tmp_path / "other.npz", a=np.zeros(2))
     with pytest.raises(bf.InvalidParameterError, match="a file written by save_weights"):
         load_weights(tmp_path / "other.npz")
+
+
+def test_saved_arrays_are_the_live_ones_the_layers_train(tmp_path):
+    """Without client pointers a layer trains its own copies; those are what is saved."""
+    norm_parameters = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(3,))
+    norm = bf.NormalizationLayer(norm_parameters)
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=3, output_size=2, seed=0))
+    norm.gamma -= 0.5                                  # the parameters held no gamma at all
+    head.weights[...] += 1.0                           # as an optimizer updates it, in place
+    save_weights(tmp_path / "m.npz", {"norm": norm, "head": head})
+    loaded = load_weights(tmp_path / "m.npz")
+    np.testing.assert_array_equal(loaded["norm"].gamma, [0.5, 0.5, 0.5])
+    np.testing.assert_array_equal(loaded["head"].weights, head.weights)
+    assert not np.array_equal(loaded["head"].weights, head.parameters.weights)
+
+
+def _first_format_file(path):
+    """A weights file laid out entry by entry as format bnnsfw-weights-1 writes it."""
+    rng = np.random.default_rng(5)
+
+    def f32(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    arrays = {}
+    for gate in ("input_gate", "forget_gate", "candidate_gate", "output_gate"):
+        arrays[f"lstm/{gate}/input_weights0"] = f32(1, 4, 3)
+        arrays[f"lstm/{gate}/hidden_weights"] = f32(1, 1, 4, 4)
+        arrays[f"lstm/{gate}/bias"] = f32(1, 1, 4)
+    arrays["lstm/forget_gate/cell_weights"] = f32(1, 1, 4)
+    arrays["norm/gamma"], arrays["norm/beta"] = f32(4), f32(4)
+    arrays["norm/moving_mean"], arrays["norm/moving_variance"] = f32(4), np.full(4, 2.0, np.float32)
+    arrays["head/weights"] = f32(2, 4)
+    layers = {
+        "lstm": {"type": "lstm", "input_size": 3, "hidden_size": 4, "num_layers": 1, "bidirectional": False,
+                 "batch_first": False, "dropout": 0.0, "seed": 7, "default_activations": False,
+                 "hidden_activation": [5, 1.5, 0.5], "dtype": "float32",
+                 "gate_activations": [None, [15, 0.2, 0.5], None, None]},
+        "norm": {"type": "normalization", "kind": "batch_norm", "input_shape": [4],
+                 "normalization_axis": None, "group_count": None, "momentum": 0.9, "epsilon": 0.001,
+                 "activation": [0, 0.0, 0.0], "dtype": "float32"},
+        "head": {"type": "fully_connected", "input_size": 4, "output_size": 2, "activation": [1, 0.0, 0.0],
+                 "dtype": "float32"},
+    }
+    meta = json.dumps({"format": "bnnsfw-weights-1", "layers": layers})
+    np.savez(path, __meta__=np.array(meta), **arrays)
+    return arrays
+
+
+def test_a_file_in_the_first_format_loads_and_is_written_back_the_same(tmp_path):
+    arrays = _first_format_file(tmp_path / "old.npz")
+    layers = load_weights(tmp_path / "old.npz")
+    lstm = layers["lstm"].parameters
+    assert (lstm.input_size, lstm.hidden_size, lstm.seed) == (3, 4, 7)
+    assert lstm.hidden_activation == bf.Activation.scaled_tanh(1.5, 0.5)
+    assert lstm.forget_gate.activation == bf.Activation.hard_sigmoid(0.2, 0.5)
+    assert lstm.input_gate.activation is None and lstm.input_gate.cell_weights is None
+    for name, gate in zip(("input_gate", "forget_gate", "candidate_gate", "output_gate"), lstm.gates):
+        np.testing.assert_array_equal(gate.input_weights[0], arrays[f"lstm/{name}/input_weights0"])
+        np.testing.assert_array_equal(gate.hidden_weights, arrays[f"lstm/{name}/hidden_weights"])
+        np.testing.assert_array_equal(gate.bias, arrays[f"lstm/{name}/bias"])
+    np.testing.assert_array_equal(lstm.forget_gate.cell_weights, arrays["lstm/forget_gate/cell_weights"])
+    norm = layers["norm"]
+    assert norm.parameters.type.kind is bf.FilterType.batch_norm
+    assert norm.parameters.epsilon == 0.001
+    for key in ("gamma", "beta", "moving_mean", "moving_variance"):
+        np.testing.assert_array_equal(getattr(norm, key), arrays[f"norm/{key}"])
+    head = layers["head"]
+    assert head.bias is None and head.activation == bf.Activation.relu()
+    x = np.array([[1.0, -2.0, 0.5, 3.0]], np.float32)
+    np.testing.assert_allclose(head.apply(x), np.maximum(x @ arrays["head/weights"].T, 0), rtol=1e-6)
+
+    save_weights(tmp_path / "again.npz", layers)
+    with np.load(tmp_path / "again.npz") as again:
+        assert sorted(again.files) == sorted([*arrays, "__meta__"])
+        for key, array in arrays.items():
+            np.testing.assert_array_equal(again[key], array)
+            assert again[key].dtype == array.dtype
+
+
+@pytest.mark.parametrize("parameters", [
+    bf.LSTMParameters.random(input_size=2, hidden_size=3, num_layers=2, bidirectional=True, peepholes="full",
+                             seed=3, batch_first=True, dropout=0.25, dtype=np.float64),
+    bf.LSTMParameters.random(input_size=2, hidden_size=3, bias=False, default_activations=True),
+    bf.NormalizationParameters(
+        type=bf.NormalizationType.instance(moving_mean=[0.0, 1.0], moving_variance=[1.0, 2.0]),
+        input_shape=(2, 5), momentum=0.25, activation=bf.Activation.elu(0.5)),
+    bf.NormalizationParameters(type=bf.NormalizationType.layer(normalization_axis=1), input_shape=(2, 5),
+                               beta=np.arange(5.0)),
+    bf.FullyConnectedParameters.random(input_size=3, output_size=2, bias=False, dtype=np.float64),
+], ids=["lstm", "lstm-no-bias", "instance", "layer", "fully-connected"])
+def test_to_state_and_from_state_round_trip(parameters):
+    state = parameters.to_state()
+    assert json.loads(json.dumps({k: v for k, v in state.items() if not isinstance(v, np.ndarray)}))
+    again = type(parameters).from_state(state)
+    assert again.to_state().keys() == state.keys()
+    for key, value in again.to_state().items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(value, state[key])
+        else:
+            assert value == state[key], key
+
+
+def test_from_state_names_missing_and_unexpected_keys():
+    state = bf.FullyConnectedParameters.random(input_size=3, output_size=2).to_state()
+    missing = r"FullyConnectedParameters.from_state\(state\) must be a state with the key 'output_size'"
+    with pytest.raises(bf.InvalidParameterError, match=missing):
+        bf.FullyConnectedParameters.from_state({k: v for k, v in state.items() if k != "output_size"})
+    unexpected = r"only the keys to_state\(\) writes; got \"unexpected keys \['wieghts'\]\""
+    with pytest.raises(bf.InvalidParameterError, match=unexpected):
+        bf.FullyConnectedParameters.from_state({**state, "wieghts": state["weights"]})
+    lstm = bf.LSTMParameters.random(input_size=2, hidden_size=3).to_state()
+    missing = r"LSTMGateDescriptor.from_state\(state\) must be a state with the key 'hidden_weights'"
+    with pytest.raises(bf.InvalidParameterError, match=missing):
+        bf.LSTMParameters.from_state({k: v for k, v in lstm.items() if k != "output_gate/hidden_weights"})
+    with pytest.raises(bf.InvalidParameterError, match=r"must be a list of 4"):
+        bf.LSTMParameters.from_state({**lstm, "gate_activations": [None]})
+    triple = r"Activation.from_state\(state\) must be \[function, alpha, beta\]"
+    with pytest.raises(bf.InvalidParameterError, match=triple):
+        bf.Activation.from_state([1, 0.0])
+    with pytest.raises(bf.InvalidParameterError, match=r"must be a mapping from to_state\(\); got 'list'"):
+        bf.NormalizationParameters.from_state([])

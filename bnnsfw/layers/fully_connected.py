@@ -13,6 +13,7 @@ bias is added in place.
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import attrs
 import numpy as np
@@ -128,6 +129,38 @@ class FullyConnectedParameters:
             activation=Activation.identity() if activation is None else activation,
             dtype=dtype,
         )
+
+    def to_state(self) -> dict[str, Any]:
+        """The parameters as plain data: sizes, ``activation`` as ``[function, alpha, beta]``,
+        ``dtype`` by name, and the arrays ``weights`` and ``bias`` (themselves, not copies;
+        ``bias`` is ``None`` when absent). :meth:`from_state` reads it back.
+
+        >>> state = FullyConnectedParameters.random(input_size=4, output_size=3, bias=False).to_state()
+        >>> state["weights"].shape, state["bias"], state["activation"], state["dtype"]
+        ((3, 4), None, [0, 0.0, 0.0], 'float32')
+        """
+        return {
+            "input_size": self.input_size,
+            "output_size": self.output_size,
+            "activation": self.activation.to_state(),
+            "dtype": self.dtype.name,
+            "weights": self.weights,
+            "bias": self.bias,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "FullyConnectedParameters":
+        """The parameters that :meth:`to_state` described; an absent ``bias`` is ``None``."""
+        from .._state import StateReader
+
+        reader = StateReader(_PARAMS, state)
+        parameters = cls(
+            **reader.required_entries("input_size", "output_size", "weights", "dtype"),
+            bias=reader.optional("bias"),
+            activation=Activation.from_state(reader.required("activation")),
+        )
+        reader.finish()
+        return parameters
 
 
 @attrs.frozen(kw_only=True, eq=False)

@@ -178,6 +178,39 @@ class LSTMGateDescriptor:
             return None
         return "full" if np.ndim(self.cell_weights) == 4 else "diagonal"
 
+    def to_state(self) -> dict[str, Any]:
+        """The gate as plain data: its arrays and its activation.
+
+        Keys ``input_weights0``, ``input_weights1``, ``hidden_weights``, ``cell_weights`` and
+        ``bias`` hold the arrays themselves (not copies; ``None`` where absent);
+        ``activation`` is ``[function, alpha, beta]`` or ``None``. :meth:`from_state` reads
+        it back.
+        """
+        return {
+            "input_weights0": self.input_weights[0],
+            "input_weights1": self.input_weights[1],
+            "hidden_weights": self.hidden_weights,
+            "cell_weights": self.cell_weights,
+            "bias": self.bias,
+            "activation": None if self.activation is None else self.activation.to_state(),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "LSTMGateDescriptor":
+        """The gate that :meth:`to_state` described; absent optional entries are ``None``."""
+        from .._state import StateReader
+
+        reader = StateReader("LSTMGateDescriptor", state)
+        activation = reader.optional("activation")
+        gate = cls(
+            input_weights=(reader.required("input_weights0"), reader.optional("input_weights1")),
+            hidden_weights=reader.required("hidden_weights"),
+            **reader.optional_entries("cell_weights", "bias"),
+            activation=None if activation is None else Activation.from_state(activation),
+        )
+        reader.finish()
+        return gate
+
 
 @attrs.frozen(kw_only=True, eq=False)
 class LSTMParameters:
@@ -351,6 +384,62 @@ class LSTMParameters:
                                              cell_weights=cw, bias=b)
         return cls(input_size=size_i, hidden_size=h, num_layers=size_l, bidirectional=bidirectional,
                    seed=seed, dtype=dtype, **gates, **options)
+
+    def to_state(self) -> dict[str, Any]:
+        """The parameters as plain data: sizes and options as numbers, strings and lists, and
+        each gate's arrays under ``"<gate>/<key>"`` (``"forget_gate/bias"``, keys as in
+        :meth:`LSTMGateDescriptor.to_state`; the arrays themselves, not copies).
+
+        The gates' activations are the list ``gate_activations``, in gate order. Every value
+        but the arrays is JSON-ready; :meth:`from_state` reads it back.
+
+        >>> state = LSTMParameters.random(input_size=3, hidden_size=4, seed=0).to_state()
+        >>> state["hidden_size"], state["forget_gate/hidden_weights"].shape
+        (4, (1, 1, 4, 4))
+        """
+        state: dict[str, Any] = {
+            "input_size": self.input_size,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "bidirectional": bool(self.bidirectional),
+            "batch_first": bool(self.batch_first),
+            "dropout": self.dropout,
+            "seed": None if self.seed is None else int(self.seed),
+            "default_activations": bool(self.default_activations),
+            "hidden_activation": (None if self.hidden_activation is None
+                                  else self.hidden_activation.to_state()),
+            "dtype": self.dtype.name,
+            "gate_activations": [],
+        }
+        for name, gate in zip(GATE_FIELDS, self.gates):
+            gate_state = gate.to_state()
+            state["gate_activations"].append(gate_state.pop("activation"))
+            state.update({f"{name}/{key}": value for key, value in gate_state.items()})
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "LSTMParameters":
+        """The parameters that :meth:`to_state` described (validated like any others)."""
+        from .._state import StateReader
+
+        reader = StateReader("LSTMParameters", state)
+        activations = reader.required("gate_activations")
+        if not isinstance(activations, (list, tuple)) or len(activations) != len(GATE_FIELDS):
+            raise InvalidParameterError(must_be(
+                "LSTMParameters.from_state(state)['gate_activations']", f"a list of {len(GATE_FIELDS)}",
+                activations))
+        gates: dict[str, Any] = {
+            name: LSTMGateDescriptor.from_state({**reader.prefixed(f"{name}/"), "activation": activation})
+            for name, activation in zip(GATE_FIELDS, activations)}
+        hidden_activation = reader.required("hidden_activation")
+        parameters = cls(
+            **reader.required_entries("input_size", "hidden_size", "num_layers", "bidirectional",
+                                      "batch_first", "dropout", "seed", "default_activations", "dtype"),
+            hidden_activation=None if hidden_activation is None else Activation.from_state(hidden_activation),
+            **gates,
+        )
+        reader.finish()
+        return parameters
 
 
 # --------------------------------------------------------------------------------------

@@ -319,6 +319,51 @@ class NormalizationParameters:
             return self.input_shape[self.type.normalization_axis:]  # type: ignore[misc]
         return (self.channels,)
 
+    def to_state(self) -> dict[str, Any]:
+        """The parameters as plain data: the type's kind and options, the sizes and options
+        as numbers, strings and lists, and the arrays ``gamma``, ``beta``, ``moving_mean``
+        and ``moving_variance`` (the arrays themselves, not copies; ``None`` where absent).
+
+        Every value but the arrays is JSON-ready; :meth:`from_state` reads it back.
+
+        >>> p = NormalizationParameters(type=NormalizationType.group(group_count=2), input_shape=(4, 3))
+        >>> state = p.to_state()
+        >>> state["kind"], state["group_count"], state["gamma"]
+        ('group_norm', 2, None)
+        """
+        return {
+            "kind": self.type.kind.name,
+            "input_shape": list(self.input_shape),
+            "normalization_axis": self.type.normalization_axis,
+            "group_count": self.type.group_count,
+            "momentum": self.momentum,
+            "epsilon": self.epsilon,
+            "activation": self.activation.to_state(),
+            "dtype": self.dtype.name,
+            "gamma": self.gamma,
+            "beta": self.beta,
+            "moving_mean": self.type.moving_mean,
+            "moving_variance": self.type.moving_variance,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "NormalizationParameters":
+        """The parameters that :meth:`to_state` described; absent arrays are ``None``."""
+        from .._state import StateReader
+
+        reader = StateReader("NormalizationParameters", state)
+        kind = NormalizationType(**reader.required_entries("kind", "normalization_axis", "group_count"),
+                                 **reader.optional_entries("moving_mean", "moving_variance"))
+        parameters = cls(
+            type=kind,
+            input_shape=tuple(reader.required("input_shape")),
+            **reader.optional_entries("gamma", "beta"),
+            **reader.required_entries("momentum", "epsilon", "dtype"),
+            activation=Activation.from_state(reader.required("activation")),
+        )
+        reader.finish()
+        return parameters
+
 
 @attrs.frozen(eq=False)
 class NormalizationGradients:

@@ -305,10 +305,10 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
     rows: list[BenchRow] = []
     lstm_cases = [c.quick() for c in LSTM_CASES] if opts.quick else list(LSTM_CASES)
     norm_cases = [c.quick() for c in NORMALIZATION_CASES] if opts.quick else list(NORMALIZATION_CASES)
-    for case in lstm_cases:
-        rows += _bench_lstm(case, opts, peak, torch_mod)
-    for case in norm_cases:
-        rows += _bench_normalization(case, opts, torch_mod)
+    for lstm_case in lstm_cases:
+        rows += _bench_lstm(lstm_case, opts, peak, torch_mod)
+    for norm_case in norm_cases:
+        rows += _bench_normalization(norm_case, opts, torch_mod)
     print(format_table(rows, with_torch=torch_mod is not None), file=out)
     return {
         "bnnsfw": bf.__version__,
@@ -345,7 +345,8 @@ def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = []
     for i, line in enumerate(lines):
-        text.append("  ".join(c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths))))
+        padded = (c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths)))
+        text.append("  ".join(padded))
         if i == 0:
             text.append("  ".join("-" * w for w in widths))
     return "\n".join(text)

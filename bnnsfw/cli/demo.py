@@ -21,12 +21,12 @@ from typing import Any, Iterator, Sequence
 import attrs
 import numpy as np
 
-from .filter import FilterParameters
-from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
-from .layers.lstm import LSTMLayer, LSTMParameters
-from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
-from .losses import MeanSquaredError, SoftmaxCrossEntropy
-from .optimizers import Adam
+from ..filter import FilterParameters
+from ..layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
+from ..layers.lstm import LSTMLayer, LSTMParameters
+from ..layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
+from ..losses import MeanSquaredError, SoftmaxCrossEntropy
+from ..optimizers import Adam
 
 __all__ = ["SineTask", "make_sine_task", "SequenceModel", "run_forecast", "run_digits", "main"]
 
@@ -155,7 +155,10 @@ class SequenceModel:
         for gate, g in zip(self.lstm_parameters.gates, g_lstm.gates):
             pairs = zip((*gate.input_weights, gate.hidden_weights, gate.cell_weights, gate.bias),
                         (*g.input_weights, g.hidden_weights, g.cell_weights, g.bias))
-            grads += [grad for array, grad in pairs if array is not None]
+            for array, grad in pairs:
+                if array is not None:
+                    assert grad is not None, "the LSTM returns a gradient for every weight it has"
+                    grads.append(grad)
         grads += [g_norm.gamma, g_norm.beta, g_head.weights]
         if g_head.bias is not None:
             grads.append(g_head.bias)
@@ -225,14 +228,15 @@ def run_forecast(*, epochs: int = 30, hidden: int = 32, batch_size: int = 64, le
         for idx in _progress(batches, total=math.ceil(n_train / batch_size), desc=f"epoch {epoch}/{epochs}",
                              enabled=progress):
             x = np.ascontiguousarray(task.x_train[:, idx])
-            result = loss.apply(model.forward(x, training=True), task.y_train[idx])
-            optimizer.step(params, model.backward(result.gradient))
-            total += result.loss * len(idx)
+            batch_loss = loss.apply(model.forward(x, training=True), task.y_train[idx])
+            optimizer.step(params, model.backward(batch_loss.gradient))
+            total += batch_loss.loss * len(idx)
             count += len(idx)
         val = loss.apply(model.forward(task.x_val, training=False), task.y_val).loss
         train_losses.append(total / count)
         val_losses.append(val)
-        print(f"epoch {epoch:3d}/{epochs}  train loss {total / count:.4f}  validation loss {val:.4f}", file=out)
+        print(f"epoch {epoch:3d}/{epochs}  train loss {total / count:.4f}  validation loss {val:.4f}",
+              file=out)
     prediction = model.forward(task.x_val, training=False)
     result = ForecastResult(
         train_losses=train_losses, validation_losses=val_losses, model_rmse=rmse(prediction, task.y_val),
@@ -246,7 +250,7 @@ def run_forecast(*, epochs: int = 30, hidden: int = 32, batch_size: int = 64, le
     verdict = "beats both baselines" if result.beats_baselines else "does NOT beat both baselines"
     print(f"the model {verdict} ({result.seconds:.1f} s)", file=out)
     if save:
-        from .serialization import save_weights
+        from ..serialization import save_weights
 
         save_weights(save, model.layers())
         print(f"weights saved to {save}", file=out)
@@ -263,7 +267,8 @@ def _plot(path: str, result: ForecastResult, task: SineTask, prediction: np.ndar
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"--plot {path}: matplotlib is not installed (pip install matplotlib); no plot written.", file=out)
+        print(f"--plot {path}: matplotlib is not installed (pip install matplotlib); no plot written.",
+              file=out)
         return
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     epochs = np.arange(1, len(result.train_losses) + 1)
@@ -320,7 +325,8 @@ def run_digits(*, epochs: int = 15, hidden: int = 64, batch_size: int = 32, lear
         for idx in _progress(_batches(len(train), batch_size, rng), total=math.ceil(len(train) / batch_size),
                              desc=f"epoch {epoch}/{epochs}", enabled=progress):
             batch = train[idx]
-            result = loss.apply(model.forward(np.ascontiguousarray(seq[:, batch]), training=True), labels[batch])
+            logits = model.forward(np.ascontiguousarray(seq[:, batch]), training=True)
+            result = loss.apply(logits, labels[batch])
             optimizer.step(params, model.backward(result.gradient))
             total += result.loss * len(batch)
         logits = model.forward(np.ascontiguousarray(seq[:, test]), training=False)
@@ -340,7 +346,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of data, weights and batch order (default: 0)")
     p.add_argument("--backend", default=None, help="bnnsfw backend (default: auto)")
     p.add_argument("--save", metavar="PATH", help="save the trained weights (.npz)")
-    p.add_argument("--plot", metavar="PATH", help="write loss curves and a forecast as a PNG (needs matplotlib)")
+    p.add_argument("--plot", metavar="PATH",
+                   help="write loss curves and a forecast as a PNG (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 

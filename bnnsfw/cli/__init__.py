@@ -1,7 +1,9 @@
 """The ``bnnsfw`` command line.
 
 ``bnnsfw`` alone prints the version, the backends and a one-line health check; the
-subcommands run the main jobs.
+subcommands run the main jobs, one module each: :mod:`bnnsfw.cli.demo`,
+:mod:`bnnsfw.cli.bench` and :mod:`bnnsfw.cli.deprecations`. The library never imports
+this package.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ __all__ = ["main"]
 
 def _health() -> tuple[bool, str]:
     """Run one small product on every backend and compare it with ``numpy.matmul``."""
-    from . import backends
-    from .backends.contract import GemmRequest
+    from .. import backends
+    from ..backends.contract import GemmRequest
 
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((7, 5)), rng.standard_normal((5, 3))
@@ -40,8 +42,7 @@ def _health() -> tuple[bool, str]:
 def _info() -> int:
     import bnnsfw
 
-    from . import backends
-    from .backends.contract import GemmRequest
+    from .. import backends
 
     print(f"bnnsfw {bnnsfw.__version__} (numpy {np.__version__})")
     auto = backends.get_backend("auto").name
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     command, rest = args[0], args[1:]
     if command == "deprecations":
-        from .deprecation import main as deprecations_main
+        from .deprecations import main as deprecations_main
 
         return deprecations_main(rest)
     if command == "demo":

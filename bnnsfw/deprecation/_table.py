@@ -1,7 +1,7 @@
 """The facts behind :mod:`bnnsfw.deprecation`: every BNNS name it knows, in one table.
 
-This module is data only; :mod:`bnnsfw.deprecation` parses :data:`TABLE` once, at import,
-into :class:`~bnnsfw.deprecation.DeprecationRecord` objects and validates every cell.
+This module is data only; :mod:`bnnsfw.deprecation.records` parses :data:`TABLE` once, at
+import, into :class:`~bnnsfw.deprecation.DeprecationRecord` objects and validates every cell.
 
 Format of :data:`TABLE`
 -----------------------
