@@ -13,7 +13,7 @@ bias is added in place.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 import numpy as np

@@ -19,7 +19,15 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .._validation import as_input, as_output, describe, finite_float, layer_dtype, parameter_array, positive_int
+from .._validation import (
+    as_input,
+    as_output,
+    describe,
+    finite_float,
+    layer_dtype,
+    parameter_array,
+    positive_int,
+)
 from ..activation import Activation
 from ..backends.contract import NormalizationBackwardRequest, NormalizationForwardRequest
 from ..enums import FilterType, LearningPhase
@@ -72,7 +80,8 @@ def _optional_array(where: str, value: object) -> Array | None:
     try:
         return np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
-        raise InvalidParameterError(must_be(where, "None or an array of numbers", type(value).__name__)) from None
+        raise InvalidParameterError(
+            must_be(where, "None or an array of numbers", type(value).__name__)) from None
 
 
 def _to_moving_mean(value: object) -> Array | None:
@@ -88,7 +97,8 @@ def _to_shape(value: object) -> tuple[int, ...]:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         value = (value,)
     if not isinstance(value, (tuple, list)) or not value:
-        raise InvalidParameterError(must_be(where, "a tuple of positive extents (C, *spatial), rank >= 1", value))
+        raise InvalidParameterError(
+            must_be(where, "a tuple of positive extents (C, *spatial), rank >= 1", value))
     return tuple(positive_int(f"{where}[{i}]", v) for i, v in enumerate(value))
 
 
@@ -113,7 +123,8 @@ def _check_activation(instance: object, attribute: attrs.Attribute, value: objec
 def _check_type(instance: object, attribute: attrs.Attribute, value: object) -> None:
     if not isinstance(value, NormalizationType):
         raise InvalidParameterError(
-            must_be("NormalizationParameters.type", "a NormalizationType (e.g. NormalizationType.batch())", value)
+            must_be("NormalizationParameters.type", "a NormalizationType (e.g. NormalizationType.batch())",
+                    value)
         )
 
 
@@ -174,28 +185,33 @@ class NormalizationType:
         if kind in _WITH_MOVING:
             if (self.moving_mean is None) != (self.moving_variance is None):
                 raise InvalidParameterError(
-                    must_be("NormalizationType.moving_mean and moving_variance", "given together or not at all",
+                    must_be("NormalizationType.moving_mean and moving_variance",
+                            "given together or not at all",
                             "only " + ("moving_mean" if self.moving_variance is None else "moving_variance"))
                 )
         else:
             for name in ("moving_mean", "moving_variance"):
                 if getattr(self, name) is not None:
                     raise InvalidParameterError(
-                        must_be(f"NormalizationType.{name}", "None for " + kind.name + " (only batch and instance "
-                                "norm keep moving statistics)", "an array")
+                        must_be(f"NormalizationType.{name}",
+                                f"None for {kind.name} (only batch and instance norm keep moving "
+                                "statistics)",
+                                "an array")
                     )
         if kind is FilterType.layer_norm:
             positive_int("NormalizationType.normalization_axis", self.normalization_axis, minimum=0)
             object.__setattr__(self, "normalization_axis", int(self.normalization_axis))  # type: ignore[arg-type]
         elif self.normalization_axis is not None:
             raise InvalidParameterError(
-                must_be("NormalizationType.normalization_axis", f"None for {kind.name}", self.normalization_axis)
+                must_be("NormalizationType.normalization_axis", f"None for {kind.name}",
+                        self.normalization_axis)
             )
         if kind is FilterType.group_norm:
             positive_int("NormalizationType.group_count", self.group_count)
             object.__setattr__(self, "group_count", int(self.group_count))  # type: ignore[arg-type]
         elif self.group_count is not None:
-            raise InvalidParameterError(must_be("NormalizationType.group_count", f"None for {kind.name}", self.group_count))
+            raise InvalidParameterError(
+                must_be("NormalizationType.group_count", f"None for {kind.name}", self.group_count))
 
     @classmethod
     def batch(cls, moving_mean: Any = None, moving_variance: Any = None) -> "NormalizationType":
@@ -294,17 +310,21 @@ class NormalizationParameters:
         for name in ("gamma", "beta"):
             value = getattr(self, name)
             if value is not None:
-                object.__setattr__(self, name, parameter_array(f"{where}.{name}", value, dtype, affine, copy=False))
+                array = parameter_array(f"{where}.{name}", value, dtype, affine, copy=False)
+                object.__setattr__(self, name, array)
         if self.type.has_moving_statistics:
-            mean = parameter_array(f"{where}.type.moving_mean", self.type.moving_mean, dtype, (channels,), copy=False)
-            var = parameter_array(f"{where}.type.moving_variance", self.type.moving_variance, dtype, (channels,),
-                                  copy=False)
+            mean = parameter_array(f"{where}.type.moving_mean", self.type.moving_mean, dtype, (channels,),
+                                   copy=False)
+            var = parameter_array(f"{where}.type.moving_variance", self.type.moving_variance, dtype,
+                                  (channels,), copy=False)
             if (var < 0).any():
                 raise InvalidParameterError(
-                    must_be(f"{where}.type.moving_variance", ">= 0 everywhere", "an array with negative values")
+                    must_be(f"{where}.type.moving_variance", ">= 0 everywhere",
+                            "an array with negative values")
                 )
             if mean is not self.type.moving_mean or var is not self.type.moving_variance:
-                object.__setattr__(self, "type", attrs.evolve(self.type, moving_mean=mean, moving_variance=var))
+                with_arrays = attrs.evolve(self.type, moving_mean=mean, moving_variance=var)
+                object.__setattr__(self, "type", with_arrays)
 
     @property
     def channels(self) -> int:
@@ -443,10 +463,12 @@ class NormalizationLayer(Filter):
     array([9., 9., 9.], dtype=float32)
     """
 
-    def __init__(self, parameters: NormalizationParameters, filter_parameters: FilterParameters | None = None) -> None:
+    def __init__(self, parameters: NormalizationParameters,
+                 filter_parameters: FilterParameters | None = None) -> None:
         if not isinstance(parameters, NormalizationParameters):
             raise InvalidParameterError(
-                must_be("NormalizationLayer(parameters)", "a NormalizationParameters", type(parameters).__name__)
+                must_be("NormalizationLayer(parameters)", "a NormalizationParameters",
+                        type(parameters).__name__)
             )
         super().__init__(filter_parameters)
         self._parameters = parameters
@@ -466,7 +488,8 @@ class NormalizationLayer(Filter):
             array = getattr(self, f"_{name}")
             if array is not None and not array.flags.writeable:
                 raise InvalidParameterError(
-                    must_be(f"NormalizationType.{name}", "writable (training updates it in place)", "a read-only array")
+                    must_be(f"NormalizationType.{name}", "writable (training updates it in place)",
+                            "a read-only array")
                 )
         self._layout = _Layout.of(parameters)
         # Workspaces reused by apply_backward (two x-sized arrays at most); a call finding
@@ -646,8 +669,10 @@ class NormalizationLayer(Filter):
             output = as_input(f"{where}(output)", output, dtype, x.shape)
         elif not activation.is_identity:
             raise InvalidParameterError(
-                must_be(f"{where}(output)", f"the forward output (the fused {activation.function.name} activation "
-                        "needs it, as in BNNS)", None)
+                must_be(f"{where}(output)",
+                        f"the forward output (the fused {activation.function.name} activation needs it, "
+                        "as in BNNS)",
+                        None)
             )
         affine = self._parameters.affine_shape
         dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
@@ -673,7 +698,8 @@ class NormalizationLayer(Filter):
                 grads = self.backend.normalization_backward(NormalizationBackwardRequest(
                     x=x4, dy=dy4, gamma=gamma, beta=beta, epsilon=self._parameters.epsilon,
                     batch_statistics=layout.batch_statistics, activation=activation, output=output4, out=work,
-                    mean=mean, variance=variance, scratch=tuple(scratch), threads=self.filter_parameters.n_threads))
+                    mean=mean, variance=variance, scratch=tuple(scratch),
+                    threads=self.filter_parameters.n_threads))
             dx4, dgamma4, dbeta4 = grads.input, grads.gamma, grads.beta
         finally:
             if owns_scratch:
@@ -686,18 +712,22 @@ class NormalizationLayer(Filter):
     # Helpers.
     def _batch(self, where: str, x: Any) -> Array:
         shape = self.input_shape
-        array = as_input(where, x, self.dtype, (None, *shape), shape_text=f"(N, {', '.join(map(str, shape))})")
+        text = f"(N, {', '.join(map(str, shape))})"
+        array = as_input(where, x, self.dtype, (None, *shape), shape_text=text)
         if array.shape[0] < 1:
             raise ShapeError(must_be(where, "a batch of at least one sample", describe(array)))
         return array
 
-    def _check_input_gradient(self, buffer: Array, x: Array, dy: Array, output: Array | None, accumulate: bool) -> None:
+    def _check_input_gradient(self, buffer: Array, x: Array, dy: Array, output: Array | None,
+                              accumulate: bool) -> None:
         where = "NormalizationLayer.apply_backward(input_gradient)"
         for name, other in (("x", x), ("output", output)):
             if other is not None and np.may_share_memory(buffer, other):
-                raise InvalidParameterError(must_be(where, f"an array that does not overlap {name}", f"one overlapping {name}"))
+                raise InvalidParameterError(
+                    must_be(where, f"an array that does not overlap {name}", f"one overlapping {name}"))
         if np.may_share_memory(buffer, dy) and (accumulate or not _same_memory(buffer, dy)):
-            rule = "an array that does not overlap dy when accumulate=True" if accumulate else "dy itself or an array that does not overlap dy"
+            rule = ("an array that does not overlap dy when accumulate=True" if accumulate
+                    else "dy itself or an array that does not overlap dy")
             raise InvalidParameterError(must_be(where, rule, "one overlapping dy"))
 
     def _scratch_for(self, like: Array) -> list[Array]:
