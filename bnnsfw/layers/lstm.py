@@ -285,7 +285,7 @@ class LSTMParameters:
         raw = gate.input_weights[1]
         upper_shape = (size_l - 1, size_d, h, size_d * h)
         if size_l == 1:
-            if raw is not None and np.shape(raw) != upper_shape:  # type: ignore[arg-type]
+            if raw is not None and np.shape(raw) != upper_shape:
                 raise ShapeError(must_be(f"{where}.input_weights[1]", f"None (or of shape {upper_shape}) "
                                          "when num_layers == 1", _array_repr(raw)))
             iw1 = None
@@ -323,10 +323,9 @@ class LSTMParameters:
         """The activation each gate really uses (defaults applied)."""
         if self.default_activations:
             return _DEFAULT_GATE_ACTIVATIONS
-        return tuple(  # type: ignore[return-value]
-            default if gate.activation is None else gate.activation
-            for gate, default in zip(self.gates, _DEFAULT_GATE_ACTIVATIONS)
-        )
+        used = [default if gate.activation is None else gate.activation
+                for gate, default in zip(self.gates, _DEFAULT_GATE_ACTIVATIONS)]
+        return (used[0], used[1], used[2], used[3])
 
     @property
     def cell_activation(self) -> Activation:

@@ -50,14 +50,14 @@ _WITH_MOVING = (FilterType.batch_norm, FilterType.instance_norm)
 # --- small converters and validators (one rule each) -------------------------------------
 
 
-def _array_eq(a: object, b: object) -> bool:
+def _array_eq(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return a is b
-    return bool(np.array_equal(a, b))  # type: ignore[arg-type]
+    return bool(np.array_equal(a, b))
 
 
-def _array_repr(value: object) -> str:
-    return "None" if value is None else f"<array {describe(value)}>"  # type: ignore[arg-type]
+def _array_repr(value: Any) -> str:
+    return "None" if value is None else f"<array {describe(value)}>"
 
 
 def _array_field(**kwargs: Any) -> Any:
@@ -199,16 +199,16 @@ class NormalizationType:
                                 "an array")
                     )
         if kind is FilterType.layer_norm:
-            positive_int("NormalizationType.normalization_axis", self.normalization_axis, minimum=0)
-            object.__setattr__(self, "normalization_axis", int(self.normalization_axis))  # type: ignore[arg-type]
+            axis = positive_int("NormalizationType.normalization_axis", self.normalization_axis, minimum=0)
+            object.__setattr__(self, "normalization_axis", axis)
         elif self.normalization_axis is not None:
             raise InvalidParameterError(
                 must_be("NormalizationType.normalization_axis", f"None for {kind.name}",
                         self.normalization_axis)
             )
         if kind is FilterType.group_norm:
-            positive_int("NormalizationType.group_count", self.group_count)
-            object.__setattr__(self, "group_count", int(self.group_count))  # type: ignore[arg-type]
+            groups = positive_int("NormalizationType.group_count", self.group_count)
+            object.__setattr__(self, "group_count", groups)
         elif self.group_count is not None:
             raise InvalidParameterError(
                 must_be("NormalizationType.group_count", f"None for {kind.name}", self.group_count))
@@ -237,6 +237,22 @@ class NormalizationType:
     def has_moving_statistics(self) -> bool:
         """True when moving statistics were given (batch and instance norm only)."""
         return self.moving_mean is not None
+
+    @property
+    def axis(self) -> int:
+        """``normalization_axis`` of a layer norm (an error for the other kinds)."""
+        if self.normalization_axis is None:
+            raise InvalidParameterError(
+                must_be("NormalizationType.axis", "asked of a layer norm", self.kind.name))
+        return self.normalization_axis
+
+    @property
+    def groups(self) -> int:
+        """``group_count`` of a group norm (an error for the other kinds)."""
+        if self.group_count is None:
+            raise InvalidParameterError(
+                must_be("NormalizationType.groups", "asked of a group norm", self.kind.name))
+        return self.group_count
 
 
 @attrs.frozen(kw_only=True)
@@ -296,12 +312,12 @@ class NormalizationParameters:
         where = "NormalizationParameters"
         kind, shape, dtype = self.type.kind, self.input_shape, self.dtype
         channels = shape[0]
-        if kind is FilterType.group_norm and channels % self.type.group_count:  # type: ignore[operator]
+        if kind is FilterType.group_norm and channels % self.type.groups:
             raise InvalidParameterError(
                 must_be(f"{where}.input_shape[0] (channels)",
                         f"divisible by NormalizationType.group_count = {self.type.group_count}", channels)
             )
-        if kind is FilterType.layer_norm and self.type.normalization_axis >= len(shape):  # type: ignore[operator]
+        if kind is FilterType.layer_norm and self.type.axis >= len(shape):
             raise InvalidParameterError(
                 must_be(f"{where}.type.normalization_axis",
                         f"in [0, {len(shape) - 1}] for input_shape {shape}", self.type.normalization_axis)
@@ -336,7 +352,7 @@ class NormalizationParameters:
         """Shape of gamma, beta and their gradients: ``(C,)``, or for layer norm the
         normalized trailing shape ``input_shape[normalization_axis:]``."""
         if self.type.kind is FilterType.layer_norm:
-            return self.input_shape[self.type.normalization_axis:]  # type: ignore[misc]
+            return self.input_shape[self.type.axis:]
         return (self.channels,)
 
     def to_state(self) -> dict[str, Any]:
@@ -522,7 +538,8 @@ class NormalizationLayer(Filter):
         works), checked like the parameter: the same shape, finite.
         """
         self._check_open("gamma")
-        return self._gamma  # type: ignore[return-value]
+        assert self._gamma is not None  # released by close() only
+        return self._gamma
 
     @gamma.setter
     def gamma(self, value: Any) -> None:
@@ -532,7 +549,8 @@ class NormalizationLayer(Filter):
     def beta(self) -> Array:
         """The live shift array (zeros if none was given); assignable like :attr:`gamma`."""
         self._check_open("beta")
-        return self._beta  # type: ignore[return-value]
+        assert self._beta is not None  # released by close() only
+        return self._beta
 
     @beta.setter
     def beta(self, value: Any) -> None:
@@ -686,7 +704,7 @@ class NormalizationLayer(Filter):
         x4, dy4 = np.ascontiguousarray(x).reshape(view), np.ascontiguousarray(dy).reshape(view)
         output4 = None if output is None else np.ascontiguousarray(output).reshape(view)
         direct = dx_buffer is not None and not accumulate and dx_buffer.flags.c_contiguous
-        work = dx_buffer.reshape(view) if direct else None  # type: ignore[union-attr]
+        work = dx_buffer.reshape(view) if dx_buffer is not None and direct else None
         mean = variance = None
         if phase is LearningPhase.inference and self._moving_mean is not None:
             mean, variance = self._moving_view()
@@ -738,11 +756,13 @@ class NormalizationLayer(Filter):
 
     def _affine_views(self) -> tuple[Array, Array]:
         shape = self._layout.affine_view
-        return self._gamma.reshape(shape), self._beta.reshape(shape)  # type: ignore[union-attr]
+        assert self._gamma is not None and self._beta is not None  # released by close() only
+        return self._gamma.reshape(shape), self._beta.reshape(shape)
 
     def _moving_view(self) -> tuple[Array, Array]:
         shape = (1, self.input_shape[0], 1, 1)
-        return self._moving_mean.reshape(shape), self._moving_variance.reshape(shape)  # type: ignore[union-attr]
+        assert self._moving_mean is not None and self._moving_variance is not None  # the caller checks
+        return self._moving_mean.reshape(shape), self._moving_variance.reshape(shape)
 
     def _update_moving(self, mean: Array, variance: Array) -> None:
         """``moving = momentum·moving + (1 − momentum)·batch_statistic``, in place.
@@ -801,11 +821,11 @@ class _Layout:
         kind, shape = p.type.kind, p.input_shape
         channels, positions = shape[0], math.prod(shape[1:])
         if kind is FilterType.layer_norm:
-            axis = p.type.normalization_axis
-            outer, inner = math.prod(shape[:axis]), math.prod(shape[axis:])  # type: ignore[misc]
+            axis = p.type.axis
+            outer, inner = math.prod(shape[:axis]), math.prod(shape[axis:])
             return cls(outer, inner, 1, False, (1, 1, inner, 1))
         if kind is FilterType.group_norm:
-            groups = p.type.group_count
-            per_group = channels // groups  # type: ignore[operator]
-            return cls(groups, per_group, positions, False, (1, groups, per_group, 1))  # type: ignore[arg-type]
+            groups = p.type.groups
+            per_group = channels // groups
+            return cls(groups, per_group, positions, False, (1, groups, per_group, 1))
         return cls(channels, 1, positions, kind is FilterType.batch_norm, (1, channels, 1, 1))
