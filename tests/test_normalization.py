@@ -939,3 +939,12 @@ def test_layer_norm_backward_restores_the_blas_thread_limit(rng):
     _run(params, blocked_backend(64, 64), x, dy, "training", n_threads=2)
     after = [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
     assert after == before
+
+
+def test_type_accessors_give_the_option_of_their_kind_and_refuse_the_others():
+    assert NormalizationType.layer(normalization_axis=1).axis == 1
+    assert NormalizationType.group(group_count=4).groups == 4
+    with pytest.raises(bf.InvalidParameterError, match="axis must be asked of a layer norm"):
+        NormalizationType.batch().axis
+    with pytest.raises(bf.InvalidParameterError, match="groups must be asked of a group norm"):
+        NormalizationType.instance().groups
