@@ -596,6 +596,7 @@ class LSTMLayer(Filter):
         self._workspace: _Workspace | None = _Workspace()
         self._workspace_lock = threading.Lock()
         self._cache_sizes: dict[tuple[int, int], _CacheSize] = {}
+        self._fingerprints: dict[tuple[int, int], int] = {}
         self._config_key = self._configuration_key()
 
     # ----------------------------------------------------------------------------------
@@ -926,12 +927,21 @@ class LSTMLayer(Filter):
                      self._dtype.str, c.peepholes, acts, c.dropout > 0.0)).encode()
 
     def _fingerprint(self, size: _CacheSize, seq_len: int, batch: int, lengths: np.ndarray | None) -> int:
-        """64-bit digest of the configuration, the payload format and size, T, N and the lengths."""
+        """64-bit digest of the configuration, the payload format and size, T, N and the lengths
+        (kept per T and N for full-length sequences: a call's fixed cost matters when they are short)."""
+        key = (seq_len, batch)
+        if lengths is None and key in self._fingerprints:
+            return self._fingerprints[key]
         digest = hashlib.blake2b(self._config_key, digest_size=8)
         digest.update(repr((size.format, size.payload, seq_len, batch)).encode())
         if lengths is not None:
             digest.update(lengths.astype("<i8").tobytes())
-        return int.from_bytes(digest.digest(), "little")
+        value = int.from_bytes(digest.digest(), "little")
+        if lengths is None:
+            if len(self._fingerprints) >= 8:
+                self._fingerprints.clear()
+            self._fingerprints[key] = value
+        return value
 
     def _check_cache_size(self, where: str, buffer: np.ndarray, size: _CacheSize, seq_len: int,
                           batch: int) -> None:
