@@ -52,6 +52,7 @@ from .layers.normalization import (
     NormalizationParameters,
     NormalizationType,
 )
+from .serialization import load_weights, save_weights
 from . import losses, optimizers
 
 try:
@@ -87,6 +88,8 @@ __all__ = [
     "FullyConnectedLayer",
     "FullyConnectedGradients",
     # training
+    "save_weights",
+    "load_weights",
     "losses",
     "optimizers",
     # backends
