@@ -10,7 +10,7 @@ def test_info_prints_version_backends_and_health(capsys):
     assert cli.main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("bnnsfw ")
-    assert "backends: numpy, scipy-blas" in out
+    assert f"backends: {', '.join(bnnsfw.available_backends())} (auto -> scipy-blas)" in out
     assert "health: ok" in out
 
 

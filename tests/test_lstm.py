@@ -610,20 +610,27 @@ def _all_results(layer, x, states, dy, final_grads):
     return arrays
 
 
-@pytest.mark.skipif("scipy-blas" not in bf.available_backends(), reason="needs the scipy-blas backend")
+FAST_BACKENDS = [name for name in ("scipy-blas", "numba") if name in bf.available_backends()]
+
+
+@pytest.mark.parametrize("fast_backend", FAST_BACKENDS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("case", sorted(FAST_CASES))
-def test_fast_kernels_agree_with_the_reference(case, dtype, rng):
+def test_fast_kernels_agree_with_the_reference(case, dtype, fast_backend, rng):
+    """The default cell takes each fast backend's own kernels (not the reference ones) and
+    agrees with the reference within the contract's tolerance."""
     spec = dict(FAST_CASES[case])
     seq_len, batch, states = spec.pop("seq_len"), spec.pop("batch"), spec.pop("states", False)
     params = LSTMParameters.random(seed=11, dtype=dtype, **spec)
-    with layer_for(params, "scipy-blas") as probe:  # the direct-BLAS kernels serve this case
+    with layer_for(params, fast_backend) as probe:
+        forward, _ = probe.backend._lstm_sequence_kernels(probe._packed.payload.plan, None)
+        assert forward.__module__ != "bnnsfw.backends._lstm_kernels"
         assert _fast_lstm.serves(probe._packed.payload.plan, None)
     x_shape, y_shape, state_shape = shapes(params, seq_len, batch)
     x, dy = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(y_shape).astype(dtype)
     h0c0 = tuple(rng.standard_normal(state_shape).astype(dtype) for _ in range(2)) if states else (None, None)
     final_grads = tuple(rng.standard_normal(state_shape).astype(dtype) for _ in range(2))
-    with layer_for(params, "numpy") as reference, layer_for(params, "scipy-blas") as fast:
+    with layer_for(params, "numpy") as reference, layer_for(params, fast_backend) as fast:
         want = _all_results(reference, x, h0c0, dy, final_grads)
         got = _all_results(fast, x, h0c0, dy, final_grads)
     rtol, atol = TOLERANCE[np.dtype(dtype)]  # the documented agreement between backends

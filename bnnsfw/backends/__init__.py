@@ -12,6 +12,7 @@ an entry point is first loaded, and when an object is handed over directly.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import contextvars
 import logging
 import threading
@@ -53,6 +54,12 @@ def _scipy_blas() -> Backend:
     from .scipy_blas import ScipyBlasBackend
 
     return ScipyBlasBackend()
+
+
+def _numba() -> Backend:
+    from .numba import NumbaBackend
+
+    return NumbaBackend()
 
 
 def _checked(backend: object, where: str) -> Backend:
@@ -172,3 +179,5 @@ def use_backend(spec: BackendSpec) -> Iterator[Backend]:
 
 _register_builtin("numpy", NumpyBackend)
 _register_builtin("scipy-blas", _scipy_blas)
+if importlib.util.find_spec("numba") is not None:  # the compiled backend needs Numba
+    _register_builtin("numba", _numba)
