@@ -623,7 +623,7 @@ def test_fast_kernels_agree_with_the_reference(case, dtype, fast_backend, rng):
     seq_len, batch, states = spec.pop("seq_len"), spec.pop("batch"), spec.pop("states", False)
     params = LSTMParameters.random(seed=11, dtype=dtype, **spec)
     with layer_for(params, fast_backend) as probe:
-        forward, _ = probe.backend._lstm_sequence_kernels(probe._packed.payload.plan, None)
+        forward, _ = probe.backend._lstm_sequence_kernels(probe._packed.payload.plan, None, batch)
         assert forward.__module__ != "bnnsfw.backends._lstm_kernels"
         assert _fast_lstm.serves(probe._packed.payload.plan, None)
     x_shape, y_shape, state_shape = shapes(params, seq_len, batch)
@@ -636,6 +636,19 @@ def test_fast_kernels_agree_with_the_reference(case, dtype, fast_backend, rng):
     rtol, atol = TOLERANCE[np.dtype(dtype)]  # the documented agreement between backends
     for k, (a, b) in enumerate(zip(got, want)):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"array {k}")
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_takes_small_default_cells_and_leaves_the_rest_to_scipy_blas():
+    backend = bf.get_backend("numba")
+    limit = backend.lstm_max_units
+    default = LSTMLayer(LSTMParameters.random(input_size=2, hidden_size=8, seed=0),
+                        bf.FilterParameters(backend=backend))
+    plan = default._packed.payload.plan
+    kernels = backend._lstm_sequence_kernels
+    assert kernels(plan, None, limit // 8)[0].__module__ == "bnnsfw.backends._numba_lstm"
+    assert kernels(plan, None, limit // 8 + 1)[0].__module__ == "bnnsfw.backends._fast_lstm"
+    assert kernels(plan, np.array([2, 1]), 2)[0].__module__ == "bnnsfw.backends._lstm_kernels"  # lengths
 
 
 @pytest.mark.skipif("scipy-blas" not in bf.available_backends(), reason="needs the scipy-blas backend")

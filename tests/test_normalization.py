@@ -948,3 +948,50 @@ def test_type_accessors_give_the_option_of_their_kind_and_refuse_the_others():
         NormalizationType.batch().axis
     with pytest.raises(bf.InvalidParameterError, match="groups must be asked of a group norm"):
         NormalizationType.instance().groups
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_statistics_survive_a_large_mean(backend_name, kind, rng):
+    """Data of mean 1e4 and spread 1 in float32: a variance taken as E[x²] − E[x]² would lose
+    every digit (1e8 − 1e8); every backend normalizes it as float64 arithmetic would."""
+    shape = (4, 8, 24, 24)
+    channels = shape[1]
+    ntype = {"batch": NormalizationType.batch(), "instance": NormalizationType.instance(),
+             "layer": NormalizationType.layer(normalization_axis=1),
+             "group": NormalizationType.group(group_count=2)}[kind]
+    affine = shape[2:] if kind == "layer" else (channels,)
+    params = NormalizationParameters(type=ntype, input_shape=shape[1:], gamma=np.ones(affine),
+                                     beta=np.zeros(affine), dtype=np.float32)
+    x = (1e4 + rng.standard_normal(shape)).astype(np.float32)
+    axes = {"batch": (0, 2, 3), "instance": (2, 3), "layer": (2, 3), "group": None}[kind]
+    wide = x.astype(np.float64)
+    if kind == "group":
+        grouped = wide.reshape(4, 2, -1)
+        want = ((grouped - grouped.mean(-1, keepdims=True)) / np.sqrt(grouped.var(-1, keepdims=True) + 1e-5))
+        want = want.reshape(shape)
+    else:
+        want = (wide - wide.mean(axes, keepdims=True)) / np.sqrt(wide.var(axes, keepdims=True) + 1e-5)
+    layer = NormalizationLayer(params, FilterParameters(backend=backend_name))
+    np.testing.assert_allclose(layer.apply(x), want, atol=2e-3)
+
+
+@pytest.mark.skipif("numba" not in BACKENDS, reason="needs the numba backend (Numba installed)")
+@pytest.mark.parametrize("kind", KINDS)
+def test_numba_thread_counts_agree_and_the_callers_setting_is_restored(kind, rng):
+    """One thread and two: the same code with other blocks of rows, so agreement within the
+    contract's tolerance (bitwise for one thread count); Numba's own setting is left as found."""
+    import numba
+
+    from bnnsfw.backends.contract import TOLERANCE
+
+    params, x, dy = _blocked_case(kind, rng, Activation.identity(), dtype=np.float32)
+    before = numba.get_num_threads()
+    one = _run(params, "numba", x, dy, "training", n_threads=1)
+    again = _run(params, "numba", x, dy, "training", n_threads=1)
+    two = _run(params, "numba", x, dy, "training", n_threads=2)
+    assert numba.get_num_threads() == before
+    rtol, atol = TOLERANCE[np.dtype(np.float32)]
+    for a, b, c in zip(one, again, two):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_allclose(a, c, rtol=rtol, atol=atol)

@@ -218,9 +218,10 @@ class LSTMStack(LSTMKernels):
     # ----------------------------------------------------------------------------------
     # The one place that picks the per-sequence kernels (a faster backend overrides it).
     # ----------------------------------------------------------------------------------
-    def _lstm_sequence_kernels(self, plan: LSTMStepPlan,
-                               lengths: np.ndarray | None) -> tuple[ForwardKernel, BackwardKernel]:
-        """The forward and backward kernels that serve this cell and these lengths."""
+    def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
+                               batch: int) -> tuple[ForwardKernel, BackwardKernel]:
+        """The forward and backward kernels that serve this cell, these lengths and ``batch``
+        sequences."""
         return self.lstm_forward_sequence, self.lstm_backward_sequence
 
     # ----------------------------------------------------------------------------------
@@ -258,7 +259,7 @@ class LSTMStack(LSTMKernels):
         else:
             views = layout.bind(workspace.bytes("lstm_forward_steps", layout.nbytes))
         lengths = request.sequence_lengths
-        forward, _ = self._lstm_sequence_kernels(plan, lengths)
+        forward, _ = self._lstm_sequence_kernels(plan, lengths, batch)
         active, inactive = _step_masks(lengths, seq_len)
         h0, c0 = request.hidden, request.cell
         layer_input = request.x.reshape(seq_len * batch, config.input_size)
@@ -298,7 +299,7 @@ class LSTMStack(LSTMKernels):
         workspace = request.workspace
         views = CacheLayout(plan, config, seq_len, batch, training=True).bind(request.cache)
         lengths = request.sequence_lengths
-        _, backward = self._lstm_sequence_kernels(plan, lengths)
+        _, backward = self._lstm_sequence_kernels(plan, lengths, batch)
         active, inactive = _step_masks(lengths, seq_len)
         grads = request.gradients
         dy, dh_final, dc_final = request.output_gradient, request.hidden_gradient, request.cell_gradient

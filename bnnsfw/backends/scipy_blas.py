@@ -80,13 +80,13 @@ class ScipyBlasBackend(BlockedNormalizationKernels, NumpyBackend):
     # ----------------------------------------------------------------------------------
     # Which implementation serves a request: decided here and nowhere else.
     # ----------------------------------------------------------------------------------
-    def _lstm_sequence_kernels(self, plan: LSTMStepPlan,
-                               lengths: np.ndarray | None) -> tuple[ForwardKernel, BackwardKernel]:
+    def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
+                               batch: int) -> tuple[ForwardKernel, BackwardKernel]:
         """The direct-BLAS kernels for the default cell over full-length sequences; the
         reference kernels for every other cell and for variable lengths."""
         if _fast_lstm.serves(plan, lengths):
             return _fast_lstm.forward_sequence, _fast_lstm.backward_sequence
-        return super()._lstm_sequence_kernels(plan, lengths)
+        return super()._lstm_sequence_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
         """Blocked when :meth:`blocked_plan` gives blocks, else the reference kernel."""

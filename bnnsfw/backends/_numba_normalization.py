@@ -1,0 +1,322 @@
+"""Compiled (Numba) normalization kernels: a few passes per row while the row is in cache.
+
+The layer hands every type the canonical view ``(N, G, K, S)`` (``docs/backends.md``). These
+kernels serve the statistics of the batch (training, and layer and group norm always) with the
+identity activation:
+
+- **per-sample statistics** (instance, group and layer norm): one statistics set per row
+  ``r = (n, g)`` of ``K·S`` elements. Rows go to Numba's threads (``prange``); each row is
+  read once for its mean, once for the centred sum of squares (the two-pass variance, which
+  keeps its precision when the mean is large against the spread) and once to write the output;
+  backward adds one pass for the two sums and one to write ``dx``. A row of a few thousand
+  elements stays in the core's cache between its passes, so memory sees about one read of each
+  array and one write.
+- **batch statistics** (batch norm): one statistics set per channel ``g`` over ``N`` and ``S``;
+  channels go to the threads.
+
+Sums are accumulated in float64 whatever the data's dtype. The gamma and beta gradients are
+summed per thread block of rows and the blocks added in order, so a result depends only on the
+data and the thread count. Kernels are compiled on first use and cached on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator
+
+import numba
+import numpy as np
+
+__all__ = ["serves", "forward", "backward"]
+
+_parallel = numba.njit(parallel=True, nogil=True, fastmath=True, error_model="numpy", cache=True)
+
+
+def serves(x: np.ndarray, activation_is_identity: bool, given_statistics: bool) -> bool:
+    """True for the statistics of the batch with the identity activation (the rest goes to
+    the blocked or reference kernels)."""
+    return activation_is_identity and not given_statistics
+
+
+@_parallel
+def _row_forward(x, gamma, beta, groups, epsilon, out, means, variances):
+    """Per-sample statistics: ``x`` (R, K, S) with R = N·G rows, ``gamma``/``beta`` (1 or G, K)."""
+    rows, k_size, s_size = x.shape
+    count = k_size * s_size
+    per_group = gamma.shape[0] > 1
+    for r in numba.prange(rows):
+        g = r % groups if per_group else 0
+        total = 0.0
+        for k in range(k_size):
+            for s in range(s_size):
+                total += x[r, k, s]
+        mean = total / count
+        squares = 0.0
+        for k in range(k_size):
+            for s in range(s_size):
+                d = x[r, k, s] - mean
+                squares += d * d
+        variance = squares / count
+        rstd = 1.0 / math.sqrt(variance + epsilon)
+        for k in range(k_size):
+            scale = x.dtype.type(rstd * gamma[g, k])
+            shift = x.dtype.type(beta[g, k] - mean * rstd * gamma[g, k])
+            for s in range(s_size):
+                out[r, k, s] = x[r, k, s] * scale + shift
+        means[r] = mean
+        variances[r] = variance
+
+
+@_parallel
+def _row_backward(x, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_beta_blocks):
+    """Per-sample statistics backward; the gamma and beta gradients per block of rows."""
+    rows, k_size, s_size = x.shape
+    count = k_size * s_size
+    per_group = gamma.shape[0] > 1
+    blocks = d_gamma_blocks.shape[0]
+    for b in numba.prange(blocks):
+        d_gamma = d_gamma_blocks[b]
+        d_beta = d_beta_blocks[b]
+        d_gamma[:, :] = 0.0
+        d_beta[:, :] = 0.0
+        for r in range(b * rows // blocks, (b + 1) * rows // blocks):
+            g = r % groups if per_group else 0
+            total = 0.0
+            for k in range(k_size):
+                for s in range(s_size):
+                    total += x[r, k, s]
+            mean = total / count
+            squares = 0.0
+            for k in range(k_size):
+                for s in range(s_size):
+                    d = x[r, k, s] - mean
+                    squares += d * d
+            rstd = 1.0 / math.sqrt(squares / count + epsilon)
+            a = 0.0  # Σ γ·dy
+            c = 0.0  # Σ γ·dy·x̂
+            for k in range(k_size):
+                sum_dy = 0.0
+                sum_dy_xhat = 0.0
+                for s in range(s_size):
+                    xhat = (x[r, k, s] - mean) * rstd
+                    sum_dy += dy[r, k, s]
+                    sum_dy_xhat += dy[r, k, s] * xhat
+                d_beta[g, k] += sum_dy
+                d_gamma[g, k] += sum_dy_xhat
+                a += gamma[g, k] * sum_dy
+                c += gamma[g, k] * sum_dy_xhat
+            a /= count
+            c /= count
+            for k in range(k_size):
+                scale = rstd * gamma[g, k]
+                for s in range(s_size):
+                    xhat = (x[r, k, s] - mean) * rstd
+                    dx[r, k, s] = scale * dy[r, k, s] - rstd * (a + xhat * c)
+
+
+@_parallel
+def _flat_forward(x, gamma, beta, epsilon, out, means, variances):
+    """Layer norm: ``x`` (R, M), one statistics set per row, ``gamma``/``beta`` (M,) per column.
+    (The (R, K, S) loops above with S = 1 would not vectorize.)"""
+    rows, m = x.shape
+    for r in numba.prange(rows):
+        total = 0.0
+        for j in range(m):
+            total += x[r, j]
+        mean = total / m
+        squares = 0.0
+        for j in range(m):
+            d = x[r, j] - mean
+            squares += d * d
+        variance = squares / m
+        rstd = x.dtype.type(1.0 / math.sqrt(variance + epsilon))
+        mean_x = x.dtype.type(mean)
+        for j in range(m):
+            out[r, j] = (x[r, j] - mean_x) * rstd * gamma[j] + beta[j]
+        means[r] = mean
+        variances[r] = variance
+
+
+@_parallel
+def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks):
+    """Layer norm backward on (R, M) rows; gamma and beta gradients per block of rows."""
+    rows, m = x.shape
+    blocks = d_gamma_blocks.shape[0]
+    for b in numba.prange(blocks):
+        d_gamma = d_gamma_blocks[b]
+        d_beta = d_beta_blocks[b]
+        d_gamma[:] = 0.0
+        d_beta[:] = 0.0
+        for r in range(b * rows // blocks, (b + 1) * rows // blocks):
+            total = 0.0
+            for j in range(m):
+                total += x[r, j]
+            mean = total / m
+            squares = 0.0
+            for j in range(m):
+                d = x[r, j] - mean
+                squares += d * d
+            rstd = x.dtype.type(1.0 / math.sqrt(squares / m + epsilon))
+            mean_x = x.dtype.type(mean)
+            a = 0.0  # Σ γ·dy
+            c = 0.0  # Σ γ·dy·x̂
+            for j in range(m):
+                xhat = (x[r, j] - mean_x) * rstd
+                gdy = gamma[j] * dy[r, j]
+                a += gdy
+                c += gdy * xhat
+                d_beta[j] += dy[r, j]
+                d_gamma[j] += dy[r, j] * xhat
+            a_x = x.dtype.type(a / m)
+            c_x = x.dtype.type(c / m)
+            for j in range(m):
+                xhat = (x[r, j] - mean_x) * rstd
+                dx[r, j] = rstd * (gamma[j] * dy[r, j] - a_x - xhat * c_x)
+
+
+@_parallel
+def _channel_forward(x, gamma, beta, epsilon, out, means, variances):
+    """Batch statistics: ``x`` (N, G, S) (K = 1), one set per channel ``g``."""
+    batch, channels, s_size = x.shape
+    count = batch * s_size
+    for g in numba.prange(channels):
+        total = 0.0
+        for n in range(batch):
+            for s in range(s_size):
+                total += x[n, g, s]
+        mean = total / count
+        squares = 0.0
+        for n in range(batch):
+            for s in range(s_size):
+                d = x[n, g, s] - mean
+                squares += d * d
+        variance = squares / count
+        rstd = 1.0 / math.sqrt(variance + epsilon)
+        scale = x.dtype.type(rstd * gamma[g])
+        shift = x.dtype.type(beta[g] - mean * rstd * gamma[g])
+        for n in range(batch):
+            for s in range(s_size):
+                out[n, g, s] = x[n, g, s] * scale + shift
+        means[g] = mean
+        variances[g] = variance
+
+
+@_parallel
+def _channel_backward(x, dy, gamma, epsilon, dx, d_gamma, d_beta):
+    """Batch statistics backward, one channel per task."""
+    batch, channels, s_size = x.shape
+    count = batch * s_size
+    for g in numba.prange(channels):
+        total = 0.0
+        for n in range(batch):
+            for s in range(s_size):
+                total += x[n, g, s]
+        mean = total / count
+        squares = 0.0
+        for n in range(batch):
+            for s in range(s_size):
+                d = x[n, g, s] - mean
+                squares += d * d
+        rstd = 1.0 / math.sqrt(squares / count + epsilon)
+        sum_dy = 0.0
+        sum_dy_xhat = 0.0
+        for n in range(batch):
+            for s in range(s_size):
+                sum_dy += dy[n, g, s]
+                sum_dy_xhat += dy[n, g, s] * (x[n, g, s] - mean) * rstd
+        d_beta[g] = sum_dy
+        d_gamma[g] = sum_dy_xhat
+        scale = rstd * gamma[g]
+        a = sum_dy / count
+        c = sum_dy_xhat / count
+        for n in range(batch):
+            for s in range(s_size):
+                xhat = (x[n, g, s] - mean) * rstd
+                dx[n, g, s] = scale * (dy[n, g, s] - a - xhat * c)
+
+
+@contextlib.contextmanager
+def _threads(requested: int) -> Iterator[int]:
+    """Numba's threads for one call: ``requested`` (a limit), else all of them; the caller's
+    setting is restored afterwards."""
+    most: int = getattr(numba.config, "NUMBA_NUM_THREADS")
+    count = most if requested <= 0 else max(1, min(requested, most))
+    before = numba.get_num_threads()
+    numba.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        numba.set_num_threads(before)
+
+
+def forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, *, epsilon: float, batch_statistics: bool,
+            out: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``out = gamma · (x − mean) / sqrt(variance + epsilon) + beta`` with the statistics of
+    ``x``; returns the output and the statistics, ``(1 or N, G, 1, 1)``."""
+    with _threads(threads):
+        return _forward(x, gamma, beta, epsilon, batch_statistics, out)
+
+
+def _forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, epsilon: float, batch_statistics: bool,
+             out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n, g, k, s = x.shape
+    if batch_statistics:  # K = 1 for batch norm
+        means = np.empty(g, np.float64)
+        variances = np.empty(g, np.float64)
+        _channel_forward(x.reshape(n, g, s), gamma.reshape(g), beta.reshape(g), epsilon,
+                         out.reshape(n, g, s), means, variances)
+        shape = (1, g, 1, 1)
+    elif s == 1 and gamma.shape[1] == 1:  # layer norm: gamma per column of (N·P, M) rows
+        means = np.empty(n * g, np.float64)
+        variances = np.empty(n * g, np.float64)
+        _flat_forward(x.reshape(n * g, k), gamma.reshape(k), beta.reshape(k), epsilon,
+                      out.reshape(n * g, k), means, variances)
+        shape = (n, g, 1, 1)
+    else:
+        means = np.empty(n * g, np.float64)
+        variances = np.empty(n * g, np.float64)
+        rows = gamma.shape[1]
+        _row_forward(x.reshape(n * g, k, s), gamma.reshape(rows, k), beta.reshape(rows, k), g, epsilon,
+                     out.reshape(n * g, k, s), means, variances)
+        shape = (n, g, 1, 1)
+    return out, means.astype(x.dtype).reshape(shape), variances.astype(x.dtype).reshape(shape)
+
+
+def backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, *, epsilon: float, batch_statistics: bool,
+             out: np.ndarray | None, threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``dx``, ``dgamma`` and ``dbeta`` of the forward above; ``out`` may be ``dy`` itself."""
+    with _threads(threads) as count:
+        return _backward(x, dy, gamma, epsilon, batch_statistics, out, count)
+
+
+def _backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, epsilon: float, batch_statistics: bool,
+              out: np.ndarray | None, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n, g, k, s = x.shape
+    dx = np.empty_like(x) if out is None or np.shares_memory(out, dy) else out
+    if batch_statistics:
+        d_gamma = np.empty(g, np.float64)
+        d_beta = np.empty(g, np.float64)
+        _channel_backward(x.reshape(n, g, s), dy.reshape(n, g, s), gamma.reshape(g), epsilon,
+                          dx.reshape(n, g, s), d_gamma, d_beta)
+    elif s == 1 and gamma.shape[1] == 1:  # layer norm
+        blocks = max(1, min(n * g, count))
+        flat_gamma = np.empty((blocks, k), np.float64)
+        flat_beta = np.empty((blocks, k), np.float64)
+        _flat_backward(x.reshape(n * g, k), dy.reshape(n * g, k), gamma.reshape(k), epsilon,
+                       dx.reshape(n * g, k), flat_gamma, flat_beta)
+        d_gamma = np.add.reduce(flat_gamma, axis=0)
+        d_beta = np.add.reduce(flat_beta, axis=0)
+    else:
+        rows = gamma.shape[1]
+        blocks = max(1, min(n * g, count))
+        d_gamma_blocks = np.empty((blocks, rows, k), np.float64)
+        d_beta_blocks = np.empty((blocks, rows, k), np.float64)
+        _row_backward(x.reshape(n * g, k, s), dy.reshape(n * g, k, s), gamma.reshape(rows, k), g, epsilon,
+                      dx.reshape(n * g, k, s), d_gamma_blocks, d_beta_blocks)
+        d_gamma = np.add.reduce(d_gamma_blocks, axis=0)
+        d_beta = np.add.reduce(d_beta_blocks, axis=0)
+    if out is not None and dx is not out:
+        np.copyto(out, dx)
+        dx = out
+    return dx, d_gamma.astype(x.dtype).reshape(gamma.shape), d_beta.astype(x.dtype).reshape(gamma.shape)
