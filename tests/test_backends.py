@@ -19,7 +19,18 @@ def gemm(backend, a, b, out=None, **options):
 def test_builtin_backends_are_registered():
     names = bf.available_backends()
     assert "numpy" in names and "scipy-blas" in names
-    assert bf.get_backend("auto").name == "scipy-blas"
+    assert bf.get_backend("auto").name == ("numba" if "numba" in names else "scipy-blas")
+
+
+def test_auto_falls_back_to_scipy_blas_with_one_log_line_when_numba_cannot_import(monkeypatch, caplog):
+    monkeypatch.setattr(backends, "_auto_choice", None)
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
+    with caplog.at_level("WARNING", logger="bnnsfw"):
+        assert bf.get_backend("auto").name == "scipy-blas"
+        assert bf.get_backend("auto").name == "scipy-blas"
+    lines = [r.getMessage() for r in caplog.records if r.name == "bnnsfw"]
+    assert len(lines) == 1 and "backend 'auto' uses 'scipy-blas': ModuleNotFoundError" in lines[0]
+    monkeypatch.setattr(backends, "_auto_choice", None)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -304,14 +315,17 @@ def test_entry_point_discovery(isolated_registry, tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "plugin_backend_mod", raising=False)
 
 
+AUTO = backends._auto()
+
+
 def test_use_backend_nests_and_restores():
-    assert bf.current_backend().name == "scipy-blas"
+    assert bf.current_backend().name == AUTO
     with bf.use_backend("numpy") as outer:
         assert outer.name == "numpy" and bf.current_backend() is outer
         with bf.use_backend("scipy-blas"):
             assert bf.current_backend().name == "scipy-blas"
         assert bf.current_backend().name == "numpy"
-    assert bf.current_backend().name == "scipy-blas"
+    assert bf.current_backend().name == AUTO
 
 
 def test_use_backend_is_per_thread():
@@ -331,7 +345,7 @@ def test_use_backend_is_per_thread():
     seen["main"] = bf.current_backend().name
     release.set()
     t.join()
-    assert seen == {"worker": "numpy", "main": "scipy-blas"}
+    assert seen == {"worker": "numpy", "main": AUTO}
 
 
 def test_backend_object_is_accepted_directly():

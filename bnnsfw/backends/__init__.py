@@ -125,12 +125,24 @@ def available_backends() -> list[str]:
         return sorted(_factories)
 
 
+_auto_choice: str | None = None
+
+
 def _auto() -> str:
-    try:
-        import scipy.linalg.blas  # noqa: F401
-    except ImportError:  # pragma: no cover - SciPy is a dependency
-        return "numpy"
-    return "scipy-blas"
+    """``numba`` when Numba imports, else ``scipy-blas`` (saying why, once, on the ``bnnsfw``
+    logger), else ``numpy``. Decided once per process."""
+    global _auto_choice
+    if _auto_choice is None:
+        choice = "numpy"
+        try:
+            import scipy.linalg.blas  # noqa: F401
+            choice = "scipy-blas"
+            import numba  # noqa: F401
+            choice = "numba" if "numba" in _factories else choice
+        except Exception as exc:  # an unsupported Python or platform: the fallback still works
+            _log.warning("backend 'auto' uses %r: %s: %s", choice, type(exc).__name__, exc)
+        _auto_choice = choice
+    return _auto_choice
 
 
 def get_backend(spec: BackendSpec | None = None) -> Backend:

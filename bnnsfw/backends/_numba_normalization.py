@@ -59,11 +59,11 @@ def _row_forward(x, gamma, beta, groups, epsilon, out, means, variances):
                 squares += d * d
         variance = squares / count
         rstd = 1.0 / math.sqrt(variance + epsilon)
-        for k in range(k_size):
+        mean_x = x.dtype.type(mean)
+        for k in range(k_size):  # centred first: exactly beta at the mean, no cancellation
             scale = x.dtype.type(rstd * gamma[g, k])
-            shift = x.dtype.type(beta[g, k] - mean * rstd * gamma[g, k])
             for s in range(s_size):
-                out[r, k, s] = x[r, k, s] * scale + shift
+                out[r, k, s] = (x[r, k, s] - mean_x) * scale + beta[g, k]
         means[r] = mean
         variances[r] = variance
 
@@ -194,10 +194,10 @@ def _channel_forward(x, gamma, beta, epsilon, out, means, variances):
         variance = squares / count
         rstd = 1.0 / math.sqrt(variance + epsilon)
         scale = x.dtype.type(rstd * gamma[g])
-        shift = x.dtype.type(beta[g] - mean * rstd * gamma[g])
-        for n in range(batch):
+        mean_x = x.dtype.type(mean)
+        for n in range(batch):  # centred first: exactly beta at the mean, no cancellation
             for s in range(s_size):
-                out[n, g, s] = x[n, g, s] * scale + shift
+                out[n, g, s] = (x[n, g, s] - mean_x) * scale + beta[g]
         means[g] = mean
         variances[g] = variance
 
