@@ -3,12 +3,13 @@ cache, and the errors. Every test runs on every registered backend."""
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import numpy as np
 import pytest
 
 import bnnsfw as bf
-from bnnsfw.backends import _fast_lstm
 from bnnsfw.backends.contract import TOLERANCE
 import lstm_reference as ref
 from bnnsfw.layers.lstm import (
@@ -623,9 +624,10 @@ def test_fast_kernels_agree_with_the_reference(case, dtype, fast_backend, rng):
     seq_len, batch, states = spec.pop("seq_len"), spec.pop("batch"), spec.pop("states", False)
     params = LSTMParameters.random(seed=11, dtype=dtype, **spec)
     with layer_for(params, fast_backend) as probe:
-        forward, _ = probe.backend._lstm_sequence_kernels(probe._packed.payload.plan, None, batch)
-        assert forward.__module__ != "bnnsfw.backends._lstm_kernels"
-        assert _fast_lstm.serves(probe._packed.payload.plan, None)
+        plan = probe._packed.payload.plan
+        forward = probe.backend._lstm_direction_kernels(plan, None, batch).forward
+        kernel = forward.args[0] if isinstance(forward, functools.partial) else forward  # what it wraps
+        assert kernel.__module__ in ("bnnsfw.backends._fast_lstm", "bnnsfw.backends.numba")
     x_shape, y_shape, state_shape = shapes(params, seq_len, batch)
     x, dy = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(y_shape).astype(dtype)
     h0c0 = tuple(rng.standard_normal(state_shape).astype(dtype) for _ in range(2)) if states else (None, None)
@@ -639,16 +641,53 @@ def test_fast_kernels_agree_with_the_reference(case, dtype, fast_backend, rng):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-def test_numba_takes_small_default_cells_and_leaves_the_rest_to_scipy_blas():
+def test_numba_compiles_the_default_cell_with_diagonal_peepholes_and_lengths_and_leaves_the_rest():
     backend = bf.get_backend("numba")
-    limit = backend.lstm_max_units
-    default = LSTMLayer(LSTMParameters.random(input_size=2, hidden_size=8, seed=0),
-                        bf.FilterParameters(backend=backend))
-    plan = default._packed.payload.plan
-    kernels = backend._lstm_sequence_kernels
-    assert kernels(plan, None, limit // 8)[0].__module__ == "bnnsfw.backends._numba_lstm"
-    assert kernels(plan, None, limit // 8 + 1)[0].__module__ == "bnnsfw.backends._fast_lstm"
-    assert kernels(plan, np.array([2, 1]), 2)[0].__module__ == "bnnsfw.backends._lstm_kernels"  # lengths
+    from bnnsfw.backends.numba import _compiled_forward
+
+    def served(**options):
+        layer = LSTMLayer(LSTMParameters.random(input_size=2, hidden_size=4, seed=0, **options),
+                          bf.FilterParameters(backend=backend))
+        plan = layer._packed.payload.plan
+        return backend._lstm_direction_kernels(plan, np.array([2, 1]), 2).forward is _compiled_forward
+
+    assert served() and served(peepholes="diagonal") and served(default_activations=True)
+    assert not served(peepholes="full")
+    relu = bf.Activation(bf.ActivationFunction.relu)
+    assert not served(hidden_activation=relu)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_numba_chunks_of_steps_agree_with_the_reference(dtype, monkeypatch, rng):
+    """Long sequences run the input projection and the weight gradients a chunk of steps at a
+    time; with chunks of 4 columns (2 steps of 2 sequences, the last chunk shorter) every
+    output and gradient still agrees with the reference, with lengths, peepholes, both
+    directions, initial states and final-state gradients."""
+    from bnnsfw.backends import _numba_lstm
+
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 4)
+    params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, bidirectional=True,
+                                   peepholes="diagonal", seed=2, dtype=dtype)
+    x, dy = rng.standard_normal((7, 2, 3)).astype(dtype), rng.standard_normal((7, 2, 10)).astype(dtype)
+    states = tuple(rng.standard_normal((4, 2, 5)).astype(dtype) for _ in range(2))
+    final_grads = tuple(rng.standard_normal((4, 2, 5)).astype(dtype) for _ in range(2))
+    lengths = np.array([7, 4])
+    results = []
+    for name in ("numpy", "numba"):
+        with layer_for(params, name) as layer:
+            out = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+            grads = layer.apply_backward(x, dy, *states, *final_grads, sequence_lengths=lengths,
+                                         training_cache=out.training_cache)
+            inference = layer.apply(x, *states, sequence_lengths=lengths)
+        arrays = [out.output, out.hidden, out.cell, inference.output, grads.input, grads.hidden, grads.cell]
+        for gate in grads.gates:
+            arrays += [a for a in (*gate.input_weights, gate.hidden_weights, gate.bias, gate.cell_weights)
+                       if a is not None]
+        results.append(arrays)
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
+    for k, (got, want) in enumerate(zip(results[1], results[0])):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
 
 
 @pytest.mark.skipif("scipy-blas" not in bf.available_backends(), reason="needs the scipy-blas backend")

@@ -21,6 +21,7 @@ Everything about memory layout lives here, behind the contract:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, NamedTuple, Sequence
 
@@ -48,13 +49,22 @@ from ._lstm_kernels import (
     LSTMWeights,
 )
 
-__all__ = ["LSTMStack", "CacheLayout", "CACHE_FORMAT"]
+__all__ = ["LSTMStack", "CacheLayout", "CACHE_FORMAT", "DirectionKernels", "scatter_gradients"]
 
 #: The name of the payload layout below; backends that share it share caches.
 CACHE_FORMAT = "bnnsfw.lstm.steps/2"
 
 ForwardKernel = Callable[..., None]
 BackwardKernel = Callable[..., None]
+
+
+class DirectionKernels(NamedTuple):
+    """What runs one layer and direction: ``forward`` and ``backward`` take the arguments of
+    :meth:`LSTMStack._sequence_forward` and :meth:`LSTMStack._sequence_backward` after their
+    first (the per-sequence kernel those two wrap)."""
+
+    forward: Callable[..., None]
+    backward: Callable[..., None]
 
 
 class CacheViews(NamedTuple):
@@ -259,7 +269,7 @@ class LSTMStack(LSTMKernels):
         else:
             views = layout.bind(workspace.bytes("lstm_forward_steps", layout.nbytes))
         lengths = request.sequence_lengths
-        forward, _ = self._lstm_sequence_kernels(plan, lengths, batch)
+        forward = self._lstm_direction_kernels(plan, lengths, batch).forward
         active, inactive = _step_masks(lengths, seq_len)
         h0, c0 = request.hidden, request.cell
         layer_input = request.x.reshape(seq_len * batch, config.input_size)
@@ -273,7 +283,7 @@ class LSTMStack(LSTMKernels):
                         None if h0 is None else h0[index], None if c0 is None else c0[index],
                         views.steps[layer][d], views.pre[layer][d], views.hidden[layer][d],
                         target[:, :, d * h:(d + 1) * h], request.hidden_out[index], request.cell_out[index],
-                        reverse=d == 1, inactive=inactive, scratch=workspace)
+                        reverse=d == 1, lengths=lengths, inactive=inactive, workspace=workspace)
             if active is not None:
                 target[~active] = 0.0
             if not last:
@@ -299,12 +309,10 @@ class LSTMStack(LSTMKernels):
         workspace = request.workspace
         views = CacheLayout(plan, config, seq_len, batch, training=True).bind(request.cache)
         lengths = request.sequence_lengths
-        _, backward = self._lstm_sequence_kernels(plan, lengths, batch)
+        backward = self._lstm_direction_kernels(plan, lengths, batch).backward
         active, inactive = _step_masks(lengths, seq_len)
         grads = request.gradients
         dy, dh_final, dc_final = request.output_gradient, request.hidden_gradient, request.cell_gradient
-        d_gates = workspace.array("lstm_d_gates", (4 * h, seq_len * batch), dtype)
-        c_new = workspace.array("lstm_cell_new", (seq_len, h, batch), dtype) if plan.needs_cell else None
         x2 = request.x.reshape(seq_len * batch, config.input_size)
         for layer in range(size_l - 1, -1, -1):
             upper = views.inputs[layer]
@@ -315,15 +323,12 @@ class LSTMStack(LSTMKernels):
                 d_input = workspace.array(f"lstm_d_input{layer % 2}", layer_input.shape, dtype)
             for d in range(size_d):
                 index = layer * size_d + d
-                w = weights[layer][d]
-                backward(plan, w, views.steps[layer][d], views.pre[layer][d],
+                backward(plan, weights[layer][d], layer, d, layer_input, views,
                          None if dy is None else dy[:, :, d * h:(d + 1) * h],
                          None if dh_final is None else dh_final[index],
                          None if dc_final is None else dc_final[index], grads.hidden[index],
-                         grads.cell[index], d_gates, reverse=d == 1, active=active, inactive=inactive,
-                         c_new=c_new, scratch=workspace)
-                self._lstm_weight_gradients(plan, w, layer, d, layer_input, views, d_gates, c_new, d_input,
-                                            grads.gates, workspace)
+                         grads.cell[index], d_input, grads.gates, lengths=lengths, active=active,
+                         inactive=inactive, workspace=workspace)
             if layer > 0:
                 mask = views.masks[layer]
                 if mask is not None:
@@ -332,6 +337,45 @@ class LSTMStack(LSTMKernels):
             elif not np.shares_memory(d_input, grads.input):
                 np.copyto(grads.input, d_input.reshape(grads.input.shape))
         return LSTMBackwardResult(gradients=grads)
+
+    def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
+                                batch: int) -> DirectionKernels:
+        """What runs each layer and direction: the per-sequence kernels of
+        :meth:`_lstm_sequence_kernels`, with the weight gradients made from the all-steps gate
+        gradients they leave. A backend that runs whole directions itself overrides this."""
+        forward, backward = self._lstm_sequence_kernels(plan, lengths, batch)
+        return DirectionKernels(functools.partial(self._sequence_forward, forward),
+                                functools.partial(self._sequence_backward, backward))
+
+    @staticmethod
+    def _sequence_forward(kernel: ForwardKernel, plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarray,
+                          h0: np.ndarray | None, c0: np.ndarray | None, steps: np.ndarray,
+                          pre: np.ndarray | None, hidden: np.ndarray | None, output: np.ndarray,
+                          h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool,
+                          lengths: np.ndarray | None, inactive: Sequence[np.ndarray | None],
+                          workspace: Workspace) -> None:
+        """One layer and direction forward through a per-sequence kernel."""
+        kernel(plan, w, layer_input, h0, c0, steps, pre, hidden, output, h_final, c_final, reverse=reverse,
+               inactive=inactive, scratch=workspace)
+
+    def _sequence_backward(self, kernel: BackwardKernel, plan: LSTMStepPlan, w: LSTMWeights, layer: int,
+                           d: int,
+                           layer_input: np.ndarray, views: CacheViews, dy: np.ndarray | None,
+                           dh_final: np.ndarray | None, dc_final: np.ndarray | None, dh_initial: np.ndarray,
+                           dc_initial: np.ndarray, d_input: np.ndarray, gates: Sequence[LSTMGateArrays], *,
+                           lengths: np.ndarray | None, active: np.ndarray | None,
+                           inactive: Sequence[np.ndarray | None], workspace: Workspace) -> None:
+        """One layer and direction backward through a per-sequence kernel, which leaves the
+        gate gradients of all steps ``(4H, T·N)``; then the weight and input gradients."""
+        seq_len, _, batch = views.steps[layer][d].shape
+        h, dtype = plan.hidden_size, d_input.dtype
+        d_gates = workspace.array("lstm_d_gates", (4 * h, seq_len * batch), dtype)
+        c_new = workspace.array("lstm_cell_new", (seq_len, h, batch), dtype) if plan.needs_cell else None
+        kernel(plan, w, views.steps[layer][d], views.pre[layer][d], dy, dh_final, dc_final, dh_initial,
+               dc_initial, d_gates, reverse=d == 1, active=active, inactive=inactive, c_new=c_new,
+               scratch=workspace)
+        self._lstm_weight_gradients(plan, w, layer, d, layer_input, views, d_gates, c_new, d_input, gates,
+                                    workspace)
 
     def _lstm_weight_gradients(self, plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int,
                                layer_input: np.ndarray, views: CacheViews, d_gates: np.ndarray,
@@ -373,16 +417,23 @@ class LSTMStack(LSTMKernels):
                 else:
                     d_peep[gate] = np.einsum("hr,hr->h", block, source)
         gemm(d_gates, w.wx_t, out=d_input, trans_a=True, trans_b=True, beta=0.0 if d == 0 else 1.0)
-        # Scatter the stacked rows (internal gate order) into the public per-gate arrays.
-        for k, public in enumerate(INTERNAL_ORDER):
-            g = gates[public]
-            rows = slice(k * h, (k + 1) * h)
-            if layer == 0:
-                g.input_weights[0][d] = d_wx[rows]
-            else:
-                g.input_weights[1][layer - 1, d] = d_wx[rows]
-            g.hidden_weights[layer, d] = d_u[rows]
-            if g.bias is not None:
-                g.bias[layer, d] = d_bias[rows]
-            if g.cell_weights is not None:
-                g.cell_weights[layer, d] = d_peep[k]
+        scatter_gradients(layer, d, d_wx, d_u, d_bias, d_peep, gates)
+
+
+def scatter_gradients(layer: int, d: int, d_wx: np.ndarray, d_u: np.ndarray, d_bias: np.ndarray,
+                      d_peep: Sequence[np.ndarray | None], gates: Sequence[LSTMGateArrays]) -> None:
+    """Write one layer and direction's stacked gradients (rows in the internal gate order) into
+    the public per-gate arrays; ``d_peep[k]`` is internal gate ``k``'s peephole gradient."""
+    h = d_u.shape[1]
+    for k, public in enumerate(INTERNAL_ORDER):
+        g = gates[public]
+        rows = slice(k * h, (k + 1) * h)
+        if layer == 0:
+            g.input_weights[0][d] = d_wx[rows]
+        else:
+            g.input_weights[1][layer - 1, d] = d_wx[rows]
+        g.hidden_weights[layer, d] = d_u[rows]
+        if g.bias is not None:
+            g.bias[layer, d] = d_bias[rows]
+        if g.cell_weights is not None:
+            g.cell_weights[layer, d] = d_peep[k]

@@ -1,29 +1,62 @@
 """A backend with compiled (Numba) kernels, on top of the ``scipy-blas`` backend.
 
-It serves the LSTM's default cell over full-length sequences with compiled time loops
-(:mod:`._numba_lstm`: per step one BLAS product and one fused, vectorized pass, forward and
-backward), and normalization with the statistics of the batch and the identity activation with
-compiled, multithreaded row kernels (:mod:`._numba_normalization`). Every other request goes to
-what ``scipy-blas`` does with it. Which implementation serves a request is decided in the
-section "Which implementation serves a request" below, and nowhere else.
+It runs each layer and direction of the LSTM as compiled loops (:mod:`._numba_lstm`: per step
+one BLAS product and one fused, vectorized pass, forward and backward; the input projection
+and the weight gradients one product per chunk of steps) for the cell almost every model uses,
+with or without diagonal peepholes, over full or variable lengths; and normalization with the
+statistics of the batch and the identity activation with compiled, multithreaded row kernels
+(:mod:`._numba_normalization`). Every other request goes to what ``scipy-blas`` does with it.
+Which implementation serves a request is decided in the section "Which implementation serves a
+request" below, and nowhere else.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from . import _numba_lstm, _numba_normalization
-from ._lstm_kernels import LSTMStepPlan
-from ._lstm_stack import BackwardKernel, ForwardKernel
+from ._lstm_kernels import LSTMStepPlan, LSTMWeights
+from ._lstm_stack import CacheViews, DirectionKernels, scatter_gradients
 from .contract import (
+    LSTMGateArrays,
     NormalizationBackwardRequest,
     NormalizationBackwardResult,
     NormalizationForwardRequest,
     NormalizationForwardResult,
+    Workspace,
 )
 from .scipy_blas import ScipyBlasBackend
 
 __all__ = ["NumbaBackend"]
+
+
+def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarray, h0: np.ndarray | None,
+                      c0: np.ndarray | None, steps: np.ndarray, pre: np.ndarray | None,
+                      hidden: np.ndarray | None,
+                      output: np.ndarray, h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool,
+                      lengths: np.ndarray | None, inactive: Sequence[np.ndarray | None],
+                      workspace: Workspace) -> None:
+    """One layer and direction forward, compiled (``DirectionKernels.forward``)."""
+    _numba_lstm.forward(w, layer_input, h0, c0, lengths, steps, hidden, output, h_final, c_final,
+                        reverse=reverse, scratch=workspace)
+
+
+def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
+                       views: CacheViews, dy: np.ndarray | None, dh_final: np.ndarray | None,
+                       dc_final: np.ndarray | None, dh_initial: np.ndarray, dc_initial: np.ndarray,
+                       d_input: np.ndarray, gates: Sequence[LSTMGateArrays], *, lengths: np.ndarray | None,
+                       active: np.ndarray | None, inactive: Sequence[np.ndarray | None],
+                       workspace: Workspace) -> None:
+    """One layer and direction backward, compiled, weight gradients included
+    (``DirectionKernels.backward``)."""
+    hidden = views.hidden[layer][d]
+    assert hidden is not None  # a training cache keeps the states
+    d_wx, d_u, d_bias, d_peep = _numba_lstm.backward(
+        w, layer_input, lengths, views.steps[layer][d], hidden, dy, dh_final, dc_final, dh_initial,
+        dc_initial, d_input, accumulate_input=d > 0, reverse=d == 1, scratch=workspace)
+    scatter_gradients(layer, d, d_wx, d_u, d_bias, [None] * 4 if d_peep is None else list(d_peep), gates)
 
 
 class NumbaBackend(ScipyBlasBackend):
@@ -32,23 +65,15 @@ class NumbaBackend(ScipyBlasBackend):
     name = "numba"
 
     # ----------------------------------------------------------------------------------
-    # Which implementation serves a request.
+    # Which implementation serves a request: decided here and nowhere else.
     # ----------------------------------------------------------------------------------
-
-    #: The compiled LSTM loops serve cells of at most this many units per step (H·N). Above
-    #: it the products dominate and the direct-BLAS kernels of ``scipy-blas``, which accumulate
-    #: into the step block instead of adding a strided projection afterwards, were faster
-    #: (measured, ``bnnsfw bench``: compiled 0.37–0.89× of ``scipy-blas`` at H·N = 64 and 2048,
-    #: 1.04–1.13× at 8192 and 32768).
-    lstm_max_units: int = 4096
-
-    def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
-                               batch: int) -> tuple[ForwardKernel, BackwardKernel]:
-        """The compiled kernels for the default cell over full-length sequences of at most
-        :attr:`lstm_max_units` units per step; otherwise what ``scipy-blas`` picks."""
-        if _numba_lstm.serves(plan, lengths) and plan.hidden_size * batch <= self.lstm_max_units:
-            return _numba_lstm.forward_sequence, _numba_lstm.backward_sequence
-        return super()._lstm_sequence_kernels(plan, lengths, batch)
+    def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
+                                batch: int) -> DirectionKernels:
+        """The compiled kernels for the cells :func:`._numba_lstm.serves` names (the default
+        activations, no or diagonal peepholes, any lengths); what ``scipy-blas`` picks otherwise."""
+        if _numba_lstm.serves(plan):
+            return DirectionKernels(_compiled_forward, _compiled_backward)
+        return super()._lstm_direction_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
         """Compiled for the statistics of the batch and the identity activation."""
