@@ -257,12 +257,17 @@ GRADIENT_CASES = {
     "final_state_gradients_only": dict(num_layers=2, bidirectional=True, no_output_gradient=True),
     "variable_lengths_bidirectional_stack": dict(num_layers=2, bidirectional=True, lengths=[3, 1, 2]),
     "dropout_with_cache": dict(num_layers=3, bidirectional=True, dropout=0.4),
+    # Size-one axes (NumPy leaves the stride of a length-1 axis free; BLAS needs it).
+    "input_size_one": dict(num_layers=2, bidirectional=True, input_size=1),
+    "hidden_size_one": dict(num_layers=2, hidden_size=1, peepholes="diagonal"),
+    "one_sequence_one_step": dict(num_layers=2, bidirectional=True, batch=1, seq_len=1),
 }
 
 
 def gradient_params(spec, rng):
     params = LSTMParameters.random(
-        input_size=3, hidden_size=2, num_layers=spec["num_layers"],
+        input_size=spec.get("input_size", 3), hidden_size=spec.get("hidden_size", 2),
+        num_layers=spec["num_layers"],
         bidirectional=spec.get("bidirectional", False), peepholes=spec.get("peepholes"), seed=11,
         dtype=np.float64, batch_first=spec.get("batch_first", False), dropout=spec.get("dropout", 0.0))
     if spec.get("mixed"):
@@ -279,7 +284,7 @@ def test_gradients_match_finite_differences(backend_name, case):
     spec = GRADIENT_CASES[case]
     rng = np.random.default_rng(list(GRADIENT_CASES).index(case) + 100)
     params = gradient_params(spec, rng)
-    seq_len, batch = 3, 3
+    seq_len, batch = spec.get("seq_len", 3), spec.get("batch", 3)
     x_shape, y_shape, state_shape = shapes(params, seq_len, batch)
     x = rng.standard_normal(x_shape)
     h0, c0 = rng.standard_normal(state_shape), rng.standard_normal(state_shape)

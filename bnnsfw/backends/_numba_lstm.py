@@ -133,13 +133,21 @@ def _mm(a, trans_a, b, trans_b, c, beta):
             for s in range(n):
                 c[r, s] = beta * c[r, s]
         return
-    size = c.itemsize
     scalars = np.empty(2, c.dtype)
     scalars[0] = 1.0
     scalars[1] = beta
-    _xxgemm(115 if size == 4 else 100, _YES if trans_b else _NO, _YES if trans_a else _NO, n, m, k,
-            scalars.ctypes, b.ctypes, max(b.strides[0] // size, 1), a.ctypes, max(a.strides[0] // size, 1),
-            scalars[1:].ctypes, c.ctypes, max(c.strides[0] // size, 1))
+    _xxgemm(115 if c.itemsize == 4 else 100, _YES if trans_b else _NO, _YES if trans_a else _NO, n, m, k,
+            scalars.ctypes, b.ctypes, _leading(b), a.ctypes, _leading(a), scalars[1:].ctypes, c.ctypes,
+            _leading(c))
+
+
+@_inline
+def _leading(m):
+    """BLAS's leading dimension of a row-major matrix: its row stride in elements. A single
+    row may have any stride (NumPy leaves a length-1 axis's stride free), so it gets its width."""
+    if m.shape[0] == 1:
+        return max(m.shape[1], 1)
+    return m.strides[0] // m.itemsize
 
 
 @numba.njit(cache=True, inline="always")
