@@ -39,3 +39,14 @@ def test_flop_count_formula():
                           bidirectional=True)
     # layer 0: 2 directions · 8·T·N·H·(I+H); layer 1 reads 2H features
     assert case.flops() == 2 * 8 * 2 * 3 * 5 * (4 + 5) + 2 * 8 * 2 * 3 * 5 * (10 + 5)
+
+
+def test_fresh_process_probes_measure_step_memory_and_first_call_latency():
+    case = bench.LSTMCase(name="probe", seq_len=64, batch=4, input_size=8, hidden_size=16)
+    figures = bench.peak_training_memory(case, "auto")
+    cache = bench._lstm_layer(case, "auto", 0)[1].training_cache_capacity(batch_size=4, seq_len=64)
+    inputs = 4 * (64 * 4 * 8 + 64 * 4 * 16)
+    assert figures["cache_and_inputs_bytes"] == cache + inputs
+    assert figures["step_bytes"] > 0
+    imported, first_step = bench.first_call_latency("auto", None)
+    assert imported > 0 and first_step > 0

@@ -1004,3 +1004,39 @@ def test_matches_pytorch(backend_name, rng):
         np.testing.assert_allclose(gate.hidden_weights[0, 0], net.weight_hh_l0.grad.numpy()[rows],
                                    rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(gate.bias[1, 0], net.bias_hh_l1.grad.numpy()[rows], rtol=1e-9, atol=1e-12)
+
+
+def test_an_open_layer_keeps_a_bounded_scratch_space(backend_name, monkeypatch, rng):
+    """Between calls a layer keeps at most ``RETAINED_BYTES`` of scratch memory, however long
+    the sequence it last ran."""
+    from bnnsfw.layers.lstm import _Workspace
+
+    monkeypatch.setattr(_Workspace, "RETAINED_BYTES", 1 << 16)
+    params = LSTMParameters.random(input_size=8, hidden_size=16, seed=0)
+    x = rng.standard_normal((400, 4, 8)).astype(np.float32)
+    with layer_for(params, backend_name) as layer:
+        out = layer.apply(x, training=True)
+        layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
+        assert layer._workspace.nbytes <= 1 << 16
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_scratch_does_not_grow_with_the_sequence_length(monkeypatch, rng):
+    """The compiled kernels work a chunk of steps at a time: ten times the steps, the same
+    scratch memory (the reference kernels' grows with T). One layer: a stack also keeps each
+    layer's output for the next, which grows with T on every backend."""
+    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.layers.lstm import _Workspace
+
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 64)
+    monkeypatch.setattr(_Workspace, "RETAINED_BYTES", 1 << 40)  # keep everything, to measure it
+    params = LSTMParameters.random(input_size=8, hidden_size=16, bidirectional=True, seed=0)
+    used = []
+    for seq_len in (40, 400):
+        x = rng.standard_normal((seq_len, 4, 8)).astype(np.float32)
+        with layer_for(params, "numba") as layer:
+            out = layer.apply(x, training=True)
+            layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
+            layer.apply(x)
+            used.append(layer._workspace.nbytes)
+    assert used[0] == used[1]

@@ -1,20 +1,29 @@
 """``bnnsfw bench``: time the LSTM and normalization layers, optionally beside PyTorch.
 
-Each row is timed as the median and the minimum over repeats after a warm-up. LSTM rows also
+Each row is timed as the median and the minimum per call after a warm-up. LSTM rows also
 report GFLOP/s (forward ``8·T·N·H·(I+H)`` per layer and direction, training three times that)
 and the fraction of the single-precision matrix-multiply peak measured in the same run.
 ``--compare torch`` runs the same work, with the same weights and thread count, through
-PyTorch's CPU kernels in the same process and prints the time ratio bnnsfw / PyTorch.
+PyTorch's CPU kernels in the same process and prints the time ratio bnnsfw / PyTorch. The two
+libraries are timed in alternating blocks of calls, never call by call: a library's idle
+threads keep spinning for a while after a call and would take a core from the other.
+
+A full run also measures, each in a fresh process, the peak memory of one training step of
+the long-sequence row and the latency of the first call of the demo's model with a cold and a
+warm compile cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -33,6 +42,8 @@ class LSTMCase:
     hidden_size: int
     num_layers: int = 1
     bidirectional: bool = False
+    #: Also measure the peak memory of one training step, in a fresh process (full runs only).
+    memory: bool = False
 
     def flops(self) -> float:
         """Forward floating-point operations: 8·T·N·H·(I_l + H) summed over layers and directions."""
@@ -66,6 +77,8 @@ LSTM_CASES = (
     LSTMCase(name="XL", seq_len=32, batch=64, input_size=512, hidden_size=512),
     LSTMCase(name="M-2L-bi", seq_len=50, batch=16, input_size=128, hidden_size=128, num_layers=2,
              bidirectional=True),
+    LSTMCase(name="demo", seq_len=32, batch=32, input_size=1, hidden_size=32, num_layers=2),
+    LSTMCase(name="long", seq_len=2000, batch=8, input_size=256, hidden_size=256, memory=True),
 )
 NORMALIZATION_CASES = (
     NormalizationCase(name="batch", kind="batch", shape=(64, 64, 32, 32)),
@@ -81,11 +94,16 @@ class BenchRow:
 
     name: str
     work: str
+    backend: str
     median_ms: float
     min_ms: float
     gflops: float | None = None
     peak_fraction: float | None = None
     cache_bytes: int | None = None
+    #: Peak memory of one training step above the process before it, and that over the
+    #: training cache plus the inputs (``x`` and the output gradient).
+    peak_step_bytes: int | None = None
+    peak_over_cache_and_inputs: float | None = None
     torch_median_ms: float | None = None
 
     @property
@@ -100,17 +118,36 @@ class BenchRow:
         return d
 
 
-def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float) -> tuple[float, float]:
-    """Median and minimum seconds of ``fn`` over at least ``repeats`` runs after ``warmup``."""
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeats or (time.perf_counter() - start < budget and len(times) < 50):
+def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float,
+          other: Callable[[], object] | None = None) -> tuple[float, float, float | None]:
+    """Median and minimum seconds per call of ``fn`` (and the median of ``other``).
+
+    After ``warmup`` calls of each, the two are run in alternating blocks of calls, each block
+    long enough (about 20 ms) that the switch between libraries is a small part of it; the
+    first call of every block is left out of the figures. Rounds go on until each function
+    has at least ``repeats`` timed calls and, within ``budget`` seconds, up to 50.
+    """
+    functions = [fn] if other is None else [fn, other]
+    for f in functions:
+        for _ in range(warmup):
+            f()
+    blocks = []
+    for f in functions:
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), min(times)
+        f()
+        blocks.append(max(2, min(50, math.ceil(0.02 / max(time.perf_counter() - t0, 1e-6)))))
+    times: list[list[float]] = [[] for _ in functions]
+    start = time.perf_counter()
+    while (min(len(t) for t in times) < repeats
+           or (time.perf_counter() - start < budget and min(len(t) for t in times) < 50)):
+        for f, block, bucket in zip(functions, blocks, times):
+            for k in range(block):
+                t0 = time.perf_counter()
+                f()
+                if k:
+                    bucket.append(time.perf_counter() - t0)
+    other_median = statistics.median(times[1]) if other is not None else None
+    return statistics.median(times[0]), min(times[0]), other_median
 
 
 def measure_peak(*, quick: bool = False) -> float:
@@ -120,7 +157,7 @@ def measure_peak(*, quick: bool = False) -> float:
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     out = np.empty((n, n), np.float32)
-    _, best = _time(lambda: np.matmul(a, b, out=out), warmup=1, repeats=3 if quick else 5, budget=0.0)
+    _, best, _ = _time(lambda: np.matmul(a, b, out=out), warmup=1, repeats=3 if quick else 5, budget=0.0)
     return 2.0 * n**3 / best / 1e9
 
 
@@ -177,15 +214,7 @@ def _bench_lstm(case: LSTMCase, opts: argparse.Namespace, peak: float, torch_mod
         layer.apply(x, training=True, training_cache=cache)
         layer.apply_backward(x, dy, training_cache=cache)
 
-    timing = dict(warmup=1, repeats=opts.repeats, budget=opts.budget)
-    rows = []
-    for work, fn, flops in (("fwd", forward, case.flops()), ("fwd+bwd", train, 3 * case.flops())):
-        med, best = _time(fn, **timing)
-        gflops = flops / med / 1e9
-        rows.append(BenchRow(name=f"lstm {case.name}", work=work, median_ms=med * 1e3, min_ms=best * 1e3,
-                             gflops=gflops, peak_fraction=gflops / peak,
-                             cache_bytes=cache_bytes if work == "fwd+bwd" else None))
-    layer.close()
+    theirs: list[Callable[[], object] | None] = [None, None]
     if torch_mod is not None:
         torch = torch_mod
         lstm = _torch_lstm(case, params)
@@ -201,9 +230,106 @@ def _bench_lstm(case: LSTMCase, opts: argparse.Namespace, peak: float, torch_mod
             out, _ = lstm(xr)
             out.backward(tdy)
 
-        for row, fn in zip(rows, (t_forward, t_train)):
-            row.torch_median_ms = _time(fn, **timing)[0] * 1e3
+        theirs = [t_forward, t_train]
+    rows = []
+    works = (("fwd", forward, case.flops()), ("fwd+bwd", train, 3 * case.flops()))
+    for (work, fn, flops), other in zip(works, theirs):
+        med, best, other_med = _time(fn, warmup=1, repeats=opts.repeats, budget=opts.budget, other=other)
+        gflops = flops / med / 1e9
+        rows.append(BenchRow(name=f"lstm {case.name}", work=work, backend=layer.backend.name,
+                             median_ms=med * 1e3, min_ms=best * 1e3, gflops=gflops,
+                             peak_fraction=gflops / peak,
+                             cache_bytes=cache_bytes if work == "fwd+bwd" else None,
+                             torch_median_ms=None if other_med is None else other_med * 1e3))
+    layer.close()
+    if case.memory and not opts.quick:
+        figures = peak_training_memory(case, opts.backend)
+        rows[1].peak_step_bytes = figures["step_bytes"]
+        rows[1].peak_over_cache_and_inputs = figures["step_bytes"] / figures["cache_and_inputs_bytes"]
     return rows
+
+
+# ---------------------------------------------------------------- fresh processes -------
+_MEMORY_PROBE = """
+import json, sys
+import numpy as np
+from bnnsfw.cli.bench import LSTMCase, _lstm_layer, _rss
+case, backend = LSTMCase(**json.loads(sys.argv[1])), sys.argv[2]
+params, layer = _lstm_layer(case, backend, 0)
+small = np.zeros((2, 2, case.input_size), np.float32)  # compile (or load) the kernels first
+out = layer.apply(small, training=True)
+layer.apply_backward(small, np.ones_like(out.output), training_cache=out.training_cache)
+del out
+before = _rss(reset_peak=True)
+d = 2 if case.bidirectional else 1
+rng = np.random.default_rng(1)
+x = rng.standard_normal((case.seq_len, case.batch, case.input_size), dtype=np.float32)
+dy = rng.standard_normal((case.seq_len, case.batch, d * case.hidden_size), dtype=np.float32)
+cache = np.empty(layer.training_cache_capacity(batch_size=case.batch, seq_len=case.seq_len), np.uint8)
+cache.fill(0)
+layer.apply(x, training=True, training_cache=cache)
+grads = layer.apply_backward(x, dy, training_cache=cache)
+peak = _rss(peak=True)
+inputs = cache.nbytes + x.nbytes + dy.nbytes
+print(json.dumps({"step_bytes": peak - before, "cache_and_inputs_bytes": inputs}))
+"""
+
+
+def _rss(*, reset_peak: bool = False, peak: bool = False) -> int:
+    """This process's resident memory in bytes (Linux ``/proc``; ``getrusage`` elsewhere):
+    the current one, or with ``peak`` the highest since the last ``reset_peak``."""
+    try:
+        if reset_peak:
+            with open("/proc/self/clear_refs", "w") as fh:  # resets VmHWM (Linux ≥ 4.0)
+                fh.write("5")
+        with open("/proc/self/status") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+        return int(fields["VmHWM" if peak else "VmRSS"].split()[0]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_training_memory(case: LSTMCase, backend: str) -> dict[str, int]:
+    """In a fresh process: the peak resident memory of one training step (forward with a cache,
+    backward) above the process before it, beside the size of the cache plus ``x`` and ``dy``
+    (both in bytes). The step's own arrays (inputs, cache, results, scratch) are all counted."""
+    fields = {f.name: getattr(case, f.name) for f in attrs.fields(LSTMCase)}
+    done = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, json.dumps(fields), backend],
+                          capture_output=True, text=True, check=True)
+    figures: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
+_LATENCY_PROBE = """
+import time
+start = time.perf_counter()
+import numpy as np
+import bnnsfw as bf
+imported = time.perf_counter()
+import sys
+from bnnsfw.cli.bench import LSTMCase, _lstm_layer
+case = LSTMCase(name="demo", seq_len=32, batch=32, input_size=1, hidden_size=32, num_layers=2)
+params, layer = _lstm_layer(case, sys.argv[1], 0)
+x = np.zeros((case.seq_len, case.batch, 1), np.float32)
+out = layer.apply(x, training=True)
+layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
+print(imported - start, time.perf_counter() - imported)
+"""
+
+
+def first_call_latency(backend: str, cache_dir: str | None) -> tuple[float, float]:
+    """In a fresh process: seconds to import bnnsfw, and to create the demo's model and run its
+    first training step (forward and backward). With ``cache_dir`` the compiled kernels are
+    kept there (``NUMBA_CACHE_DIR``), so the first run into an empty folder compiles them."""
+    env = dict(os.environ)
+    if cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = cache_dir
+    done = subprocess.run([sys.executable, "-c", _LATENCY_PROBE, backend], capture_output=True, text=True,
+                          check=True, env=env)
+    imported, first = map(float, done.stdout.split())
+    return imported, first
 
 
 # ---------------------------------------------------------------- normalization ------
@@ -239,11 +365,7 @@ def _bench_normalization(case: NormalizationCase, opts: argparse.Namespace, torc
         layer.apply(x, phase="training", output=y)
         layer.apply_backward(x, dy, output=y, phase="training")
 
-    timing = dict(warmup=1, repeats=opts.repeats, budget=opts.budget)
-    med, best = _time(train, **timing)
-    row = BenchRow(name=f"norm {case.name} {'x'.join(map(str, case.shape))}", work="fwd+bwd",
-                   median_ms=med * 1e3, min_ms=best * 1e3)
-    layer.close()
+    t_train: Callable[[], object] | None = None
     if torch_mod is not None:
         torch = torch_mod
         F = torch.nn.functional
@@ -270,7 +392,11 @@ def _bench_normalization(case: NormalizationCase, opts: argparse.Namespace, torc
             xr = tx.detach().requires_grad_(True)
             forward(xr).backward(tdy)
 
-        row.torch_median_ms = _time(t_train, **timing)[0] * 1e3
+    med, best, other_med = _time(train, warmup=1, repeats=opts.repeats, budget=opts.budget, other=t_train)
+    row = BenchRow(name=f"norm {case.name} {'x'.join(map(str, case.shape))}", work="fwd+bwd",
+                   backend=layer.backend.name, median_ms=med * 1e3, min_ms=best * 1e3,
+                   torch_median_ms=None if other_med is None else other_med * 1e3)
+    layer.close()
     return [row]
 
 
@@ -310,6 +436,21 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
     for norm_case in norm_cases:
         rows += _bench_normalization(norm_case, opts, torch_mod)
     print(format_table(rows, with_torch=torch_mod is not None), file=out)
+    latency = None
+    if not opts.quick:
+        with tempfile.TemporaryDirectory(prefix="bnnsfw-bench-cache-") as cache_dir:
+            cold = first_call_latency(opts.backend, cache_dir)
+            warm = first_call_latency(opts.backend, cache_dir)
+        latency = {"cold": {"import_s": cold[0], "first_step_s": cold[1]},
+                   "warm": {"import_s": warm[0], "first_step_s": warm[1]}}
+        print(f"first call of the demo's model in a fresh process (import + first training step): "
+              f"cold compile cache {cold[0]:.2f} s + {cold[1]:.2f} s, warm {warm[0]:.2f} s + {warm[1]:.2f} s",
+              file=out)
+    for row in rows:
+        if row.peak_step_bytes is not None:
+            print(f"peak memory of one training step, {row.name} (fresh process): "
+                  f"{row.peak_step_bytes / 2**20:.0f} MiB, {row.peak_over_cache_and_inputs:.2f}x the "
+                  f"training cache plus the inputs", file=out)
     return {
         "bnnsfw": bf.__version__,
         "backend": backend,
@@ -321,22 +462,24 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
         "torch": getattr(torch_mod, "__version__", None),
         "quick": opts.quick,
         "sgemm_peak_gflops": peak,
+        "first_call": latency,
         "rows": [r.as_dict() for r in rows],
     }
 
 
 def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
     """The rows as an aligned text table."""
-    header = ["row", "work", "median ms", "min ms", "GFLOP/s", "% peak", "cache MB"]
+    header = ["row", "work", "backend", "median ms", "min ms", "GFLOP/s", "% peak", "cache MB", "peak MB"]
     if with_torch:
         header += ["torch ms", "ratio"]
     lines = [header]
     for r in rows:
         cells = [
-            r.name, r.work, f"{r.median_ms:.2f}", f"{r.min_ms:.2f}",
+            r.name, r.work, r.backend, f"{r.median_ms:.2f}", f"{r.min_ms:.2f}",
             "" if r.gflops is None else f"{r.gflops:.1f}",
             "" if r.peak_fraction is None else f"{100 * r.peak_fraction:.0f}%",
             "" if r.cache_bytes is None else f"{r.cache_bytes / 2**20:.1f}",
+            "" if r.peak_step_bytes is None else f"{r.peak_step_bytes / 2**20:.0f}",
         ]
         if with_torch:
             cells += ["" if r.torch_median_ms is None else f"{r.torch_median_ms:.2f}",
@@ -345,7 +488,7 @@ def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = []
     for i, line in enumerate(lines):
-        padded = (c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths)))
+        padded = (c.ljust(w) if j < 3 else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths)))
         text.append("  ".join(padded))
         if i == 0:
             text.append("  ".join("-" * w for w in widths))

@@ -500,10 +500,32 @@ class LSTMGradients:
 # The layer.
 # --------------------------------------------------------------------------------------
 class _Workspace:
-    """Scratch arrays reused across calls, grown on demand (the contract's ``Workspace``)."""
+    """Scratch arrays reused across calls, grown on demand (the contract's ``Workspace``).
+
+    Between calls it keeps at most :attr:`RETAINED_BYTES`, the smallest buffers first: what the
+    next call of the same shape reuses at once, without an open layer holding on to the
+    hundreds of MiB a long sequence may borrow.
+    """
+
+    #: Scratch memory an open layer keeps between calls (the benchmark shapes fit).
+    RETAINED_BYTES = 64 << 20
 
     def __init__(self) -> None:
         self._buffers: dict[str, np.ndarray] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now."""
+        return sum(buffer.nbytes for buffer in self._buffers.values())
+
+    def trim(self) -> None:
+        """Let go of the largest buffers until at most :attr:`RETAINED_BYTES` are held."""
+        total = self.nbytes
+        for name, buffer in sorted(self._buffers.items(), key=lambda item: -item[1].nbytes):
+            if total <= self.RETAINED_BYTES:
+                break
+            del self._buffers[name]
+            total -= buffer.nbytes
 
     def bytes(self, name: str, nbytes: int) -> np.ndarray:
         buffer = self._buffers.get(name)
@@ -902,6 +924,8 @@ class LSTMLayer(Filter):
                 assert self._workspace is not None
                 yield self._workspace
             finally:
+                if self._workspace is not None:
+                    self._workspace.trim()
                 self._workspace_lock.release()
         else:
             yield _Workspace()
