@@ -7,8 +7,9 @@ loaded libraries, so it is made once, on first use.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 _controller: Any = None
 _lock = threading.Lock()
@@ -23,3 +24,11 @@ def blas_controller() -> Any:
 
             _controller = ThreadpoolController()
         return _controller
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """BLAS held to one thread inside the block: for code that calls BLAS from several threads
+    of its own, each of which should not start more."""
+    with blas_controller().limit(limits=1, user_api="blas"):
+        yield

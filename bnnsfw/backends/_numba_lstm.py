@@ -47,6 +47,7 @@ from numba.core import types
 from numba.extending import overload
 
 from ..enums import ActivationFunction as AF
+from .._threadpool import one_blas_thread
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
 
 __all__ = ["CHUNK_COLUMNS", "serves", "chunk_steps", "forward", "backward"]
@@ -128,10 +129,10 @@ def _mm(a, trans_a, b, trans_b, c, beta):
     k = a.shape[0] if trans_a else a.shape[1]
     if m == 0 or n == 0:
         return
-    if k == 0:
+    if k == 0:  # an empty sum; beta = 0 overwrites, as BLAS does (whatever c held, NaN included)
         for r in range(m):
             for s in range(n):
-                c[r, s] = beta * c[r, s]
+                c[r, s] = 0.0 if beta == 0.0 else beta * c[r, s]
         return
     scalars = np.empty(2, c.dtype)
     scalars[0] = 1.0
@@ -170,11 +171,12 @@ def _gates(zg, zf, zi, zo, c_prev, pg, pf, pi, po, half):
 
 
 @_inline
-def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid):
+def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid, n0, n1):
     """The fused pass of one step over every unit and sequence: reads ``z`` (U h) and the
     projection columns (a single sequence's ``z`` holds both), writes the cache block's rows,
-    the new cell and hidden state. ``peep`` (4, H) holds the diagonal peepholes (zeros
-    without them); ``cell`` and ``hid`` (H,) are scratch.
+    the new cell and hidden state, for the sequences ``n0 … n1 − 1`` (``z`` holds their columns
+    only). ``peep`` (4, H) holds the diagonal peepholes (zeros without them); ``cell`` and
+    ``hid`` (H,) are scratch.
 
     The sequences are the unit-stride inner loop. A single sequence runs the units innermost
     instead, on one 1-D view per gate row: indexing one array at offsets ``r·H + j`` left the
@@ -182,9 +184,8 @@ def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hi
     stay in the loop bodies: inside a helper function, or behind a branch in the loop, they
     kept the nest from vectorizing too (15× slower; checked in the assembly, scalar
     ``vfmadd…ss`` instead of packed ``…ps``)."""
-    batch = z.shape[1]
     half = block.dtype.type(0.5)
-    if batch == 1:
+    if block.shape[1] == 1:
         zs = z.reshape(4 * h)
         c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * h), h, 6)
         zg, zf, zi, zo = _rows(zs, h, 4)
@@ -204,11 +205,12 @@ def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hi
         return
     for j in range(h):
         pg, pf, pi, po = peep[0, j], peep[1, j], peep[2, j], peep[3, j]
-        for n in range(batch):
+        for n in range(n0, n1):
             col = first + n
-            g, f, i, o, c, a = _gates(z[j, n] + projection[j, col], z[h + j, n] + projection[h + j, col],
-                                      z[2 * h + j, n] + projection[2 * h + j, col],
-                                      z[3 * h + j, n] + projection[3 * h + j, col], block[j, n],
+            m = n - n0
+            g, f, i, o, c, a = _gates(z[j, m] + projection[j, col], z[h + j, m] + projection[h + j, col],
+                                      z[2 * h + j, m] + projection[2 * h + j, col],
+                                      z[3 * h + j, m] + projection[3 * h + j, col], block[j, n],
                                       pg, pf, pi, po, half)
             block[h + j, n] = g
             block[2 * h + j, n] = f
@@ -223,48 +225,28 @@ def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hi
 # Forward.
 # --------------------------------------------------------------------------------------
 @_kernel
-def _forward(x2, wx, bias, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, projection, reverse):
-    """One layer and direction forward.
-
-    ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,), ``u``
-    (4H, H) and ``peep`` (4, H) or (0, H) the forward weights (halved rows); ``h0``/``c0`` (H, N),
-    or (0, 0) for zeros; ``lengths`` (N,) or (0,); ``steps`` (T, 6H, N) and ``hidden`` (T, H, N)
-    the cache, or (2, 6H, N) and (2, H, N) taken in turn when nothing is kept (inference);
-    ``out`` (T, N, H) the output (any strides); ``h_fin``/``c_fin`` (H, N) the final states;
-    ``projection`` (4H, chunk·N) scratch.
-
-    A sequence past its length keeps its state and outputs zeros; its cache block holds
-    finite values that backward ignores (as the reference's does).
-    """
-    seq_len, six_h, batch = out.shape[0], steps.shape[1], steps.shape[2]
+def _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
+           k_begin, k_end, n0, n1):
+    """The forward steps ``k_begin … k_end − 1`` (in walking order) of the sequences
+    ``n0 … n1 − 1``; ``projection`` holds ``W x + b`` of the chunk that starts at time step
+    ``chunk_first``. Arrays as in :func:`_forward`; ``peep`` is (4, H) (zeros without them)."""
+    six_h, batch = steps.shape[1], steps.shape[2]
+    seq_len = out.shape[0]
     h = six_h // 6
     blocks = steps.shape[0]
-    chunk = projection.shape[1] // batch
-    chunk_first = 0
     # U h lands in memory of the kernel's own, which the compiler knows aliases nothing else: the
     # fused pass then needs few enough run-time overlap checks to be vectorized (measured: with
     # z handed in, the pass stayed scalar and the step took 1.8× as long).
-    z = np.empty((4 * h, batch), steps.dtype)
+    z = np.empty((4 * h, n1 - n0), steps.dtype)
     cell = np.empty(h, steps.dtype)
     hid = np.empty(h, steps.dtype)
-    if not peep.shape[0]:
-        peep = np.zeros((4, h), steps.dtype)
-    for k in range(seq_len):
+    for k in range(k_begin, k_end):
         t = seq_len - 1 - k if reverse else k
-        if k % chunk == 0:  # the next chunk's input projection, W x + b for its steps
-            steps_left = min(chunk, seq_len - k)
-            chunk_first = t - steps_left + 1 if reverse else t
-            width = steps_left * batch
-            rows = x2[chunk_first * batch:chunk_first * batch + width]
-            _mm(wx, False, rows, True, projection[:, :width], 0.0)
-            for r in range(4 * h):
-                for column in range(width):
-                    projection[r, column] += bias[r]
         block = steps[t % blocks]
         h_prev = hidden[t % blocks]
         if k == 0:
             for j in range(h):
-                for n in range(batch):
+                for n in range(n0, n1):
                     h_prev[j, n] = h0[j, n] if h0.size else 0.0
                     block[j, n] = c0[j, n] if c0.size else 0.0
         if k == seq_len - 1:
@@ -283,10 +265,10 @@ def _forward(x2, wx, bias, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, 
         elif k == 0 and not h0.size:  # U @ 0 adds nothing
             z[:, :] = 0.0
         else:
-            _mm(u, False, h_prev, False, z, 0.0)
-        _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid)
+            _mm(u, False, h_prev[:, n0:n1], False, z, 0.0)
+        _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid, n0, n1)
         out_t = out[t]
-        for n in range(batch):
+        for n in range(n0, n1):
             if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
                 for j in range(h):
                     c_next[j, n] = block[j, n]
@@ -295,6 +277,61 @@ def _forward(x2, wx, bias, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, 
             else:
                 for j in range(h):
                     out_t[n, j] = h_next[j, n]
+
+
+@_inline
+def _chunk(seq_len, chunk, q, reverse):
+    """Chunk ``q``: its walking steps ``k_begin … k_end − 1`` and its first time step."""
+    k_begin = q * chunk
+    k_end = min(seq_len, k_begin + chunk)
+    first_t = seq_len - k_end if reverse else k_begin
+    return k_begin, k_end, first_t
+
+
+@_kernel
+def _forward(x2, wx, bias, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, projection, reverse):
+    """One layer and direction forward, on one thread (BLAS may use more).
+
+    ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,), ``u``
+    (4H, H) and ``peep`` (4, H) the forward weights (halved rows; zeros without peepholes);
+    ``h0``/``c0`` (H, N), or (0, 0) for zeros; ``lengths`` (N,) or (0,); ``steps`` (T, 6H, N)
+    and ``hidden`` (T, H, N) the cache, or (2, 6H, N) and (2, H, N) taken in turn when nothing
+    is kept (inference); ``out`` (T, N, H) the output (any strides); ``h_fin``/``c_fin`` (H, N)
+    the final states; ``projection`` (4H, chunk·N) scratch.
+
+    A sequence past its length keeps its state and outputs zeros; its cache block holds
+    finite values that backward ignores (as the reference's does).
+    """
+    seq_len, batch = out.shape[0], out.shape[1]
+    chunk = projection.shape[1] // batch
+    for q in range((seq_len + chunk - 1) // chunk):
+        k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
+        _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
+        _recur(projection, first_t, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
+               k_begin, k_end, 0, batch)
+
+
+@_kernel
+def _project_chunk(wx, bias, x2, projection, first_t, count, batch):
+    """``projection[:, :count·N]`` = ``W x + b`` for the ``count`` steps from ``first_t``: one
+    product and one pass."""
+    width = count * batch
+    rows = x2[first_t * batch:first_t * batch + width]
+    _mm(wx, False, rows, True, projection[:, :width], 0.0)
+    for r in range(wx.shape[0]):
+        for column in range(width):
+            projection[r, column] += bias[r]
+
+
+@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True, parallel=True)
+def _recur_lanes(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
+                 k_begin, k_end, lanes):
+    """:func:`_recur` for all sequences, split into ``lanes`` groups run on Numba's threads: the
+    sequences are independent, so each lane walks the steps alone, with no synchronisation."""
+    batch = steps.shape[2]
+    for lane in numba.prange(lanes):
+        _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
+               k_begin, k_end, batch * lane // lanes, batch * (lane + 1) // lanes)
 
 
 # --------------------------------------------------------------------------------------
@@ -314,13 +351,13 @@ def _cell_backward(c_prev, g, f, i, o, a, d, dc, pg, pf, pi, po, one):
 
 
 @_inline
-def _backward_step(h, block, dh, dc, d_gates, first, peep, dz):
+def _backward_step(h, block, dh, dc, d_gates, first, peep, dz, n0, n1):
     """The fused backward pass of one step: ``dz`` of the four gates into ``d_gates`` and the
     cell gradient carried to the step before (``dc`` in place). ``peep`` (4, H) as in
-    :func:`_forward_step`, loop nests too, for the same reasons; ``dz`` (4H,) is scratch."""
-    batch = dh.shape[1]
+    :func:`_forward_step`, loop nests too, for the same reasons; ``dz`` (4H,) is scratch; the
+    sequences ``n0 … n1 − 1``."""
     one = block.dtype.type(1.0)
-    if batch == 1:
+    if dh.shape[1] == 1:
         c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * h), h, 6)
         d_h, d_c = dh.reshape(h), dc.reshape(h)
         dz_g, dz_f, dz_i, dz_o = _rows(dz, h, 4)
@@ -334,7 +371,7 @@ def _backward_step(h, block, dh, dc, d_gates, first, peep, dz):
         return
     for j in range(h):
         pg, pf, pi, po = peep[0, j], peep[1, j], peep[2, j], peep[3, j]
-        for n in range(batch):
+        for n in range(n0, n1):
             col = first + n
             dz_gj, dz_fj, dz_ij, dz_oj, dc_prev = _cell_backward(
                 block[j, n], block[h + j, n], block[2 * h + j, n], block[3 * h + j, n], block[4 * h + j, n],
@@ -347,93 +384,120 @@ def _backward_step(h, block, dh, dc, d_gates, first, peep, dz):
 
 
 @_kernel
-def _backward(x2, wx_t, u_t, peep, lengths, steps, hidden, dy, dh_fin, dc, d_wx, d_u, d_bias, d_peep,
-              d_input, input_beta, dh_first, d_gates, columns, dh, carried, reverse):
-    """One layer and direction backward, from a training forward's cache.
-
-    ``x2`` (T·N, I) the layer input; ``wx_t`` (I, 4H), ``u_t`` (H, 4H) and ``peep`` (4, H) or
-    (0, H) the true weights; ``steps``/``hidden`` the cache; ``dy`` (T, N, H) (any strides) or
-    (0, 0, 0); ``dh_fin`` (H, N) or (0, 0); ``dc`` (H, N) the final cell's gradient, updated to
-    the initial cell's. Writes (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,),
-    ``d_peep``, ``dh_first`` (H, N), and ``d_input`` (T·N, I) as ``dX + input_beta·d_input``.
-    Scratch: ``d_gates`` (4H, chunk·N), ``columns`` (H, chunk·N), ``dh`` and ``carried`` (H, N).
-    A sequence past its length has ``dz = 0`` and passes ``dh`` and ``dc`` through.
-    """
+def _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
+              chunk_first, n0, n1):
+    """Backward through the walking steps ``k_end − 1`` down to ``k_begin`` (one chunk, whose
+    first time step is ``chunk_first``) for the sequences ``n0 … n1 − 1``: their ``dz`` into
+    ``d_gates``, ``dc`` and ``carried`` (the gradient for ``h`` from the step after) updated,
+    ``dh_first`` written at walking step 0. A sequence past its length has ``dz = 0`` and passes
+    ``dh`` and ``dc`` through."""
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
-    chunk = d_gates.shape[1] // batch
-    zeros_or_peep = peep if peep.shape[0] else np.zeros((4, h), steps.dtype)
     dz = np.empty(4 * h, steps.dtype)
-    d_bias[:] = 0.0
-    d_peep[:, :] = 0.0
-    carried[:, :] = 0.0
-    if dh_fin.size:
-        carried[:, :] = dh_fin
-    # The forward walked k = 0 … T−1 (t = k, or T−1−k in reverse); chunks are runs of ``chunk``
-    # forward steps. Backward walks the chunks, and the steps inside them, in reverse.
-    n_chunks = (seq_len + chunk - 1) // chunk
-    for q in range(n_chunks - 1, -1, -1):
-        k_first = q * chunk
-        k_last = min(seq_len, k_first + chunk) - 1
-        first_t = seq_len - 1 - k_last if reverse else k_first
-        count = k_last - k_first + 1
-        width = count * batch
-        for k in range(k_last, k_first - 1, -1):
-            t = seq_len - 1 - k if reverse else k
-            block = steps[t]
-            first = (t - first_t) * batch
-            # dh: the gradient from later steps plus the output's (none past a length).
-            for n in range(batch):
-                active = not lengths.size or t < lengths[n]
+    for k in range(k_end - 1, k_begin - 1, -1):
+        t = seq_len - 1 - k if reverse else k
+        block = steps[t]
+        first = (t - chunk_first) * batch
+        # dh: the gradient from later steps plus the output's (none past a length).
+        for n in range(n0, n1):
+            active = not lengths.size or t < lengths[n]
+            for j in range(h):
+                dh[j, n] = carried[j, n] + dy[t, n, j] if dy.size and active else carried[j, n]
+                carried[j, n] = dc[j, n]  # kept for the sequences past their length
+        _backward_step(h, block, dh, dc, d_gates, first, peep, dz, n0, n1)
+        some_inactive = False
+        for n in range(n0, n1):
+            if lengths.size and t >= lengths[n]:  # dz = 0; dh and dc pass through
+                some_inactive = True
+                for r in range(4 * h):
+                    d_gates[r, first + n] = 0.0
                 for j in range(h):
-                    dh[j, n] = carried[j, n] + dy[t, n, j] if dy.size and active else carried[j, n]
-                    carried[j, n] = dc[j, n]  # kept for the sequences past their length
-            _backward_step(h, block, dh, dc, d_gates, first, zeros_or_peep, dz)
-            some_inactive = False
+                    dc[j, n] = carried[j, n]
+                    carried[j, n] = dh[j, n]
+            else:
+                for j in range(h):
+                    carried[j, n] = 0.0
+        target = dh_first if k == 0 else carried
+        if k == 0:
+            for j in range(h):
+                for n in range(n0, n1):
+                    dh_first[j, n] = carried[j, n]
+        beta = 1.0 if some_inactive or k == 0 else 0.0
+        _mm(u_t, False, d_gates[:, first + n0:first + n1], False, target[:, n0:n1], beta)
+
+
+@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True, parallel=True)
+def _backprop_lanes(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin,
+                    k_end, chunk_first, lanes):
+    """:func:`_backprop` for all sequences, in ``lanes`` groups on Numba's threads."""
+    batch = steps.shape[2]
+    for lane in numba.prange(lanes):
+        _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
+                  chunk_first, batch * lane // lanes, batch * (lane + 1) // lanes)
+
+
+@_kernel
+def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep, d_input,
+                    input_beta, chunk_first, count, beta):
+    """The weight, bias, peephole and input gradients of one chunk's ``count`` steps from time
+    step ``chunk_first``: one product or one pass each, added to the earlier chunks' with
+    ``beta = 1`` (``d_input`` rows are the chunk's own: ``input_beta``)."""
+    batch = steps.shape[2]
+    h = steps.shape[1] // 6
+    width = count * batch
+    for s in range(count):
+        state = hidden[chunk_first + s]
+        for j in range(h):
             for n in range(batch):
-                if lengths.size and t >= lengths[n]:  # dz = 0; dh and dc pass through
-                    some_inactive = True
-                    for r in range(4 * h):
-                        d_gates[r, first + n] = 0.0
-                    for j in range(h):
-                        dc[j, n] = carried[j, n]
-                        carried[j, n] = dh[j, n]
-                else:
-                    for j in range(h):
-                        carried[j, n] = 0.0
-            target = dh_first if k == 0 else carried
-            if k == 0:
-                dh_first[:, :] = carried
-            beta = 1.0 if some_inactive or k == 0 else 0.0
-            _mm(u_t, False, d_gates[:, first:first + batch], False, target, beta)
-        # The chunk's weight, bias, peephole and input gradients: one product or pass each.
+                columns[j, s * batch + n] = state[j, n]
+    rows = slice(chunk_first * batch, chunk_first * batch + width)
+    _mm(d_gates[:, :width], False, x2[rows], False, d_wx, beta)
+    _mm(d_gates[:, :width], False, columns[:, :width], True, d_u, beta)
+    _mm(d_gates[:, :width], True, wx_t, True, d_input[rows], input_beta)
+    for r in range(4 * h):
+        total = d_bias.dtype.type(0.0)
+        for column in range(width):
+            total += d_gates[r, column]
+        d_bias[r] = total if beta == 0.0 else d_bias[r] + total  # scratch holds anything before
+    if has_peep:  # g, f, i see the previous cell, o the new one
+        if beta == 0.0:
+            d_peep[:, :] = 0.0
         for s in range(count):
-            state = hidden[first_t + s]
+            block = steps[chunk_first + s]
             for j in range(h):
                 for n in range(batch):
-                    columns[j, s * batch + n] = state[j, n]
-        beta = 0.0 if q == n_chunks - 1 else 1.0
-        rows = slice(first_t * batch, first_t * batch + width)
-        _mm(d_gates[:, :width], False, x2[rows], False, d_wx, beta)
-        _mm(d_gates[:, :width], False, columns[:, :width], True, d_u, beta)
-        _mm(d_gates[:, :width], True, wx_t, True, d_input[rows], input_beta)
-        for r in range(4 * h):
-            total = d_bias.dtype.type(0.0)
-            for column in range(width):
-                total += d_gates[r, column]
-            d_bias[r] += total
-        if peep.shape[0]:  # g, f, i see the previous cell, o the new one
-            for s in range(count):
-                block = steps[first_t + s]
-                for j in range(h):
-                    for n in range(batch):
-                        column = s * batch + n
-                        c_prev = block[j, n]
-                        d_peep[0, j] += d_gates[j, column] * c_prev
-                        d_peep[1, j] += d_gates[h + j, column] * c_prev
-                        d_peep[2, j] += d_gates[2 * h + j, column] * c_prev
-                        c_new = block[2 * h + j, n] * c_prev + block[3 * h + j, n] * block[h + j, n]
-                        d_peep[3, j] += d_gates[3 * h + j, column] * c_new
+                    column = s * batch + n
+                    c_prev = block[j, n]
+                    d_peep[0, j] += d_gates[j, column] * c_prev
+                    d_peep[1, j] += d_gates[h + j, column] * c_prev
+                    d_peep[2, j] += d_gates[2 * h + j, column] * c_prev
+                    c_new = block[2 * h + j, n] * c_prev + block[3 * h + j, n] * block[h + j, n]
+                    d_peep[3, j] += d_gates[3 * h + j, column] * c_new
+
+
+@_kernel
+def _backward(x2, wx_t, u_t, peep, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u, d_bias,
+              d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, reverse):
+    """One layer and direction backward from a training forward's cache, on one thread (BLAS
+    may use more).
+
+    ``x2`` (T·N, I) the layer input; ``wx_t`` (I, 4H), ``u_t`` (H, 4H) and ``peep`` (4, H) the
+    true weights (zero peepholes when ``has_peep`` is false); ``steps``/``hidden`` the cache;
+    ``dy`` (T, N, H) (any strides) or (0, 0, 0); ``carried`` (H, N) the final hidden state's
+    gradient and ``dc`` (H, N) the final cell's, updated to the initial cell's. Writes
+    (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), ``d_peep``, ``dh_first``
+    (H, N), and ``d_input`` (T·N, I) as ``dX + input_beta·d_input``. Scratch: ``d_gates``
+    (4H, chunk·N), ``columns`` (H, chunk·N), ``dh`` (H, N).
+    """
+    seq_len, batch = steps.shape[0], steps.shape[2]
+    chunk = d_gates.shape[1] // batch
+    n_chunks = (seq_len + chunk - 1) // chunk
+    for q in range(n_chunks - 1, -1, -1):  # backward walks the chunks, and their steps, in reverse
+        k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
+        _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
+                  first_t, 0, batch)
+        _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
+                        d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -452,18 +516,18 @@ def _feature_major(state: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
 
 
 def _diagonal(peepholes: tuple[np.ndarray | None, ...], h: int, dtype: np.dtype) -> np.ndarray:
-    """The internal-order diagonal peepholes as one (4, H) array (zero rows where a gate has
-    none), or (0, H) when no gate has one."""
-    if all(p is None for p in peepholes):
-        return np.empty((0, h), dtype)
+    """The internal-order diagonal peepholes as one (4, H) array, zero rows where a gate has
+    none (all zeros without peepholes)."""
     return np.stack([np.zeros(h, dtype) if p is None else p.reshape(h) for p in peepholes])
 
 
 def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
             lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None, output: np.ndarray,
-            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch) -> None:
-    """One layer and direction forward (:func:`_forward`); ``steps`` is (T, 6H, N), with a
-    zero stride along T in inference (then ``hidden`` is None)."""
+            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, lanes: int, scratch) -> None:
+    """One layer and direction forward; ``steps`` is (T, 6H, N), with a zero stride along T in
+    inference (then ``hidden`` is None). With ``lanes`` > 1 the sequences are split into that
+    many groups that walk the steps on their own threads, each with a one-thread BLAS; the
+    projection of each chunk stays one product on BLAS's threads."""
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -474,12 +538,21 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     projection = scratch.array("lstm_numba_projection", (4 * h, chunk * batch), dtype)
     h_fin = scratch.array("lstm_numba_h_fin", (h, batch), dtype)
     c_fin = scratch.array("lstm_numba_c_fin", (h, batch), dtype)
-    wx_bias = w.wx_bias
     size_i = x2.shape[1]
-    _forward(x2, wx_bias[:4 * h, :size_i], np.ascontiguousarray(wx_bias[:4 * h, size_i]), w.u,
-             _diagonal(w.peepholes.diagonal, h, dtype), _feature_major(h0, dtype), _feature_major(c0, dtype),
-             _NO_LENGTHS if lengths is None else lengths, steps, hidden, output, h_fin, c_fin, projection,
-             reverse)
+    wx, bias = w.wx_bias[:4 * h, :size_i], np.ascontiguousarray(w.wx_bias[:4 * h, size_i])
+    peep = _diagonal(w.peepholes.diagonal, h, dtype)
+    h0f, c0f = _feature_major(h0, dtype), _feature_major(c0, dtype)
+    lengths = _NO_LENGTHS if lengths is None else lengths
+    if lanes <= 1:
+        _forward(x2, wx, bias, w.u, peep, h0f, c0f, lengths, steps, hidden, output, h_fin, c_fin, projection,
+                 reverse)
+    else:
+        for q in range((seq_len + chunk - 1) // chunk):
+            k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
+            _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
+            with one_blas_thread():
+                _recur_lanes(projection, first_t, w.u, peep, h0f, c0f, lengths, steps, hidden, output, h_fin,
+                             c_fin, reverse, k_begin, k_end, lanes)
     np.copyto(h_final, h_fin.T)
     np.copyto(c_final, c_fin.T)
 
@@ -487,9 +560,9 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
 def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: np.ndarray,
              hidden: np.ndarray, dy: np.ndarray | None, dh_final: np.ndarray | None,
              dc_final: np.ndarray | None, dh_initial: np.ndarray, dc_initial: np.ndarray,
-             d_input: np.ndarray, *, accumulate_input: bool, reverse: bool,
+             d_input: np.ndarray, *, accumulate_input: bool, reverse: bool, lanes: int,
              scratch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """One layer and direction backward (:func:`_backward`). Returns the stacked
+    """One layer and direction backward (``lanes`` as in :func:`forward`). Returns the stacked
     internal-order gradients ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,) and the
     diagonal peepholes' (4, H) (None without peepholes); writes ``d_input`` (added to it with
     ``accumulate_input``) and the initial states' gradients."""
@@ -498,25 +571,38 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     h = six_h // 6
     size_i = x2.shape[1]
     chunk = chunk_steps(seq_len, batch)
+    has_peep = any(p is not None for p in w.peepholes_grad.diagonal)
     peep = _diagonal(w.peepholes_grad.diagonal, h, dtype)
     d_wx = scratch.array("lstm_numba_d_wx", (4 * h, size_i), dtype)
     d_u = scratch.array("lstm_numba_d_u", (4 * h, h), dtype)
     d_bias = scratch.array("lstm_numba_d_bias", (4 * h,), dtype)
-    d_peep = scratch.array("lstm_numba_d_peep", peep.shape, dtype)
+    d_peep = scratch.array("lstm_numba_d_peep", (4, h), dtype)
     dc = scratch.array("lstm_numba_dc", (h, batch), dtype)
-    if dc_final is None:
-        dc.fill(0.0)
-    else:
-        np.copyto(dc, dc_final.T)
+    carried = scratch.array("lstm_numba_carried", (h, batch), dtype)
+    for state, final in ((dc, dc_final), (carried, dh_final)):
+        if final is None:
+            state.fill(0.0)
+        else:
+            np.copyto(state, final.T)
     dh_first = scratch.array("lstm_numba_dh_first", (h, batch), dtype)
-    _backward(x2, w.wx_t, w.u_t, peep, _NO_LENGTHS if lengths is None else lengths, steps, hidden,
-              _EMPTY3[dtype] if dy is None else dy, _feature_major(dh_final, dtype), dc, d_wx, d_u, d_bias,
-              d_peep,
-              d_input, 1.0 if accumulate_input else 0.0, dh_first,
-              scratch.array("lstm_numba_d_gates", (4 * h, chunk * batch), dtype),
-              scratch.array("lstm_numba_columns", (h, chunk * batch), dtype),
-              scratch.array("lstm_numba_dh", (h, batch), dtype),
-              scratch.array("lstm_numba_carried", (h, batch), dtype), reverse)
+    d_gates = scratch.array("lstm_numba_d_gates", (4 * h, chunk * batch), dtype)
+    columns = scratch.array("lstm_numba_columns", (h, chunk * batch), dtype)
+    dh = scratch.array("lstm_numba_dh", (h, batch), dtype)
+    dy = _EMPTY3[dtype] if dy is None else dy
+    lengths = _NO_LENGTHS if lengths is None else lengths
+    input_beta = 1.0 if accumulate_input else 0.0
+    if lanes <= 1:
+        _backward(x2, w.wx_t, w.u_t, peep, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u,
+                  d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, reverse)
+    else:
+        n_chunks = (seq_len + chunk - 1) // chunk
+        for q in range(n_chunks - 1, -1, -1):
+            k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
+            with one_blas_thread():
+                _backprop_lanes(steps, dy, lengths, w.u_t, peep, dc, carried, dh, d_gates, dh_first, reverse,
+                                k_begin, k_end, first_t, lanes)
+            _chunk_products(x2, w.wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
+                            d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0)
     np.copyto(dh_initial, dh_first.T)
     np.copyto(dc_initial, dc.T)
-    return d_wx, d_u, d_bias, (d_peep if peep.shape[0] else None)
+    return d_wx, d_u, d_bias, (d_peep if has_peep else None)
