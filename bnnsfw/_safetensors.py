@@ -78,8 +78,8 @@ def read(path: str | os.PathLike[str]) -> tuple[Arrays, dict[str, Any]]:
     except (SafetensorError, OSError, ValueError) as error:
         raise InvalidParameterError(must_be(where, "a readable safetensors file", str(error))) from None
     if _METADATA_KEY not in metadata:
-        raise InvalidParameterError(must_be(where, "a file written by save_weights (bnnsfw metadata in the "
-                                            "safetensors header)", f"header metadata keys {sorted(metadata)}"))
+        rule = "a file written by save_weights (bnnsfw metadata in the safetensors header)"
+        raise InvalidParameterError(must_be(where, rule, f"header metadata keys {sorted(metadata)}"))
     try:
         meta = json.loads(metadata[_METADATA_KEY])
     except json.JSONDecodeError as error:

@@ -11,10 +11,12 @@ import bnnsfw as bf
 
 
 def _layers(rng, fp=None):
-    lstm = bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=4, num_layers=2, bidirectional=True,
+    lstm = bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=4, num_layers=2,
+                                                 bidirectional=True,
                                                  peepholes="diagonal", seed=1), fp)
     norm = bf.NormalizationLayer(bf.NormalizationParameters(
-        type=bf.NormalizationType.batch(moving_mean=rng.standard_normal(8), moving_variance=rng.uniform(1, 2, 8)),
+        type=bf.NormalizationType.batch(moving_mean=rng.standard_normal(8), moving_variance=rng.uniform(1, 2,
+                                                                                                        8)),
         input_shape=(8,), gamma=rng.uniform(0.5, 2, 8), beta=rng.standard_normal(8), momentum=0.5), fp)
     head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=8, output_size=2, seed=2,
                                                                      dtype=np.float32), fp)
