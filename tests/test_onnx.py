@@ -493,3 +493,97 @@ def test_torch_onnx_export_runs_in_bnnsfw(rng, dynamo):
         got = session.run(None, {"x": data})
         for ours, theirs in zip(got, expected):
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------
+# The glue operators, one node at a time, against ONNX Runtime.
+# ------------------------------------------------------------------------------------------
+def _glue_cases():
+    rng = np.random.default_rng(7)
+    f = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    m = rng.standard_normal((3, 4)).astype(np.float32)
+    i64 = np.array
+    return [
+        ("Gemm", [m, rng.standard_normal((5, 4)).astype(np.float32),
+                  rng.standard_normal(5).astype(np.float32)],
+         {"transB": 1, "alpha": 0.5, "beta": 2.0}, 13),
+        ("Gemm", [m.T.copy(), m.T.copy()], {"transA": 1}, 13),
+        ("MatMul", [f, rng.standard_normal((4, 2)).astype(np.float32)], {}, 13),
+        ("Softmax", [f], {"axis": 1}, 11),
+        ("Softmax", [f], {"axis": -1}, 13),
+        ("LogSoftmax", [f], {"axis": 1}, 13),
+        ("Slice", [f, i64([3, -1]), i64([-100, 0]), i64([2, 0]), i64([-2, 1])], {}, 13),
+        ("Slice", [f, i64([1]), i64([2**62]), i64([-1])], {}, 13),
+        ("Split", [f, i64([1, 3])], {"axis": 2}, 13),
+        ("Split", [f], {"axis": 1, "num_outputs": 2}, 18),
+        ("Squeeze", [f[:, :1]], {"axes": [1]}, 11),
+        ("Squeeze", [f[:, :1], i64([1])], {}, 13),
+        ("Unsqueeze", [m], {"axes": [0, -1]}, 11),
+        ("Unsqueeze", [m, i64([1])], {}, 13),
+        ("Clip", [f, np.array(-0.5, np.float32), np.array(0.7, np.float32)], {}, 13),
+        ("Clip", [f], {"min": -0.2, "max": 0.3}, 10),
+        ("Gather", [f, i64([[-1, 0], [1, 2]])], {"axis": 1}, 13),
+        ("Expand", [m[:1], i64([2, 3, 4])], {}, 13),
+        ("Tile", [m, i64([2, 1])], {}, 13),
+        ("Where", [f > 0, f, -f], {}, 13),
+        ("Pow", [np.abs(f), np.array(1.5, np.float32)], {}, 13),
+        ("Erf", [f], {}, 13),
+        ("Gelu", [f], {"approximate": "tanh"}, 20),
+        ("LeakyRelu", [f], {"alpha": 0.3}, 13),
+        ("HardSigmoid", [f], {"alpha": 0.3, "beta": 0.4}, 13),
+        ("Selu", [f], {}, 13),
+        ("Elu", [f], {"alpha": 0.7}, 13),
+        ("Softplus", [f], {}, 13),
+        ("Softsign", [f], {}, 13),
+        ("ThresholdedRelu", [f], {"alpha": 0.2}, 13),
+        ("HardSwish", [f], {}, 14),
+        ("Shrink", [f], {"lambd": 0.4, "bias": 0.4}, 13),
+        ("ReduceMean", [f], {"axes": [0, 2], "keepdims": 0}, 13),
+        ("ReduceMean", [f, i64([-1])], {}, 18),
+        ("ReduceSum", [f, i64([1])], {"keepdims": 0}, 13),
+        ("ReduceMax", [f], {"axes": [1]}, 13),
+        ("Cast", [f * 3], {"to": TensorProto.INT64}, 13),
+        ("Shape", [f], {"start": 1, "end": -1}, 15),
+        ("Size", [f], {}, 13),
+        ("Flatten", [f], {"axis": 2}, 13),
+        ("Reshape", [f, i64([0, -1])], {}, 13),
+        ("Transpose", [f], {}, 13),
+        ("Concat", [f, f[:, :1]], {"axis": -2}, 13),
+        ("Range", [np.array(1.0, np.float32), np.array(4.0, np.float32), np.array(0.5, np.float32)], {}, 13),
+        ("ConstantOfShape", [i64([2, 3])], {"value": onnx.numpy_helper.from_array(np.array([1.5],
+                                                                                           np.float32))},
+         13),
+        ("Div", [i64([-7, 7, 9]), i64([2, -2, 4])], {}, 13),
+        ("Mod", [f, np.array(0.7, np.float32)], {"fmod": 1}, 13),
+        ("Sqrt", [np.abs(f)], {}, 13),
+        ("Reciprocal", [f + 5], {}, 13),
+        ("Max", [f, -f, f * 0.5], {}, 13),
+        ("Equal", [i64([1, 2, 3]), i64([1, 0, 3])], {}, 13),
+    ]
+
+
+_GLUE = _glue_cases()
+
+
+@pytest.mark.parametrize("op, inputs, attributes, opset", _GLUE,
+                         ids=[f"{case[0]}-{k}" for k, case in enumerate(_GLUE)])
+def test_glue_operator_matches_onnx_runtime(op, inputs, attributes, opset):
+    ort = pytest.importorskip("onnxruntime")
+    names = [f"in{k}" for k in range(len(inputs))]
+    outputs = 2 if op == "Split" else 1
+    node = helper.make_node(op, names, [f"out{k}" for k in range(outputs)], name="node", **attributes)
+    graph = helper.make_graph(
+        [node], "glue",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for n, v in zip(names, inputs)],
+        [helper.make_empty_tensor_value_info(f"out{k}") for k in range(outputs)])
+    # onnx's shape inference types the outputs, as ONNX Runtime needs.
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("",
+                                                                                                          opset)]))
+    feed = dict(zip(names, inputs))
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None,
+                                                                                                     feed)
+    ours = bo.load(model).run(None, feed)
+    for mine, other in zip(ours, theirs):
+        assert mine.dtype == other.dtype and mine.shape == other.shape, (mine.dtype, mine.shape, other.shape)
+        np.testing.assert_allclose(mine, other, rtol=1e-5, atol=1e-6)
