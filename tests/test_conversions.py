@@ -84,14 +84,13 @@ def _lstm_gradients_as_torch(grads, num_layers, num_directions):
 
 
 @pytest.mark.parametrize("num_layers, bidirectional, batch_first, bias", [
-    (1, False, False, True),
     (2, True, True, True),
-    (3, False, False, False),
+    (2, False, False, False),
 ])
 def test_pytorch_lstm_outputs_and_gradients_match_in_float64(rng, backend_name, num_layers, bidirectional,
                                                              batch_first, bias):
     torch = pytest.importorskip("torch")
-    i, h, t, n = 4, 5, 6, 3
+    i, h, t, n = 3, 4, 4, 2
     d = 2 if bidirectional else 1
     torch.manual_seed(0)
     net = torch.nn.LSTM(i, h, num_layers=num_layers, bidirectional=bidirectional, batch_first=batch_first,
@@ -263,7 +262,7 @@ def test_pytorch_norms_match_in_both_phases_with_gradients(rng, backend_name, ca
     assert layer.dtype == np.float64
     tight = {"rtol": 1e-10, "atol": 1e-12}
     # Inference first: after training steps the running variances part (PyTorch's is unbiased).
-    for phase, train in (("inference", False), ("training", True), ("training", True)):
+    for phase, train in (("inference", False), ("training", True)):
         module.train(train)
         x = rng.standard_normal((4, *shape)) * 2 + 0.5
         dy = rng.standard_normal(x.shape)
