@@ -660,13 +660,18 @@ class _LSTMNode(_LayerNode):
         batch_first = params.batch_first
         if x.ndim != 3:
             raise ShapeError(must_be(f"ONNX node {node.name!r} (LSTM) input X", "3-D", f"shape {x.shape}"))
-        x = x.astype(params.dtype, copy=False)
+        if x.dtype != params.dtype:
+            raise DTypeError(must_be(f"ONNX node {node.name!r} (LSTM) input X",
+                                     f"{params.dtype.name} (W's type)",
+                                     x.dtype.name))
         seq_len, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
 
         def state(value: Array | None) -> Array | None:
             if value is None:
                 return None
-            value = value.astype(params.dtype, copy=False)
+            if value.dtype != params.dtype:
+                raise DTypeError(must_be(f"ONNX node {node.name!r} (LSTM) initial state", params.dtype.name,
+                                         value.dtype.name))
             return value.transpose(1, 0, 2) if batch_first else value  # [N, D, H] -> [D, N, H]
 
         seq = None
@@ -928,6 +933,14 @@ class Session:
                                              for init in graph.initializer}
         initializer_names = set(self._constants)
         self._inputs = [_value_info(v) for v in graph.input if v.name not in initializer_names]
+        self._input_dtypes: dict[str, np.dtype] = {}
+        for value in graph.input:
+            element = value.type.tensor_type.elem_type
+            if value.name not in initializer_names and element:
+                try:
+                    self._input_dtypes[value.name] = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(element))
+                except (KeyError, TypeError, ValueError):
+                    pass  # a type NumPy has no dtype for: the nodes that read it refuse it
         self._outputs = [_value_info(v) for v in graph.output]
         shapes = self._static_shapes(model)
         self._nodes: list[_Node] = []
@@ -1016,7 +1029,12 @@ class Session:
             if arg.name not in input_feed:
                 raise InvalidParameterError(must_be(f"Session.run(input_feed)[{arg.name!r}]", "given",
                                                     "missing"))
-            values[arg.name] = np.asarray(input_feed[arg.name])
+            value = np.asarray(input_feed[arg.name])
+            declared = self._input_dtypes.get(arg.name)
+            if declared is not None and value.dtype != declared:  # ONNX Runtime refuses these too
+                raise DTypeError(must_be(f"Session.run(input_feed)[{arg.name!r}]", f"of type {arg.type}",
+                                         value.dtype.name))
+            values[arg.name] = value
         wanted = [arg.name for arg in self._outputs] if output_names is None else list(output_names)
         known = {arg.name for arg in self._outputs}
         for name in wanted:

@@ -290,6 +290,8 @@ def test_session_interface_is_onnx_runtimes(rng, tmp_path):
         session.run(None, {"input": x, "other": x})
     with pytest.raises(bf.InvalidParameterError, match="output_names"):
         session.run(["nope"], {"input": x})
+    with pytest.raises(bf.DTypeError, match=r"tensor\(float\)"):
+        session.run(None, {"input": x.astype(np.float64)})     # no silent casts, as ONNX Runtime
     with pytest.raises(bf.InvalidParameterError, match="layer"):
         session.layer("nope")
 
