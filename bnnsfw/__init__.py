@@ -35,6 +35,7 @@ from .errors import (
     ShapeError,
     UnknownBackendError,
     UnknownNameError,
+    UnsupportedError,
 )
 from .filter import Filter, FilterParameters
 from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer, FullyConnectedParameters
@@ -108,6 +109,7 @@ __all__ = [
     "ShapeError",
     "UnknownBackendError",
     "UnknownNameError",
+    "UnsupportedError",
 ]
 
 

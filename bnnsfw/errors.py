@@ -16,6 +16,7 @@ __all__ = [
     "UnknownBackendError",
     "BackendError",
     "UnknownNameError",
+    "UnsupportedError",
 ]
 
 
@@ -49,6 +50,11 @@ class BackendError(InvalidParameterError, TypeError):
 
 class UnknownNameError(BNNSError, ValueError, LookupError):
     """A BNNS name is not in the deprecation registry."""
+
+
+class UnsupportedError(InvalidParameterError):
+    """A model uses a feature that bnnsfw cannot express (an ONNX operator or attribute, a
+    PyTorch or Keras option, a Core ML limit); the message names the feature and where it is."""
 
 
 def must_be(where: str, rule: str, value: object) -> str:

@@ -1,4 +1,4 @@
-"""Saving and loading a model's layers as one ``.npz`` file.
+"""Saving and loading a model's layers as one safetensors (or ``.npz``) file.
 
 ``save_weights(path, {"lstm": lstm, "norm": norm, "head": head})`` writes every layer's
 configuration (as JSON) and arrays — LSTM gate descriptors, normalization gamma/beta and
@@ -8,7 +8,9 @@ the same layers, which then compute exactly what the saved ones computed.
 What a layer holds is its parameter object's plain state (``to_state()`` /
 ``from_state()``); this module only lays that state out in the file. For a layer named
 ``name``, each array of the state is the entry ``name/<key>`` and every other value goes
-into the JSON entry ``__meta__``, beside the layer's ``type``.
+into the JSON metadata, beside the layer's ``type``. A path ending in ``.npz`` gets a NumPy
+archive with that JSON in its ``__meta__`` entry; any other path a safetensors file with it in
+the header (:mod:`bnnsfw._safetensors`). :func:`load_weights` reads both, whatever the name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import _safetensors
 from .errors import InvalidParameterError, must_be
 from .filter import Filter, FilterParameters
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
@@ -66,7 +69,8 @@ def _live_state(name: str, layer: Filter) -> tuple[str, dict[str, Any]]:
 
 
 def save_weights(path: str | os.PathLike[str], layers: Mapping[str, Filter]) -> None:
-    """Write ``layers`` (name → open layer) to ``path`` (a ``.npz`` file)."""
+    """Write ``layers`` (name → open layer) to ``path``: a safetensors file, or a NumPy
+    ``.npz`` archive when the name ends in ``.npz``."""
     if not layers:
         rule = "a non-empty mapping of name to layer"
         raise InvalidParameterError(must_be("save_weights(layers)", rule, layers))
@@ -87,6 +91,9 @@ def save_weights(path: str | os.PathLike[str], layers: Mapping[str, Filter]) -> 
                 arrays[f"{name}/{key}"] = value
             else:
                 meta[name][key] = value
+    if not os.fspath(path).endswith(".npz"):
+        _safetensors.write(path, arrays, {"format": _FORMAT, "layers": meta})
+        return
     arrays["__meta__"] = np.array(json.dumps({"format": _FORMAT, "layers": meta}))
     np.savez(path, **arrays)
 
@@ -107,11 +114,17 @@ def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | No
 def load_weights(path: str | os.PathLike[str],
                  filter_parameters: FilterParameters | None = None) -> dict[str, Filter]:
     """Rebuild the layers saved by :func:`save_weights` (name → new open layer)."""
+    if _safetensors.is_safetensors(path):
+        arrays, header = _safetensors.read(path)
+        return _rebuild(header, arrays, filter_parameters)
     with np.load(path, allow_pickle=False) as data:
         if "__meta__" not in data.files:
             raise InvalidParameterError(must_be(f"load_weights({os.fspath(path)!r})",
                                                 "a file written by save_weights", "no __meta__ entry"))
-        meta = json.loads(str(data["__meta__"]))
-        if meta.get("format") != _FORMAT:
-            raise InvalidParameterError(must_be("load_weights: format", _FORMAT, meta.get("format")))
-        return {name: _build(name, m, data, filter_parameters) for name, m in meta["layers"].items()}
+        return _rebuild(json.loads(str(data["__meta__"])), data, filter_parameters)
+
+
+def _rebuild(meta: dict[str, Any], data: Any, fp: FilterParameters | None) -> dict[str, Filter]:
+    if meta.get("format") != _FORMAT:
+        raise InvalidParameterError(must_be("load_weights: format", _FORMAT, meta.get("format")))
+    return {name: _build(name, m, data, fp) for name, m in meta["layers"].items()}

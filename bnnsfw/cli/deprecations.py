@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..deprecation import KINDS, STATUSES, DeprecationRecord, Finding, entries, lookup, scan
+from ..deprecation.records import MIGRATION
 from ..errors import UnknownNameError
 
 __all__ = ["main"]
@@ -42,7 +43,9 @@ def _findings_report(findings: Sequence[Finding]) -> list[str]:
     )
     noun = "finding" if len(findings) == 1 else "findings"
     file_noun = "file" if files == 1 else "files"
-    return [*lines, "", f"{len(findings)} {noun} ({by_status}) in {files} {file_noun}."]
+    migration = [f"Where Apple points to BNNSGraph: {MIGRATION}."] if any(
+        "BNNSGraph" in f.replacement for f in findings) else []
+    return [*lines, "", *migration, f"{len(findings)} {noun} ({by_status}) in {files} {file_noun}."]
 
 
 def _list_report(records: Sequence[DeprecationRecord]) -> list[str]:

@@ -34,6 +34,10 @@ __all__ = [
     "deprecated_names_in",
 ]
 
+#: Where a model goes when Apple's replacement is BNNSGraph, which runs compiled Core ML models.
+MIGRATION = ("train in bnnsfw, then bnnsfw.coreml.export(layers, path) writes the Core ML ML Program "
+             "that BNNSGraph compiles (bnnsfw.onnx.export for ONNX); see docs/migration.md")
+
 #: Platforms the registry knows, in the order versions are listed.
 PLATFORMS: tuple[str, ...] = (
     "macOS",
@@ -213,6 +217,8 @@ class DeprecationRecord:
         else:
             add("Apple replacement", self.apple_replacement or "none named")
         add("bnnsfw replacement", self.bnnsfw_replacement or "none")
+        if "BNNSGraph" in self.apple_replacement and self.status == "deprecated":
+            add("to BNNSGraph", MIGRATION)
         for successor in deprecated_names_in(self.apple_replacement):
             if successor.name != self.name:
                 add("caution", f"{successor.name} is itself deprecated {successor.since()}.")

@@ -1,0 +1,1472 @@
+"""Run ONNX graphs on bnnsfw layers, and write bnnsfw layers as ONNX graphs.
+
+:func:`load` takes a path, bytes or an ``onnx.ModelProto`` and returns a :class:`Session`
+whose :meth:`Session.run` has ONNX Runtime's signature (``run(output_names, input_feed)``,
+a list of arrays back). Its ``LSTM``, ``BatchNormalization``, ``InstanceNormalization``,
+``LayerNormalization`` and ``GroupNormalization`` nodes run as bnnsfw layers — the session
+builds one per node whose weights are constants, and :meth:`Session.layer` hands it out to
+run backward and fine-tune — and the glue that exporters put around them (``MatMul``,
+``Gemm``, element-wise arithmetic and activations, ``Transpose``, ``Reshape``,
+``Squeeze``/``Unsqueeze``, ``Slice``, ``Gather``, ``Concat``, ``Shape``, reductions,
+``Softmax`` …) runs in NumPy. An operator, attribute or attribute value outside that set is
+refused at load with :class:`~bnnsfw.UnsupportedError` naming the node, the operator and the
+attribute; nothing is approximated silently.
+
+:func:`export` writes bnnsfw LSTM, normalization and fully connected layers, applied one
+after the other, as an ONNX graph that passes ``onnx.checker.check_model(full_check=True)``.
+
+Only the ``onnx`` package is needed (``pip install 'bnnsfw[onnx]'``); ONNX Runtime is not.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from .activation import Activation
+from .enums import ActivationFunction, FilterType, LearningPhase
+from .errors import DTypeError, InvalidParameterError, ShapeError, UnsupportedError, must_be
+from .filter import Filter, FilterParameters
+from .layers.fully_connected import FullyConnectedLayer
+from .layers.lstm import GATE_FIELDS, LSTMGateDescriptor, LSTMLayer, LSTMParameters
+from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
+
+__all__ = ["load", "Session", "NodeArg", "export", "SUPPORTED_OPS", "DEFAULT_OPSET"]
+
+Array = np.ndarray
+
+#: The opset :func:`export` writes unless told otherwise.
+DEFAULT_OPSET = 21
+_MIN_OPSET = 7  # LSTM and BatchNormalization as they have been since opset 7
+
+
+def _onnx() -> Any:
+    try:
+        import onnx
+    except ImportError:  # pragma: no cover - exercised only without onnx
+        raise UnsupportedError(must_be("bnnsfw.onnx", "used with the onnx package installed "
+                                       "(pip install 'bnnsfw[onnx]')", "no onnx")) from None
+    return onnx
+
+
+def _unsupported(node: "_Node", what: str, value: object) -> UnsupportedError:
+    return UnsupportedError(must_be(f"ONNX node {node.name!r} ({node.op_type}) {what}",
+                                    "something bnnsfw supports", value))
+
+
+# ------------------------------------------------------------------------------------------
+# Nodes and values.
+# ------------------------------------------------------------------------------------------
+@attrs.frozen
+class NodeArg:
+    """An input or output of a session, as ONNX Runtime describes it: ``name``, ``shape``
+    (ints, dimension names or ``None``) and ``type`` (``"tensor(float)"`` …)."""
+
+    name: str
+    shape: list[Any]
+    type: str
+
+
+class _Node:
+    """One graph node: its op, attributes (parsed), opset and the names it reads and writes."""
+
+    def __init__(self, proto: Any, index: int, opset: int) -> None:
+        onnx = _onnx()
+        self.proto = proto
+        self.op_type: str = proto.op_type
+        self.name: str = proto.name or f"{proto.op_type}_{index}"
+        self.inputs: list[str] = list(proto.input)
+        self.outputs: list[str] = list(proto.output)
+        self.opset = opset
+        self.attributes: dict[str, Any] = {}
+        for attribute in proto.attribute:
+            if attribute.ref_attr_name:
+                raise _unsupported(self, f"attribute {attribute.name}", "a reference to a function attribute")
+            value = onnx.helper.get_attribute_value(attribute)
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                value = onnx.numpy_helper.to_array(value)
+            elif isinstance(value, bytes):
+                value = value.decode()
+            elif isinstance(value, list) and value and isinstance(value[0], bytes):
+                value = [v.decode() for v in value]
+            self.attributes[attribute.name] = value
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.attributes.get(name, default)
+
+
+#: op type -> (the attributes it understands, the function that runs it). The function takes
+#: the node and its input arrays (``None`` for an omitted optional input) and returns the outputs.
+_OPS: dict[str, tuple[frozenset[str], Callable[..., list[Any]]]] = {}
+
+
+_OpFunction = Callable[..., list[Any]]
+
+
+def _op(*names: str, attributes: Sequence[str] = ()) -> Callable[[_OpFunction], _OpFunction]:
+    def register(function: _OpFunction) -> _OpFunction:
+        for name in names:
+            _OPS[name] = (frozenset(attributes), function)
+        return function
+
+    return register
+
+
+def _axis(node: _Node, axis: int, rank: int, name: str = "axis") -> int:
+    if not -rank <= axis < rank:
+        raise InvalidParameterError(must_be(f"ONNX node {node.name!r} ({node.op_type}) {name}",
+                                            f"in [{-rank}, {rank - 1}]", axis))
+    return axis % rank
+
+
+def _ints(value: Any) -> list[int]:
+    return [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+# --- element-wise ------------------------------------------------------------------------
+def _same(x: Array, result: Any) -> Array:
+    return np.asarray(result).astype(x.dtype, copy=False)
+
+
+_BINARY: dict[str, Callable[[Array, Array], Array]] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Max": np.maximum, "Min": np.minimum,
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal, "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
+}
+
+
+@_op(*_BINARY)
+def _binary(node: _Node, *inputs: Array) -> list[Any]:
+    function = _BINARY[node.op_type]
+    result = inputs[0]
+    for other in inputs[1:]:  # Max and Min take any number of inputs
+        result = function(result, other)
+    return [result]
+
+
+@_op("Div")
+def _div(node: _Node, x: Array, y: Array) -> list[Any]:
+    if x.dtype.kind in "iu":
+        return [np.trunc(x / y).astype(x.dtype)]  # integer division truncates toward zero
+    return [x / y]
+
+
+@_op("Pow")
+def _pow(node: _Node, x: Array, y: Array) -> list[Any]:
+    return [_same(x, np.power(x, y))]
+
+
+@_op("Mod", attributes=("fmod",))
+def _mod(node: _Node, x: Array, y: Array) -> list[Any]:
+    return [np.fmod(x, y) if node.attr("fmod", 0) else np.mod(x, y)]
+
+
+def _erf(x: Array) -> Array:
+    from scipy import special
+
+    return special.erf(x)
+
+
+_UNARY: dict[str, Callable[[Array], Any]] = {
+    "Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Tanh": np.tanh,
+    "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil, "Not": np.logical_not, "Sign": np.sign,
+    "Sin": np.sin, "Cos": np.cos, "Erf": _erf, "Identity": lambda x: x, "Round": np.round,
+}
+
+
+@_op(*_UNARY)
+def _unary(node: _Node, x: Array) -> list[Any]:
+    return [_same(x, _UNARY[node.op_type](x)) if x.dtype != np.bool_ else _UNARY[node.op_type](x)]
+
+
+# Activations that bnnsfw's Activation computes, with the ONNX attributes they take.
+_ACTIVATION_OPS: dict[str, tuple[tuple[str, ...], Callable[[_Node], Activation]]] = {
+    "Relu": ((), lambda n: Activation.relu()),
+    "Sigmoid": ((), lambda n: Activation.sigmoid()),
+    "LeakyRelu": (("alpha",), lambda n: Activation.leaky_relu(n.attr("alpha", 0.01))),
+    "Elu": (("alpha",), lambda n: Activation.elu(n.attr("alpha", 1.0))),
+    "Celu": (("alpha",), lambda n: Activation.celu(n.attr("alpha", 1.0))),
+    "HardSigmoid": (("alpha", "beta"), lambda n: Activation.hard_sigmoid(n.attr("alpha", 0.2),
+                                                                          n.attr("beta", 0.5))),
+    "HardSwish": ((), lambda n: Activation.hard_swish()),
+    "Softplus": ((), lambda n: Activation.softplus()),
+    "Softsign": ((), lambda n: Activation.softsign()),
+    "ThresholdedRelu": (("alpha",), lambda n: Activation.threshold(n.attr("alpha", 1.0), 0.0)),
+    "Shrink": (("lambd", "bias"), lambda n: _shrink(n)),
+    "Gelu": (("approximate",), lambda n: _gelu(n)),
+    "Mish": ((), lambda n: _not_elementwise(n)),
+}
+
+
+def _shrink(node: _Node) -> Activation:
+    lambd, bias = node.attr("lambd", 0.5), node.attr("bias", 0.0)
+    if bias == 0.0:
+        return Activation.hard_shrink(lambd)
+    if bias == lambd:
+        return Activation.soft_shrink(lambd)
+    raise _unsupported(node, "attribute bias", bias)
+
+
+def _gelu(node: _Node) -> Activation:
+    approximate = node.attr("approximate", "none")
+    if approximate == "none":
+        return Activation.gelu()
+    if approximate == "tanh":
+        return Activation.gelu_approximation()
+    raise _unsupported(node, "attribute approximate", approximate)
+
+
+def _not_elementwise(node: _Node) -> Activation:
+    raise _unsupported(node, "operator", node.op_type)
+
+
+def _activation_op(node: _Node, x: Array) -> list[Any]:
+    return [_ACTIVATION_OPS[node.op_type][1](node).forward(x)]
+
+
+for _name, (_attributes, _) in _ACTIVATION_OPS.items():
+    if _name != "Mish":
+        _OPS[_name] = (frozenset(_attributes), _activation_op)
+
+
+@_op("Selu", attributes=("alpha", "gamma"))
+def _selu(node: _Node, x: Array) -> list[Any]:
+    alpha, gamma = node.attr("alpha", 1.6732632423543772), node.attr("gamma", 1.0507009873554805)
+    return [_same(x, gamma * np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0))))]
+
+
+@_op("Clip", attributes=("min", "max"))
+def _clip(node: _Node, x: Array, low: Array | None = None, high: Array | None = None) -> list[Any]:
+    if node.opset < 11:
+        low, high = node.attr("min", -np.inf), node.attr("max", np.inf)
+    result = x
+    if low is not None:
+        result = np.maximum(result, low)
+    if high is not None:
+        result = np.minimum(result, high)
+    return [_same(x, result)]
+
+
+@_op("Where")
+def _where(node: _Node, condition: Array, x: Array, y: Array) -> list[Any]:
+    return [np.where(condition, x, y)]
+
+
+@_op("Softmax", "LogSoftmax", attributes=("axis",))
+def _softmax(node: _Node, x: Array) -> list[Any]:
+    if node.opset < 13:  # coerced to 2-D at axis (default 1)
+        axis = _axis(node, node.attr("axis", 1), x.ndim)
+        flat = x.reshape(math.prod(x.shape[:axis]), -1)
+        return [_softmax_along(node, flat, 1).reshape(x.shape)]
+    return [_softmax_along(node, x, _axis(node, node.attr("axis", -1), x.ndim))]
+
+
+def _softmax_along(node: _Node, x: Array, axis: int) -> Array:
+    shifted = x - x.max(axis=axis, keepdims=True)
+    if node.op_type == "LogSoftmax":
+        return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+    e = np.exp(shifted)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@_op("Dropout", attributes=("seed", "ratio", "is_test"))
+def _dropout(node: _Node, x: Array, ratio: Array | None = None, training: Array | None = None) -> list[Any]:
+    if training is not None and bool(np.asarray(training)):
+        raise _unsupported(node, "input training_mode", "true (dropout runs in inference only here)")
+    return [x, np.ones(x.shape, dtype=bool)]
+
+
+# --- matrix products ----------------------------------------------------------------------
+@_op("MatMul")
+def _matmul(node: _Node, a: Array, b: Array) -> list[Any]:
+    return [np.matmul(a, b)]
+
+
+@_op("Gemm", attributes=("alpha", "beta", "transA", "transB"))
+def _gemm(node: _Node, a: Array, b: Array, c: Array | None = None) -> list[Any]:
+    a = a.T if node.attr("transA", 0) else a
+    b = b.T if node.attr("transB", 0) else b
+    result = node.attr("alpha", 1.0) * (a @ b)
+    if c is not None:
+        result = result + node.attr("beta", 1.0) * c
+    return [_same(a, result)]
+
+
+# --- shapes and data movement -------------------------------------------------------------
+@_op("Constant", attributes=("value", "value_float", "value_floats", "value_int", "value_ints"))
+def _constant(node: _Node) -> list[Any]:
+    if "value" in node.attributes:
+        return [np.asarray(node.attr("value"))]
+    for name, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                        ("value_ints", np.int64)):
+        if name in node.attributes:
+            return [np.asarray(node.attr(name), dtype=dtype)]
+    raise _unsupported(node, "attributes", sorted(node.attributes) or "none")
+
+
+@_op("Cast", attributes=("to", "saturate", "round_mode"))
+def _cast(node: _Node, x: Array) -> list[Any]:
+    return [x.astype(_numpy_dtype(node, node.attr("to")))]
+
+
+@_op("CastLike", attributes=("saturate", "round_mode"))
+def _cast_like(node: _Node, x: Array, like: Array) -> list[Any]:
+    return [x.astype(like.dtype)]
+
+
+def _numpy_dtype(node: _Node, onnx_type: int) -> np.dtype:
+    onnx = _onnx()
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(onnx_type))
+    except (KeyError, TypeError, ValueError):
+        raise _unsupported(node, "tensor type", onnx_type) from None
+    if dtype.kind not in "biuf" or dtype.itemsize > 8:
+        raise _unsupported(node, "tensor type", str(dtype))
+    return dtype
+
+
+@_op("Shape", attributes=("start", "end"))
+def _shape(node: _Node, x: Array) -> list[Any]:
+    start, end = node.attr("start", 0), node.attr("end", None)
+    return [np.array(x.shape[start:end] if end is not None else x.shape[start:], dtype=np.int64)]
+
+
+@_op("Size")
+def _size(node: _Node, x: Array) -> list[Any]:
+    return [np.array(x.size, dtype=np.int64)]
+
+
+@_op("Reshape", attributes=("allowzero", "shape"))
+def _reshape(node: _Node, x: Array, shape: Array | None = None) -> list[Any]:
+    target = _ints(node.attr("shape") if node.opset < 5 else shape)
+    if not node.attr("allowzero", 0):
+        target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
+    return [x.reshape(target)]
+
+
+@_op("Flatten", attributes=("axis",))
+def _flatten(node: _Node, x: Array) -> list[Any]:
+    axis = node.attr("axis", 1)
+    axis = axis if axis >= 0 else axis + x.ndim
+    return [x.reshape(math.prod(x.shape[:axis]), -1)]
+
+
+@_op("Transpose", attributes=("perm",))
+def _transpose(node: _Node, x: Array) -> list[Any]:
+    perm = node.attr("perm")
+    return [np.transpose(x, perm)]
+
+
+def _axes_input(node: _Node, axes: Array | None, since: int) -> list[int] | None:
+    value = node.attr("axes") if node.opset < since else axes
+    return None if value is None else _ints(value)
+
+
+@_op("Squeeze", attributes=("axes",))
+def _squeeze(node: _Node, x: Array, axes: Array | None = None) -> list[Any]:
+    chosen = _axes_input(node, axes, 13)
+    if chosen is None:
+        return [np.squeeze(x)]
+    return [np.squeeze(x, axis=tuple(_axis(node, a, x.ndim, "axes") for a in chosen))]
+
+
+@_op("Unsqueeze", attributes=("axes",))
+def _unsqueeze(node: _Node, x: Array, axes: Array | None = None) -> list[Any]:
+    chosen = _axes_input(node, axes, 13) or []
+    rank = x.ndim + len(chosen)
+    return [np.expand_dims(x, tuple(sorted(_axis(node, a, rank, "axes") for a in chosen)))]
+
+
+@_op("Concat", attributes=("axis",))
+def _concat(node: _Node, *inputs: Array) -> list[Any]:
+    arrays = [a for a in inputs if a is not None]
+    return [np.concatenate(arrays, axis=_axis(node, node.attr("axis"), arrays[0].ndim))]
+
+
+@_op("Split", attributes=("axis", "split", "num_outputs"))
+def _split(node: _Node, x: Array, split: Array | None = None) -> list[Any]:
+    axis = _axis(node, node.attr("axis", 0), x.ndim)
+    sizes = _ints(node.attr("split")) if node.opset < 13 and node.attr("split") is not None else (
+        None if split is None else _ints(split))
+    count = len(node.outputs)
+    if sizes is None:
+        part = -(-x.shape[axis] // count)
+        sizes = [min(part, x.shape[axis] - k * part) for k in range(count)]
+    return list(np.split(x, np.cumsum(sizes)[:-1], axis=axis))
+
+
+@_op("Slice", attributes=("starts", "ends", "axes"))
+def _slice(node: _Node, x: Array, starts: Array | None = None, ends: Array | None = None,
+           axes: Array | None = None, steps: Array | None = None) -> list[Any]:
+    if node.opset < 10:
+        starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes")
+    start_list, end_list = _ints(starts), _ints(ends)
+    axis_list = list(range(len(start_list))) if axes is None else [_axis(node, a, x.ndim, "axes")
+                                                                    for a in _ints(axes)]
+    step_list = [1] * len(start_list) if steps is None else _ints(steps)
+    index = [slice(None)] * x.ndim
+    for axis, start, end, step in zip(axis_list, start_list, end_list, step_list):
+        extent = x.shape[axis]
+        if step > 0:
+            start = int(np.clip(start + extent if start < 0 else start, 0, extent))
+            end = int(np.clip(end + extent if end < 0 else end, 0, extent))
+        else:
+            start = int(np.clip(start + extent if start < 0 else start, -1, extent - 1))
+            end = int(np.clip(end + extent if end < 0 else end, -1, extent - 1))
+        stop = None if end < 0 else int(end)
+        index[axis] = slice(int(start), stop, step)
+    return [x[tuple(index)]]
+
+
+@_op("Gather", attributes=("axis",))
+def _gather(node: _Node, x: Array, indices: Array) -> list[Any]:
+    axis = _axis(node, node.attr("axis", 0), x.ndim)
+    indices = np.where(indices < 0, indices + x.shape[axis], indices)
+    return [np.take(x, indices, axis=axis)]
+
+
+@_op("Expand")
+def _expand(node: _Node, x: Array, shape: Array) -> list[Any]:
+    return [x * np.ones(_ints(shape), dtype=x.dtype)]
+
+
+@_op("Tile")
+def _tile(node: _Node, x: Array, repeats: Array) -> list[Any]:
+    return [np.tile(x, _ints(repeats))]
+
+
+@_op("ConstantOfShape", attributes=("value",))
+def _constant_of_shape(node: _Node, shape: Array) -> list[Any]:
+    value = node.attr("value")
+    fill = np.zeros(1, dtype=np.float32) if value is None else np.asarray(value).reshape(-1)
+    return [np.full(_ints(shape), fill[0], dtype=fill.dtype)]
+
+
+@_op("Range")
+def _range(node: _Node, start: Array, limit: Array, delta: Array) -> list[Any]:
+    dtype = np.asarray(start).dtype
+    return [np.arange(start.item(), limit.item(), delta.item()).astype(dtype)]
+
+
+_REDUCE: dict[str, Callable[..., Any]] = {
+    "ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min,
+    "ReduceProd": np.prod}
+
+
+@_op(*_REDUCE, attributes=("axes", "keepdims", "noop_with_empty_axes"))
+def _reduce(node: _Node, x: Array, axes: Array | None = None) -> list[Any]:
+    since = 13 if node.op_type == "ReduceSum" else 18
+    chosen = _axes_input(node, axes, since)
+    if not chosen:
+        if node.attr("noop_with_empty_axes", 0):
+            return [x]
+        chosen = list(range(x.ndim))
+    axis = tuple(_axis(node, a, x.ndim, "axes") for a in chosen)
+    return [_same(x, _REDUCE[node.op_type](x, axis=axis, keepdims=bool(node.attr("keepdims", 1))))]
+
+
+# ------------------------------------------------------------------------------------------
+# The layer nodes: LSTM and the normalizations.
+# ------------------------------------------------------------------------------------------
+_LAYER_OPS: dict[str, frozenset[str]] = {
+    "LSTM": frozenset({"activation_alpha", "activation_beta", "activations", "clip", "direction",
+                       "hidden_size",
+                       "input_forget", "layout"}),
+    "BatchNormalization": frozenset({"epsilon", "momentum", "training_mode", "spatial"}),
+    "InstanceNormalization": frozenset({"epsilon"}),
+    "LayerNormalization": frozenset({"axis", "epsilon", "stash_type"}),
+    "GroupNormalization": frozenset({"epsilon", "num_groups", "stash_type"}),
+    "RMSNormalization": frozenset({"axis", "epsilon", "stash_type"}),
+}
+
+#: Every operator a session runs (see the module docstring).
+SUPPORTED_OPS: frozenset[str] = frozenset(_OPS) | frozenset(_LAYER_OPS)
+
+# ONNX's RNN activation functions: how each becomes a bnnsfw Activation from its alpha and
+# beta, how many of activation_alpha / activation_beta it consumes, and its defaults
+# (those of the ONNX operator of the same name, as ONNX Runtime uses them).
+_RNN_ACTIVATIONS: dict[str, tuple[int, tuple[float, float], Callable[[float, float], Activation]]] = {
+    "Sigmoid": (0, (0.0, 0.0), lambda a, b: Activation.sigmoid()),
+    "Tanh": (0, (0.0, 0.0), lambda a, b: Activation.tanh()),
+    "Relu": (0, (0.0, 0.0), lambda a, b: Activation.relu()),
+    "Softsign": (0, (0.0, 0.0), lambda a, b: Activation.softsign()),
+    "Softplus": (0, (0.0, 0.0), lambda a, b: Activation.softplus()),
+    "LeakyRelu": (1, (0.01, 0.0), lambda a, b: Activation.leaky_relu(a)),
+    "ThresholdedRelu": (1, (1.0, 0.0), lambda a, b: Activation.threshold(a, 0.0)),
+    "Elu": (1, (1.0, 0.0), lambda a, b: Activation.elu(a)),
+    "Affine": (2, (1.0, 0.0), lambda a, b: Activation.linear_with_bias(a, b)),
+    "ScaledTanh": (2, (1.0, 1.0), lambda a, b: Activation.scaled_tanh(a, b)),
+    "HardSigmoid": (2, (0.2, 0.5), lambda a, b: Activation.hard_sigmoid(a, b)),
+}
+_ONNX_GATES = ("input_gate", "output_gate", "forget_gate", "candidate_gate")  # W, R, B: i, o, f, c
+_ONNX_PEEPHOLES = ("input_gate", "output_gate", "forget_gate")  # P: i, o, f
+
+
+def _rnn_activations(node: _Node, directions: int) -> list[Activation]:
+    """The node's activations as bnnsfw Activations: three (f, g, h) per direction."""
+    names = node.attr("activations") or ["Sigmoid", "Tanh", "Tanh"] * directions
+    if len(names) != 3 * directions:
+        raise InvalidParameterError(must_be(f"ONNX node {node.name!r} (LSTM) activations",
+                                            f"{3 * directions} names (f, g, h per direction)", names))
+    alphas = list(node.attr("activation_alpha") or [])
+    betas = list(node.attr("activation_beta") or [])
+    result = []
+    for name in names:
+        found = next((key for key in _RNN_ACTIVATIONS if key.lower() == str(name).lower()), None)
+        if found is None:
+            raise _unsupported(node, "activations", name)
+        takes, (alpha, beta), make = _RNN_ACTIVATIONS[found]
+        if takes >= 1 and alphas:
+            alpha = alphas.pop(0)
+        if takes >= 2 and betas:
+            beta = betas.pop(0)
+        result.append(make(alpha, beta))
+    return result
+
+
+def _lstm_parameters(node: _Node, w: Array, r: Array, b: Array | None, p: Array | None,
+                     dtype: np.dtype) -> tuple[LSTMParameters, bool]:
+    """bnnsfw parameters for an ONNX LSTM node, and whether it runs in reverse.
+
+    This is the one place where the node's attributes meet LSTMParameters' fields. An
+    attribute the layer cannot express yet (clip, input_forget, per-direction activations)
+    is refused by name; ``direction="reverse"`` runs a forward layer on time-reversed
+    sequences (see :class:`_LSTMNode`).
+    """
+    direction = node.attr("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise _unsupported(node, "attribute direction", direction)
+    d = 2 if direction == "bidirectional" else 1
+    if node.attr("clip") is not None:
+        raise _unsupported(node, "attribute clip", node.attr("clip"))
+    if node.attr("input_forget", 0):
+        raise _unsupported(node, "attribute input_forget", node.attr("input_forget"))
+    activations = _rnn_activations(node, d)
+    if d == 2 and activations[:3] != activations[3:]:
+        raise _unsupported(node, "attribute activations",
+                           f"{node.attr('activations')} (one set per direction)")
+    if w.ndim != 3 or w.shape[0] != d or w.shape[1] % 4:
+        raise ShapeError(must_be(f"ONNX node {node.name!r} (LSTM) input W", f"of shape [{d}, 4·H, I]",
+                                 f"shape {w.shape}"))
+    h, size_i = w.shape[1] // 4, w.shape[2]
+    if node.attr("hidden_size", h) != h:
+        raise ShapeError(must_be(f"ONNX node {node.name!r} (LSTM) attribute hidden_size",
+                                 f"{h} (W's shape)", node.attr("hidden_size")))
+    for name, array, shape in (("R", r, (d, 4 * h, h)), ("B", b, (d, 8 * h)), ("P", p, (d, 3 * h))):
+        if array is not None and array.shape != shape:
+            raise ShapeError(must_be(f"ONNX node {node.name!r} (LSTM) input {name}",
+                                     f"of shape {list(shape)}",
+                                     f"shape {array.shape}"))
+
+    def block(array: Array, gate: str, order: tuple[str, ...]) -> Array:
+        k = order.index(gate)
+        return array[:, k * h:(k + 1) * h]
+
+    f, g, act_h = activations[:3]
+    gates: dict[str, Any] = {}
+    for gate in GATE_FIELDS:
+        bias = None
+        if b is not None:
+            bias = (block(b[:, :4 * h], gate, _ONNX_GATES) + block(b[:, 4 * h:], gate, _ONNX_GATES))[None]
+        cell = None
+        if p is not None and gate in _ONNX_PEEPHOLES:
+            cell = block(p, gate, _ONNX_PEEPHOLES)[None]
+        gates[gate] = LSTMGateDescriptor(
+            input_weights=(np.array(block(w, gate, _ONNX_GATES), dtype=dtype), None),
+            hidden_weights=np.array(block(r, gate, _ONNX_GATES), dtype=dtype)[None],
+            cell_weights=None if cell is None else np.array(cell, dtype=dtype),
+            bias=None if bias is None else np.array(bias, dtype=dtype),
+            activation=g if gate == "candidate_gate" else f)
+    params = LSTMParameters(input_size=size_i, hidden_size=h, bidirectional=d == 2,
+                            batch_first=node.attr("layout", 0) == 1, hidden_activation=act_h, dtype=dtype,
+                            **gates)
+    return params, direction == "reverse"
+
+
+def _float_dtype(node: _Node, x: Array) -> np.dtype:
+    if x.dtype not in (np.float32, np.float64):
+        raise DTypeError(must_be(f"ONNX node {node.name!r} ({node.op_type}) input {node.inputs[0]!r}",
+                                 "float32 or float64 (bnnsfw layers' dtypes)", x.dtype.name))
+    return x.dtype
+
+
+def _fixed(shape: Sequence[int | None]) -> tuple[int, ...] | None:
+    """``shape`` as ints when every extent is known, else ``None``."""
+    if all(isinstance(s, int) and s > 0 for s in shape):
+        return tuple(int(s) for s in shape if s is not None)
+    return None
+
+
+class _LayerNode:
+    """An LSTM or normalization node: builds its bnnsfw layer once when the weights are
+    constants (the layer the user gets), or for each run when they are graph inputs."""
+
+    def __init__(self, node: _Node, constants: Mapping[str, Array],
+                 filter_parameters: FilterParameters) -> None:
+        self.node = node
+        self.weight_names = [name for name in node.inputs[1:] if name]
+        self.constant = all(name in constants for name in self.weight_names)
+        self.filter_parameters = attrs.evolve(filter_parameters, use_client_pointer=True)
+        self.layers: dict[Any, Filter] = {}   # key (dtype, per-sample shape) -> layer
+        self.primary: Filter | None = None
+
+    def run(self, inputs: list[Array | None]) -> list[Array | None]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for layer in self.layers.values():
+            layer.close()
+        self.layers.clear()
+
+
+class _LSTMNode(_LayerNode):
+    def __init__(self, node: _Node, constants: Mapping[str, Array],
+                 filter_parameters: FilterParameters) -> None:
+        super().__init__(node, constants, filter_parameters)
+        if node.attr("layout", 0) not in (0, 1):
+            raise _unsupported(node, "attribute layout", node.attr("layout"))
+        names = node.inputs + [""] * (8 - len(node.inputs))
+        self.names = dict(zip(("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"), names))
+        weight_names = [self.names[k] for k in ("W", "R", "B", "P") if self.names[k]]
+        self.constant = all(name in constants for name in weight_names)
+        self.reverse = False
+        if self.constant:
+            w = constants[self.names["W"]]
+            self.primary = self._build(w.dtype if w.dtype in (np.float32,
+                                                              np.float64) else np.dtype(np.float32),
+                                       [constants.get(self.names[k]) if self.names[k] else None
+                                        for k in ("W", "R", "B", "P")])
+
+    def _build(self, dtype: np.dtype, weights: list[Array | None]) -> LSTMLayer:
+        w, r, b, p = weights
+        assert w is not None and r is not None
+        params, self.reverse = _lstm_parameters(self.node, w, r, b, p, dtype)
+        return LSTMLayer(params, self.filter_parameters)
+
+    def run(self, inputs: list[Array | None]) -> list[Array | None]:
+        node = self.node
+        x, w, r, b, lengths, h0, c0, p = (inputs + [None] * 8)[:8]
+        assert x is not None
+        dtype = _float_dtype(node, x)
+        layer = self.primary
+        if layer is None:
+            layer = self._build(dtype, [w, r, b, p])
+        assert isinstance(layer, LSTMLayer)
+        params = layer.parameters
+        batch_first = params.batch_first
+        if x.ndim != 3:
+            raise ShapeError(must_be(f"ONNX node {node.name!r} (LSTM) input X", "3-D", f"shape {x.shape}"))
+        if x.dtype != params.dtype:
+            raise DTypeError(must_be(f"ONNX node {node.name!r} (LSTM) input X",
+                                     f"{params.dtype.name} (W's type)",
+                                     x.dtype.name))
+        seq_len, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+
+        def state(value: Array | None) -> Array | None:
+            if value is None:
+                return None
+            if value.dtype != params.dtype:
+                raise DTypeError(must_be(f"ONNX node {node.name!r} (LSTM) initial state", params.dtype.name,
+                                         value.dtype.name))
+            return value.transpose(1, 0, 2) if batch_first else value  # [N, D, H] -> [D, N, H]
+
+        seq = None
+        if lengths is not None:
+            seq = np.asarray(lengths).astype(np.int64)
+            if seq.shape != (batch,):
+                raise ShapeError(must_be(f"ONNX node {node.name!r} (LSTM) input sequence_lens",
+                                         f"of shape [{batch}]", f"shape {seq.shape}"))
+            if (seq == 0).any():
+                # Zero-length sequences: pending in the LSTM layer (sequence_lengths >= 1 today).
+                raise _unsupported(node, "input sequence_lens", "a zero length")
+            if (seq == seq_len).all():
+                seq = None
+        if self.reverse:
+            x = _reverse_time(x, seq, batch_first)
+        out = layer.apply(np.ascontiguousarray(x), state(h0), state(c0), sequence_lengths=seq)
+        y = _reverse_time(out.output, seq, batch_first) if self.reverse else out.output
+        d, h = params.num_directions, params.hidden_size
+        if batch_first:
+            y_onnx = y.reshape(batch, seq_len, d, h)
+            hidden, cell = out.hidden.transpose(1, 0, 2), out.cell.transpose(1, 0, 2)
+        else:
+            y_onnx = y.reshape(seq_len, batch, d, h).transpose(0, 2, 1, 3)
+            hidden, cell = out.hidden, out.cell
+        return [np.ascontiguousarray(y_onnx), hidden, cell]
+
+
+def _reverse_time(x: Array, lengths: Array | None, batch_first: bool) -> Array:
+    """Each sequence's valid steps in reverse order (padding left where it is)."""
+    tm = x.transpose(1, 0, 2) if batch_first else x
+    seq_len, batch = tm.shape[:2]
+    if lengths is None:
+        out = tm[::-1]
+    else:
+        t = np.arange(seq_len)[:, None]
+        source = np.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)
+        out = tm[source, np.arange(batch)[None, :]]
+    out = out.transpose(1, 0, 2) if batch_first else out
+    return np.ascontiguousarray(out)
+
+
+class _NormNode(_LayerNode):
+    """Batch, instance, layer and group normalization nodes.
+
+    bnnsfw normalization layers have a fixed per-sample shape; a node keeps one layer per
+    shape it has seen, all sharing the first one's weight arrays (client pointers), so
+    fine-tuning the layer :meth:`Session.layer` returns changes every run.
+    """
+
+    def __init__(self, node: _Node, constants: Mapping[str, Array], filter_parameters: FilterParameters,
+                 input_shape: Sequence[int | None] | None) -> None:
+        super().__init__(node, constants, filter_parameters)
+        op, opset = node.op_type, node.opset
+        self.training = False
+        if op == "RMSNormalization":
+            # The one place RMSNormalization maps: it waits for RMS normalization in NormalizationLayer.
+            raise _unsupported(node, "operator", "RMSNormalization (RMS normalization is not yet a "
+                               "NormalizationLayer type)")
+        if op == "BatchNormalization":
+            if opset < _MIN_OPSET:
+                raise _unsupported(node, "opset", opset)
+            if node.attr("spatial", 1) != 1:
+                raise _unsupported(node, "attribute spatial", node.attr("spatial"))
+            self.training = bool(node.attr("training_mode", 0))
+            outputs = [o for o in node.outputs[1:] if o]
+            if outputs and not self.training:
+                raise _unsupported(node, "outputs",
+                                   f"{node.outputs} (statistics outputs need training_mode=1)")
+            if len(node.outputs) > 3:
+                raise _unsupported(node, "outputs", node.outputs)
+        if op == "LayerNormalization" and node.attr("stash_type", 1) != 1:
+            raise _unsupported(node, "attribute stash_type", node.attr("stash_type"))
+        if op == "GroupNormalization" and node.attr("stash_type", 1) != 1:
+            raise _unsupported(node, "attribute stash_type", node.attr("stash_type"))
+        self.constants = {name: constants[name] for name in self.weight_names if name in constants}
+        per_sample = self._known_per_sample_shape(input_shape)
+        if self.constant and per_sample is not None:
+            dtype: np.dtype = np.dtype(np.float32)
+            first = constants.get(self.weight_names[0]) if self.weight_names else None
+            if first is not None and first.dtype == np.float64:
+                dtype = np.dtype(np.float64)
+            self.primary = self._layer(dtype, (1, *per_sample), self._constant_inputs(), per_sample)
+
+    def _known_per_sample_shape(self, input_shape: Sequence[int | None] | None) -> tuple[int, ...] | None:
+        """The layer's per-sample shape when the graph fixes it: from the input's static shape,
+        or for a layer norm over trailing axes from its scale."""
+        node = self.node
+        if node.op_type == "LayerNormalization":
+            axis = node.attr("axis", -1)
+            scale = self.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
+            if axis < 0 and scale is not None and scale.ndim == -axis:
+                return tuple(int(s) for s in scale.shape)
+            if input_shape is not None and 0 <= axis < len(input_shape):
+                tail = input_shape[axis:]
+                return _fixed(tail)
+            return None
+        if input_shape is None or len(input_shape) < 2:
+            return None
+        tail = input_shape[1:]
+        return _fixed(tail)
+
+    def _constant_inputs(self) -> list[Array | None]:
+        return [self.constants.get(name) if name else None for name in self.node.inputs[1:]]
+
+    def _layer_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The bnnsfw per-sample shape of an input of ``shape``."""
+        if self.node.op_type == "LayerNormalization":
+            axis = _axis(self.node, self.node.attr("axis", -1), len(shape))
+            return shape[axis:]
+        return shape[1:]
+
+    def _parameters(self, dtype: np.dtype, per_sample: tuple[int, ...],
+                    weights: list[Array | None]) -> NormalizationParameters:
+        node, op = self.node, self.node.op_type
+        eps = float(node.attr("epsilon", 1e-5))
+
+        def cast(a: Array | None) -> Array | None:
+            return None if a is None else np.array(a, dtype=dtype)
+
+        scale, bias = (weights + [None, None])[:2]
+        if op == "BatchNormalization":
+            mean, var = weights[2], weights[3]
+            if not per_sample:
+                raise ShapeError(must_be(f"ONNX node {node.name!r} input X", "of rank >= 2 (N, C, …)",
+                                         per_sample))
+            return NormalizationParameters(
+                type=NormalizationType.batch(moving_mean=cast(mean), moving_variance=cast(var)),
+                input_shape=per_sample, gamma=cast(scale), beta=cast(bias),
+                momentum=float(node.attr("momentum", 0.9)), epsilon=eps, dtype=dtype)
+        if op == "InstanceNormalization":
+            if len(per_sample) < 2:
+                raise ShapeError(must_be(f"ONNX node {node.name!r} input X", "of rank >= 3 (N, C, D1, …)",
+                                         per_sample))
+            return NormalizationParameters(type=NormalizationType.instance(), input_shape=per_sample,
+                                           gamma=cast(scale), beta=cast(bias), epsilon=eps, dtype=dtype)
+        if op == "LayerNormalization":
+            gamma = None if scale is None else np.broadcast_to(np.asarray(cast(scale)), per_sample).copy()
+            beta = None if bias is None else np.broadcast_to(np.asarray(cast(bias)), per_sample).copy()
+            return NormalizationParameters(type=NormalizationType.layer(normalization_axis=0),
+                                           input_shape=per_sample,
+                                           gamma=gamma, beta=beta, epsilon=eps, dtype=dtype)
+        assert op == "GroupNormalization"
+        groups = int(node.attr("num_groups"))
+        channels = per_sample[0]
+        if node.opset < 21 and scale is not None and bias is not None:
+            # Opset 18's scale and bias are per group; opset 21's per channel.
+            if scale.shape != (groups,) or channels % groups:
+                raise ShapeError(must_be(f"ONNX node {node.name!r} input scale",
+                                         f"of shape [{groups}] (opset 18)",
+                                         f"shape {scale.shape}"))
+            scale, bias = np.repeat(scale, channels // groups), np.repeat(bias, channels // groups)
+        return NormalizationParameters(type=NormalizationType.group(group_count=groups),
+                                       input_shape=per_sample,
+                                       gamma=cast(scale), beta=cast(bias), epsilon=eps, dtype=dtype)
+
+    def _layer(self, dtype: np.dtype, shape: tuple[int, ...], weights: list[Array | None],
+               per_sample: tuple[int, ...] | None = None) -> NormalizationLayer:
+        per_sample = self._layer_shape(shape) if per_sample is None else per_sample
+        key = (dtype.str, per_sample)
+        layer = self.layers.get(key)
+        if layer is not None:
+            assert isinstance(layer, NormalizationLayer)
+            return layer
+        if isinstance(self.primary, NormalizationLayer) and self.primary.dtype == dtype:
+            primary = self.primary
+            assert isinstance(primary, NormalizationLayer)
+            shared: list[Array | None] = [primary.gamma, primary.beta, primary.moving_mean,
+                                          primary.moving_variance]
+            if self.node.op_type == "LayerNormalization" and primary.input_shape != per_sample:
+                raise ShapeError(must_be(f"ONNX node {self.node.name!r} input X", f"normalized over "
+                                         f"{primary.input_shape}", shape))
+            params = self._parameters(dtype, per_sample, shared)
+        else:
+            params = self._parameters(dtype, per_sample, weights)
+        layer = NormalizationLayer(params, self.filter_parameters)
+        if self.constant:
+            self.layers[key] = layer
+            if self.primary is None:
+                self.primary = layer
+        return layer
+
+    def run(self, inputs: list[Array | None]) -> list[Array | None]:
+        node = self.node
+        x = inputs[0]
+        assert x is not None
+        dtype = _float_dtype(node, x)
+        weights = self._constant_inputs() if self.constant else list(inputs[1:])
+        layer = self._layer(dtype, x.shape, weights)
+        per_sample = layer.input_shape
+        x2 = x.reshape(-1, *per_sample)
+        op = node.op_type
+        if op == "BatchNormalization" and self.training:
+            assert layer.moving_mean is not None and layer.moving_variance is not None
+            saved = layer.moving_mean.copy(), layer.moving_variance.copy()
+            try:
+                y = layer.apply(x2, phase=LearningPhase.training)
+                new_mean, new_var = layer.moving_mean.copy(), layer.moving_variance.copy()
+            finally:  # a run is a pure function: the layer's statistics stay as they were
+                np.copyto(layer.moving_mean, saved[0])
+                np.copyto(layer.moving_variance, saved[1])
+            return [y.reshape(x.shape), new_mean, new_var]
+        phase = LearningPhase.inference if op == "BatchNormalization" else LearningPhase.training
+        y = layer.apply(x2, phase=phase).reshape(x.shape)
+        if op == "LayerNormalization":
+            return [y, *self._statistics(x, x.ndim - len(per_sample), float(node.attr("epsilon", 1e-5)))]
+        return [y]
+
+    def _statistics(self, x: Array, axis: int, eps: float) -> list[Array | None]:
+        """LayerNormalization's Mean and InvStdDev outputs, when the graph asks for them."""
+        if not any(self.node.outputs[1:]):
+            return [None, None]
+        axes = tuple(range(axis, x.ndim))
+        mean = x.mean(axis=axes, keepdims=True, dtype=np.float64)
+        var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+        return [mean.astype(x.dtype), (1.0 / np.sqrt(var + eps)).astype(x.dtype)]
+
+
+# ------------------------------------------------------------------------------------------
+# The session.
+# ------------------------------------------------------------------------------------------
+def _value_info(value: Any) -> NodeArg:
+    onnx = _onnx()
+    tensor = value.type.tensor_type
+    shape: list[Any] = []
+    if tensor.HasField("shape"):
+        for dim in tensor.shape.dim:
+            shape.append(dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None))
+    try:
+        element = onnx.helper.tensor_dtype_to_string(tensor.elem_type).removeprefix("TensorProto.").lower()
+    except (KeyError, ValueError):
+        element = str(tensor.elem_type)
+    names = {"float": "float", "double": "double", "int64": "int64", "int32": "int32", "bool": "bool"}
+    return NodeArg(name=value.name, shape=shape, type=f"tensor({names.get(element, element)})")
+
+
+class Session:
+    """A loaded ONNX graph, run with bnnsfw layers (see :func:`load`).
+
+    ``run(output_names, input_feed)`` is ONNX Runtime's ``InferenceSession.run``:
+    ``output_names`` a list of names, or ``None`` for every output; ``input_feed`` a mapping
+    from input name to array; the result a list of arrays in the order asked for.
+    """
+
+    def __init__(self, model: Any, filter_parameters: FilterParameters | None = None) -> None:
+        onnx = _onnx()
+        graph = model.graph
+        opset = None
+        for entry in model.opset_import:
+            if entry.domain in ("", "ai.onnx"):
+                opset = int(entry.version)
+            elif entry.domain not in ("ai.onnx.ml",):
+                raise UnsupportedError(must_be("ONNX model opset_import", "the default domain only",
+                                               f"domain {entry.domain!r}"))
+        if opset is None or opset < _MIN_OPSET:
+            raise UnsupportedError(must_be("ONNX model opset", f">= {_MIN_OPSET}", opset))
+        self.opset = opset
+        fp = filter_parameters or FilterParameters()
+        self._constants: dict[str, Array] = {init.name: onnx.numpy_helper.to_array(init)
+                                             for init in graph.initializer}
+        initializer_names = set(self._constants)
+        self._inputs = [_value_info(v) for v in graph.input if v.name not in initializer_names]
+        self._input_dtypes: dict[str, np.dtype] = {}
+        for value in graph.input:
+            element = value.type.tensor_type.elem_type
+            if value.name not in initializer_names and element:
+                try:
+                    self._input_dtypes[value.name] = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(element))
+                except (KeyError, TypeError, ValueError):
+                    pass  # a type NumPy has no dtype for: the nodes that read it refuse it
+        self._outputs = [_value_info(v) for v in graph.output]
+        shapes = self._static_shapes(model)
+        self._nodes: list[_Node] = []
+        self._runners: dict[str, _LayerNode] = {}
+        names: set[str] = set()
+        for index, proto in enumerate(graph.node):
+            node = _Node(proto, index, opset)
+            if proto.domain not in ("", "ai.onnx"):
+                raise _unsupported(node, "domain", proto.domain)
+            if node.name in names:
+                node.name = f"{node.name}_{index}"
+            names.add(node.name)
+            allowed = _LAYER_OPS.get(node.op_type)
+            if allowed is None:
+                if node.op_type not in _OPS:
+                    raise _unsupported(node, "operator", node.op_type)
+                allowed = _OPS[node.op_type][0]
+            for attribute in node.attributes:
+                if attribute not in allowed:
+                    raise _unsupported(node, f"attribute {attribute}", node.attributes[attribute])
+            if node.op_type == "LSTM":
+                self._runners[node.name] = _LSTMNode(node, self._constants, fp)
+            elif node.op_type in _LAYER_OPS:
+                self._runners[node.name] = _NormNode(node, self._constants, fp, shapes.get(node.inputs[0]))
+            elif all(name in self._constants for name in node.inputs if name) and node.op_type != "Dropout":
+                # Constant folding: the node's value is the same on every run.
+                values = self._call(node, [self._constants.get(n) for n in node.inputs])
+                for name, value in zip(node.outputs, values):
+                    if name and value is not None:
+                        self._constants[name] = np.asarray(value)
+                continue
+            self._nodes.append(node)
+
+    @staticmethod
+    def _static_shapes(model: Any) -> dict[str, list[int | None]]:
+        onnx = _onnx()
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - shapes are only a hint for building layers early
+            return {}
+        shapes = {}
+        for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+            tensor = value.type.tensor_type
+            if tensor.HasField("shape"):
+                shapes[value.name] = [d.dim_value if d.HasField("dim_value") else None
+                                      for d in tensor.shape.dim]
+        return shapes
+
+    def _call(self, node: _Node, inputs: list[Any]) -> list[Any]:
+        runner = self._runners.get(node.name)
+        if runner is not None:
+            return runner.run(inputs)
+        function = _OPS[node.op_type][1]
+        while inputs and inputs[-1] is None:
+            inputs = inputs[:-1]
+        try:
+            return list(function(node, *inputs))
+        except (ValueError, TypeError, IndexError) as error:
+            if isinstance(error, (InvalidParameterError, ShapeError, DTypeError)):
+                raise
+            raise InvalidParameterError(must_be(f"ONNX node {node.name!r} ({node.op_type}) inputs",
+                                                "valid for the operator", f"{error}")) from None
+
+    # ONNX Runtime's interface.
+    def get_inputs(self) -> list[NodeArg]:
+        """The graph inputs that are not initializers."""
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The graph outputs."""
+        return list(self._outputs)
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: Any = None) -> list[Array]:
+        """Run the graph; returns the outputs named (every output for ``None``) as arrays."""
+        if not isinstance(input_feed, Mapping):
+            raise InvalidParameterError(must_be("Session.run(input_feed)", "a mapping of input name to array",
+                                                type(input_feed).__name__))
+        expected = {arg.name for arg in self._inputs}
+        unknown = sorted(set(input_feed) - expected)
+        if unknown:
+            raise InvalidParameterError(must_be("Session.run(input_feed) names", f"among {sorted(expected)}",
+                                                unknown))
+        values: dict[str, Any] = dict(self._constants)
+        for arg in self._inputs:
+            if arg.name not in input_feed:
+                raise InvalidParameterError(must_be(f"Session.run(input_feed)[{arg.name!r}]", "given",
+                                                    "missing"))
+            value = np.asarray(input_feed[arg.name])
+            declared = self._input_dtypes.get(arg.name)
+            if declared is not None and value.dtype != declared:  # ONNX Runtime refuses these too
+                raise DTypeError(must_be(f"Session.run(input_feed)[{arg.name!r}]", f"of type {arg.type}",
+                                         value.dtype.name))
+            values[arg.name] = value
+        wanted = [arg.name for arg in self._outputs] if output_names is None else list(output_names)
+        known = {arg.name for arg in self._outputs}
+        for name in wanted:
+            if name not in known:
+                raise InvalidParameterError(must_be("Session.run(output_names)", f"among {sorted(known)}",
+                                                    name))
+        for node in self._nodes:
+            missing = [name for name in node.inputs if name and name not in values]
+            if missing:
+                raise InvalidParameterError(must_be(f"ONNX node {node.name!r} inputs", "computed before it",
+                                                    missing))
+            outputs = self._call(node, [values[name] if name else None for name in node.inputs])
+            for name, value in zip(node.outputs, outputs):
+                if name:
+                    values[name] = value
+        return [np.asarray(values[name]) for name in wanted]
+
+    # bnnsfw's additions.
+    @property
+    def layer_names(self) -> list[str]:
+        """Names of the LSTM and normalization nodes whose weights are constants."""
+        return [name for name, runner in self._runners.items() if runner.constant]
+
+    def layer(self, name: str) -> Filter:
+        """The bnnsfw layer that runs node ``name``: fine-tune it, and later runs see it.
+
+        Layers are created with ``use_client_pointer=True`` over arrays the session owns,
+        so an optimizer updating ``layer.parameters``' arrays (LSTM) or ``layer.gamma`` …
+        (normalization) in place changes what :meth:`run` computes. An LSTM node with
+        ``direction="reverse"`` runs its (forward) layer on time-reversed sequences.
+        A normalization node whose input shape is not fixed in the graph gets its layer on
+        the first :meth:`run`.
+        """
+        runner = self._runners.get(name)
+        if runner is None or not runner.constant:
+            raise InvalidParameterError(must_be("Session.layer(name)", f"one of {self.layer_names}", name))
+        if runner.primary is None:
+            raise InvalidParameterError(must_be(
+                f"Session.layer({name!r})",
+                "asked after a run (the node's input shape is not fixed in the graph)", "no run yet"))
+        return runner.primary
+
+    def close(self) -> None:
+        """Close every layer the session created."""
+        for runner in self._runners.values():
+            runner.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(model: Any, *, filter_parameters: FilterParameters | None = None) -> Session:
+    """Load an ONNX model to run with bnnsfw.
+
+    Parameters
+    ----------
+    model : str, os.PathLike, bytes or onnx.ModelProto
+        A file, its bytes, or the model itself.
+    filter_parameters : FilterParameters, optional
+        Backend and thread options for the layers the session creates.
+
+    Returns
+    -------
+    Session
+
+    Raises
+    ------
+    UnsupportedError
+        Naming the node, operator and attribute of the first thing bnnsfw cannot run.
+    """
+    onnx = _onnx()
+    if isinstance(model, (str, os.PathLike)):
+        proto = onnx.load(os.fspath(model))
+    elif isinstance(model, (bytes, bytearray)):
+        proto = onnx.load_from_string(bytes(model))
+    elif isinstance(model, onnx.ModelProto):
+        proto = model
+    else:
+        raise InvalidParameterError(must_be("bnnsfw.onnx.load(model)", "a path, bytes or an onnx.ModelProto",
+                                            type(model).__name__))
+    if proto.functions:
+        raise UnsupportedError(must_be("ONNX model functions", "absent (local functions are not run)",
+                                       [f.name for f in proto.functions]))
+    return Session(proto, filter_parameters)
+
+
+# ------------------------------------------------------------------------------------------
+# Export.
+# ------------------------------------------------------------------------------------------
+# bnnsfw activation -> (ONNX operator, attributes) for a fused activation after a layer.
+_EXPORT_ACTIVATIONS: dict[ActivationFunction, Callable[[Activation], tuple[str, dict[str, Any]]]] = {
+    ActivationFunction.relu: lambda a: ("Relu", {}),
+    ActivationFunction.sigmoid: lambda a: ("Sigmoid", {}),
+    ActivationFunction.tanh: lambda a: ("Tanh", {}),
+    ActivationFunction.leaky_relu: lambda a: ("LeakyRelu", {"alpha": a.alpha}),
+    ActivationFunction.elu: lambda a: ("Elu", {"alpha": a.alpha}),
+    ActivationFunction.selu: lambda a: ("Selu", {}),
+    ActivationFunction.softsign: lambda a: ("Softsign", {}),
+    ActivationFunction.hard_sigmoid: lambda a: ("HardSigmoid", {"alpha": a.alpha, "beta": a.beta}),
+    ActivationFunction.abs: lambda a: ("Abs", {}),
+}
+
+# bnnsfw activation -> ONNX LSTM activation name and its (alpha, beta), for the gate functions.
+_EXPORT_RNN_ACTIVATIONS: dict[ActivationFunction, Callable[[Activation], tuple[str, list[float]]]] = {
+    ActivationFunction.sigmoid: lambda a: ("Sigmoid", []),
+    ActivationFunction.tanh: lambda a: ("Tanh", []),
+    ActivationFunction.relu: lambda a: ("Relu", []),
+    ActivationFunction.softsign: lambda a: ("Softsign", []),
+    ActivationFunction.leaky_relu: lambda a: ("LeakyRelu", [a.alpha]),
+    ActivationFunction.elu: lambda a: ("Elu", [a.alpha]),
+    ActivationFunction.linear_with_bias: lambda a: ("Affine", [a.alpha, a.beta]),
+    ActivationFunction.scaled_tanh: lambda a: ("ScaledTanh", [a.alpha, a.beta]),
+    ActivationFunction.hard_sigmoid: lambda a: ("HardSigmoid", [a.alpha, a.beta]),
+}
+
+
+class _GraphWriter:
+    """Collects the nodes, initializers and names of the graph being written."""
+
+    def __init__(self, opset: int, dtype: np.dtype) -> None:
+        self.onnx = _onnx()
+        self.opset = opset
+        self.dtype = dtype
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self.count = 0
+
+    def name(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}_{self.count}"
+
+    def constant(self, stem: str, array: Any, dtype: Any = None) -> str:
+        name = self.name(stem)
+        value = np.asarray(array, dtype=dtype if dtype is not None else self.dtype)
+        self.initializers.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def node(self, op: str, inputs: Sequence[str], outputs: int | Sequence[str] = 1,
+             **attributes: Any) -> list[str]:
+        names = [self.name(op.lower()) for _ in range(outputs)] if isinstance(outputs, int) else list(outputs)
+        self.nodes.append(self.onnx.helper.make_node(op, list(inputs), names, name=self.name(op),
+                                                     **attributes))
+        return names
+
+    def ints(self, values: Sequence[int]) -> str:
+        return self.constant("shape", np.asarray(values, dtype=np.int64), np.int64)
+
+
+def _export_activation(writer: _GraphWriter, activation: Activation, x: str, where: str) -> str:
+    if activation.is_identity:
+        return x
+    make = _EXPORT_ACTIVATIONS.get(activation.function)
+    if make is None:
+        raise UnsupportedError(must_be(f"{where}.activation", "one ONNX has as an operator "
+                                       f"({', '.join(f.name for f in _EXPORT_ACTIVATIONS)})",
+                                       activation.function.name))
+    op, attributes = make(activation)
+    return writer.node(op, [x], **attributes)[0]
+
+
+def _export_lstm(writer: _GraphWriter, layer: LSTMLayer, x: str, where: str) -> tuple[str, str, str]:
+    """LSTM nodes (one per layer of the stack) reading x (T, N, I) or (N, T, I); returns
+    the output (same layout as bnnsfw's) and the final states (L·D, N, H)."""
+    p = layer.parameters
+    h, d = p.hidden_size, p.num_directions
+    for name, gate in zip(GATE_FIELDS, p.gates):
+        if gate.peephole == "full":
+            raise UnsupportedError(must_be(f"{where}.{name}.cell_weights", "None or diagonal (ONNX's P)",
+                                           "a full peephole matrix"))
+    if p.candidate_gate.cell_weights is not None:
+        raise UnsupportedError(must_be(f"{where}.candidate_gate.cell_weights", "None (ONNX has no candidate "
+                                       "peephole)", "a peephole"))
+    acts = p.gate_activations
+    if not (acts[0] == acts[1] == acts[3]):
+        raise UnsupportedError(must_be(f"{where} gate activations",
+                                       "the same for the input, forget and output "
+                                       "gates (ONNX's f)", [a.function.name for a in acts]))
+    names: list[str] = []
+    alphas: list[float] = []
+    for activation in (acts[0], acts[2], p.cell_activation):
+        make = _EXPORT_RNN_ACTIVATIONS.get(activation.function)
+        if make is None:
+            raise UnsupportedError(must_be(f"{where} activation", "one of ONNX's RNN activations",
+                                           activation.function.name))
+        name, params = make(activation)
+        names.append(name)
+        alphas.extend(params)
+    attributes: dict[str, Any] = {"hidden_size": h, "direction": "bidirectional" if d == 2 else "forward"}
+    if names != ["Sigmoid", "Tanh", "Tanh"]:
+        attributes["activations"] = names * d
+        alpha, beta = _split_alpha_beta(names, [acts[0], acts[2], p.cell_activation])
+        if alpha:
+            attributes["activation_alpha"] = alpha * d
+        if beta:
+            attributes["activation_beta"] = beta * d
+    if p.batch_first:  # ONNX Runtime runs layout=0 only: transpose around the nodes instead
+        x = writer.node("Transpose", [x], perm=[1, 0, 2])[0]
+    hiddens, cells = [], []
+    has_peepholes = any(g.cell_weights is not None for g in p.gates)
+    for layer_index in range(p.num_layers):
+        def stacked(field: Callable[[LSTMGateDescriptor], Array], order: Sequence[str]) -> Array:
+            gates = dict(zip(GATE_FIELDS, p.gates))
+            return np.concatenate([field(gates[g]) for g in order], axis=1)
+
+        if layer_index == 0:
+            w = stacked(lambda g: g.input_weights[0], _ONNX_GATES)
+        else:
+            w = stacked(lambda g: g.input_weights[1][layer_index - 1], _ONNX_GATES)
+        r = stacked(lambda g: g.hidden_weights[layer_index], _ONNX_GATES)
+        inputs = [x, writer.constant("W", w), writer.constant("R", r)]
+        if p.input_gate.bias is not None or has_peepholes:
+            if p.input_gate.bias is not None:
+                wb = stacked(lambda g: g.bias[layer_index], _ONNX_GATES)
+            else:
+                wb = np.zeros((d, 4 * h))
+            inputs.append(writer.constant("B", np.concatenate([wb, np.zeros_like(wb)], axis=1)))
+        if has_peepholes:
+            def peephole(g: LSTMGateDescriptor) -> Array:
+                return np.zeros((d, h)) if g.cell_weights is None else g.cell_weights[layer_index]
+            inputs += ["", "", "", writer.constant("P", stacked(peephole, _ONNX_PEEPHOLES))]
+        y, y_h, y_c = writer.node("LSTM", inputs, 3, **attributes)
+        hiddens.append(y_h)
+        cells.append(y_c)
+        # Y [T, D, N, H] -> [T, N, D·H], the next layer's input and bnnsfw's output
+        y = writer.node("Transpose", [y], perm=[0, 2, 1, 3])[0]
+        x = writer.node("Reshape", [y, writer.ints([0, 0, -1])])[0]
+    if p.batch_first:
+        x = writer.node("Transpose", [x], perm=[1, 0, 2])[0]
+    hidden = hiddens[0] if len(hiddens) == 1 else writer.node("Concat", hiddens, axis=0)[0]
+    cell = cells[0] if len(cells) == 1 else writer.node("Concat", cells, axis=0)[0]
+    return x, hidden, cell
+
+
+def _split_alpha_beta(names: list[str], activations: list[Activation]) -> tuple[list[float], list[float]]:
+    alphas, betas = [], []
+    for name, activation in zip(names, activations):
+        takes = _RNN_ACTIVATIONS[name][0]
+        if takes >= 1:
+            alphas.append(float(activation.alpha))
+        if takes >= 2:
+            betas.append(float(activation.beta))
+    return alphas, betas
+
+
+def _export_normalization(writer: _GraphWriter, layer: NormalizationLayer, x: str, where: str) -> str:
+    """Normalization nodes for the layer's inference phase, on (…, *input_shape) data."""
+    p = layer.parameters
+    kind, shape = p.type.kind, layer.input_shape
+    gamma, beta = layer.gamma, layer.beta
+    rank = len(shape)
+    # bnnsfw flattens any leading axes into the batch: N = the product of the leading extents.
+    if kind is FilterType.layer_norm:
+        if writer.opset < 17:
+            raise UnsupportedError(must_be(f"{where}: opset", ">= 17 for LayerNormalization", writer.opset))
+        axis = -(rank - p.type.axis)
+        y = writer.node("LayerNormalization", [x, writer.constant("scale", gamma), writer.constant("bias",
+                                                                                                   beta)],
+                        axis=axis, epsilon=p.epsilon)[0]
+        return _export_activation(writer, p.activation, y, where)
+    flat = writer.node("Reshape", [x, writer.ints([-1, *shape])])[0]
+    if kind is FilterType.batch_norm or (kind is FilterType.instance_norm and p.type.has_moving_statistics):
+        mean, var = layer.moving_mean, layer.moving_variance
+        if mean is None or var is None:
+            raise UnsupportedError(must_be(f"{where}: batch norm",
+                                           "with moving statistics (the inference phase "
+                                           "of one without them uses each batch's statistics)", "none"))
+        y = writer.node("BatchNormalization", [flat, writer.constant("scale", gamma), writer.constant("bias",
+                                                                                                      beta),
+                                               writer.constant("mean", mean), writer.constant("var", var)],
+                        epsilon=p.epsilon, momentum=p.momentum)[0]
+    elif kind is FilterType.instance_norm:
+        if rank < 2:
+            raise UnsupportedError(must_be(f"{where}: instance norm input_shape",
+                                           "(C, *spatial) with spatial "
+                                           "axes", shape))
+        y = writer.node("InstanceNormalization", [flat, writer.constant("scale", gamma),
+                                                  writer.constant("bias", beta)], epsilon=p.epsilon)[0]
+    else:
+        groups = p.type.groups
+        if writer.opset < 21:
+            raise UnsupportedError(must_be(f"{where}: opset",
+                                           ">= 21 for GroupNormalization (per-channel scale)",
+                                           writer.opset))
+        y = writer.node("GroupNormalization", [flat, writer.constant("scale", gamma), writer.constant("bias",
+                                                                                                      beta)],
+                        num_groups=groups, epsilon=p.epsilon)[0]
+    y = _export_activation(writer, p.activation, y, where)
+    return writer.node("Reshape", [y, writer.node("Shape", [x])[0]])[0]
+
+
+def _export_fully_connected(writer: _GraphWriter, layer: FullyConnectedLayer, x: str, where: str) -> str:
+    y = writer.node("MatMul", [x, writer.constant("weights", layer.weights.T)])[0]
+    if layer.bias is not None:
+        y = writer.node("Add", [y, writer.constant("bias", layer.bias)])[0]
+    return _export_activation(writer, layer.activation, y, where)
+
+
+def _layers_of(model_or_layers: Any) -> list[Filter]:
+    if isinstance(model_or_layers, Filter):
+        return [model_or_layers]
+    if isinstance(model_or_layers, Mapping):
+        return list(model_or_layers.values())
+    if isinstance(model_or_layers, Iterable):
+        return list(model_or_layers)
+    raise InvalidParameterError(must_be("export(model_or_layers)", "a layer or a sequence of layers",
+                                        type(model_or_layers).__name__))
+
+
+def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, opset: int = DEFAULT_OPSET,
+           check: bool = True) -> Any:
+    """Write bnnsfw layers, applied one after the other, as an ONNX model.
+
+    Parameters
+    ----------
+    model_or_layers : layer, sequence or mapping of layers
+        ``LSTMLayer``, ``NormalizationLayer`` and ``FullyConnectedLayer`` objects, in the
+        order data flows through them (a mapping's values in order). Each normalization
+        layer sees its input as a batch of samples of its ``input_shape``: the leading axes
+        before them are the batch (so a layer norm over ``(H,)`` after an LSTM normalizes
+        every step of every sequence).
+    path : str or PathLike, optional
+        Where to write the ``.onnx`` file; the model is returned either way.
+    opset : int
+        The ONNX opset (default :data:`DEFAULT_OPSET`); layer normalization needs 17 or more,
+        group normalization 21 or more.
+    check : bool
+        Run ``onnx.checker.check_model(model, full_check=True)`` before returning.
+
+    Returns
+    -------
+    onnx.ModelProto
+        One input ``input``; the output ``output``; for a single LSTM layer also ``hidden``
+        and ``cell``, the final states ``(L·D, N, H)``. Batch and sequence dimensions are
+        symbolic. The graph computes the layers' inference phase (normalization with moving
+        statistics where the layer has them; no dropout). ONNX stores float attributes
+        (``epsilon``, activation ``alpha`` and ``beta``) as float32, so a float64 layer comes
+        back exactly only where those values are float32 numbers. A batch-first LSTM is written as
+        a ``layout=0`` LSTM between two ``Transpose`` nodes, since ONNX Runtime does not run
+        ``layout=1``.
+
+    Raises
+    ------
+    UnsupportedError
+        For what ONNX cannot express: a full peephole matrix, a peephole on the candidate
+        gate, different activations on the input, forget and output gates, activations ONNX
+        has no operator for, an opset too old for a layer.
+    """
+    onnx = _onnx()
+    layers = _layers_of(model_or_layers)
+    if not layers:
+        raise InvalidParameterError(must_be("export(model_or_layers)", "at least one layer", "none"))
+    if not isinstance(opset, int) or not _MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
+        raise InvalidParameterError(must_be("export(opset)", f"an int in [{_MIN_OPSET}, "
+                                            f"{onnx.defs.onnx_opset_version()}]", opset))
+    dtypes = {layer.parameters.dtype for layer in layers if hasattr(layer, "parameters")}
+    if len(dtypes) != 1:
+        raise InvalidParameterError(must_be("export(model_or_layers)", "layers of one dtype",
+                                            sorted(map(str, dtypes))))
+    dtype = np.dtype(dtypes.pop())
+    writer = _GraphWriter(opset, dtype)
+    x = "input"
+    first = layers[0]
+    if isinstance(first, LSTMLayer):
+        in_shape: list[Any] = (["N", "T", first.parameters.input_size] if first.parameters.batch_first
+                               else ["T", "N", first.parameters.input_size])
+    elif isinstance(first, NormalizationLayer):
+        in_shape = ["N", *first.input_shape]
+    elif isinstance(first, FullyConnectedLayer):
+        in_shape = ["N", first.input_size]
+    else:
+        raise InvalidParameterError(must_be("export(model_or_layers)[0]", "an LSTM, normalization or fully "
+                                            "connected layer", type(first).__name__))
+    states: tuple[str, str] | None = None
+    shape = list(in_shape)  # the data's shape as it flows, with symbolic batch and time
+    state_shape: list[Any] = []
+    for index, layer in enumerate(layers):
+        where = f"export(model_or_layers)[{index}]"
+        if not isinstance(layer, Filter):
+            raise InvalidParameterError(must_be(where, "a bnnsfw layer", type(layer).__name__))
+        layer.check_open("export")
+        if isinstance(layer, LSTMLayer):
+            p = layer.parameters
+            _check_width(where, shape, p.input_size)
+            x, hidden, cell = _export_lstm(writer, layer, x, where)
+            states = (hidden, cell)
+            shape = [*shape[:-1], p.num_directions * p.hidden_size]
+            state_shape = [p.num_layers * p.num_directions, shape[0 if p.batch_first else 1], p.hidden_size]
+        elif isinstance(layer, NormalizationLayer):
+            _check_width(where, shape, *layer.input_shape)
+            x = _export_normalization(writer, layer, x, where)
+        elif isinstance(layer, FullyConnectedLayer):
+            _check_width(where, shape, layer.input_size)
+            x = _export_fully_connected(writer, layer, x, where)
+            shape = [*shape[:-1], layer.output_size]
+        else:
+            raise InvalidParameterError(must_be(where, "an LSTM, normalization or fully connected layer",
+                                                type(layer).__name__))
+    element = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+    writer.nodes.append(onnx.helper.make_node("Identity", [x], ["output"], name="output"))
+    outputs = [onnx.helper.make_tensor_value_info("output", element, shape)]
+    if len(layers) == 1 and states is not None:
+        writer.nodes.append(onnx.helper.make_node("Identity", [states[0]], ["hidden"], name="hidden"))
+        writer.nodes.append(onnx.helper.make_node("Identity", [states[1]], ["cell"], name="cell"))
+        outputs += [onnx.helper.make_tensor_value_info(n, element, state_shape) for n in ("hidden", "cell")]
+    graph = onnx.helper.make_graph(writer.nodes, "bnnsfw", [onnx.helper.make_tensor_value_info("input",
+                                                                                               element,
+                                                                                               in_shape)],
+                                   outputs, writer.initializers)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)],
+                                   producer_name="bnnsfw")
+    model.ir_version = min(model.ir_version, _ir_version(onnx, opset))
+    model = onnx.shape_inference.infer_shapes(model)
+    if check:
+        onnx.checker.check_model(model, full_check=True)
+    if path is not None:
+        onnx.save(model, os.fspath(path))
+    return model
+
+
+def _check_width(where: str, shape: list[Any], *trailing: int) -> None:
+    """The data reaching a layer must end in the extents the layer takes."""
+    if len(shape) < len(trailing) or [s for s in shape[len(shape) - len(trailing):]] != list(trailing):
+        raise ShapeError(must_be(f"{where} input", f"data ending in {list(trailing)}",
+                                 f"data of shape {shape}"))
+
+
+def _ir_version(onnx: Any, opset: int) -> int:
+    """The oldest IR version that carries ``opset``, so older runtimes read the file."""
+    for entry in onnx.helper.VERSION_TABLE:
+        if entry[2] >= opset:
+            return int(entry[1])
+    return int(onnx.IR_VERSION)
