@@ -1049,3 +1049,30 @@ def test_numba_scratch_does_not_grow_with_the_sequence_length(monkeypatch, rng):
             layer.apply(x)
             used.append(layer._workspace.nbytes)
     assert used[0] == used[1]
+
+
+def test_column_major_weight_arrays_give_the_reference_results(backend_name, rng):
+    """Weights given as transposed views (column-major arrays, as converted weights often are)
+    compute what row-major copies of them do, on every backend (BLAS reads row strides)."""
+    params = LSTMParameters.random(input_size=3, hidden_size=4, num_layers=2, bidirectional=True, seed=6,
+                                   dtype=np.float64)
+
+    def column_major(a):
+        return None if a is None else np.asfortranarray(a)
+
+    gates = {}
+    for name in ("input_gate", "forget_gate", "candidate_gate", "output_gate"):
+        gate = getattr(params, name)
+        gates[name] = attrs.evolve(gate, input_weights=tuple(column_major(w) for w in gate.input_weights),
+                                   hidden_weights=column_major(gate.hidden_weights))
+    fortran = attrs.evolve(params, **gates)
+    x, dy = rng.standard_normal((5, 3, 3)), rng.standard_normal((5, 3, 8))
+    results = []
+    for p, name in ((params, "numpy"), (fortran, backend_name)):
+        with layer_for(p, name) as layer:
+            out = layer.apply(x, training=True)
+            grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
+        results.append([out.output, grads.input] + [g.hidden_weights for g in grads.gates])
+    rtol, atol = TOLERANCE[np.dtype(np.float64)]
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)

@@ -185,9 +185,11 @@ def _stack(config: LSTMConfig, plan: LSTMStepPlan,
     for layer in range(config.num_layers):
         row = []
         for d in range(config.num_directions):
-            wx = np.concatenate([g.input_weights[0][d] if layer == 0 else g.input_weights[1][layer - 1, d]
-                                 for g in gates])
-            u = np.concatenate([g.hidden_weights[layer, d] for g in gates])
+            # Row-major whatever the caller's arrays are (a transposed view concatenates to a
+            # column-major array), as every product below and the compiled kernels expect.
+            wx = np.ascontiguousarray(np.concatenate(
+                [g.input_weights[0][d] if layer == 0 else g.input_weights[1][layer - 1, d] for g in gates]))
+            u = np.ascontiguousarray(np.concatenate([g.hidden_weights[layer, d] for g in gates]))
             bias = np.zeros((4 * h, 1), dtype)
             for k, g in enumerate(gates):
                 if g.bias is not None:

@@ -122,11 +122,13 @@ def _tanh_typed(x):
 
 @_kernel
 def _mm(a, trans_a, b, trans_b, c, beta):
-    """``c = op(a) @ op(b) + beta·c`` on row-major 2-D arrays whose rows are unit-stride (any
-    row stride): BLAS sees each as the column-major transpose, so it computes
-    ``cᵀ = op(b)ᵀ op(a)ᵀ``. Empty products only scale ``c``."""
+    """``c = op(a) @ op(b) + beta·c`` on 2-D arrays; ``c``'s rows must be unit-stride (any row
+    stride), operands whose rows are not are copied first. BLAS sees each row-major array as
+    the column-major transpose, so it computes ``cᵀ = op(b)ᵀ op(a)ᵀ``."""
     m, n = c.shape
     k = a.shape[0] if trans_a else a.shape[1]
+    a = _row_major(a)
+    b = _row_major(b)
     if m == 0 or n == 0:
         return
     if k == 0:  # an empty sum; beta = 0 overwrites, as BLAS does (whatever c held, NaN included)
@@ -140,6 +142,15 @@ def _mm(a, trans_a, b, trans_b, c, beta):
     _xxgemm(115 if c.itemsize == 4 else 100, _YES if trans_b else _NO, _YES if trans_a else _NO, n, m, k,
             scalars.ctypes, b.ctypes, _leading(b), a.ctypes, _leading(a), scalars[1:].ctypes, c.ctypes,
             _leading(c))
+
+
+@_inline
+def _row_major(m):
+    """``m`` itself when its rows are unit-stride (every operand the kernels build), else a
+    row-major copy: BLAS reads each operand through its row stride alone."""
+    if m.shape[1] <= 1 or m.strides[1] == m.itemsize:
+        return m
+    return np.ascontiguousarray(m)
 
 
 @_inline
