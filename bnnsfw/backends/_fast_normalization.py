@@ -64,12 +64,12 @@ import itertools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
 from .._compat import vecdot
-from .._threadpool import blas_controller
+from .._threadpool import blas_limit
 from ._normalization_kernels import reciprocal_std
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,11 +128,6 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
-_blas_lock = threading.Lock()
-_blas_users = 0  # kernels inside _one_blas_thread(); the first sets the limit, the last restores it
-_blas_restore: Any = None  # the limit they share, while any runs
-
-
 @contextlib.contextmanager
 def _one_blas_thread() -> Iterator[None]:
     """Run BLAS on one thread inside the block (concurrent kernels share one limit).
@@ -140,21 +135,11 @@ def _one_blas_thread() -> Iterator[None]:
     The kernels call BLAS (gemv) on blocks from several threads at once. Left to itself,
     OpenBLAS splits each of those small calls over its own threads, which then spin waiting
     for work and take the cores from the kernel's threads: a layer-norm backward took more
-    than ten times as long. The limit is process-wide (OpenBLAS has no per-call one).
+    than ten times as long. The limit is process-wide (OpenBLAS has no per-call one); it is
+    shared with every other limit bnnsfw applies (:func:`bnnsfw._threadpool.blas_limit`).
     """
-    global _blas_users, _blas_restore
-    with _blas_lock:
-        if _blas_users == 0:
-            _blas_restore = blas_controller().limit(limits=1, user_api="blas")
-        _blas_users += 1
-    try:
+    with blas_limit(1):
         yield
-    finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                _blas_restore.restore_original_limits()
-                _blas_restore = None
 
 
 def _aligned_empty(size: int, dtype: np.dtype) -> Array:

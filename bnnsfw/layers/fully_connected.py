@@ -22,7 +22,7 @@ from .._validation import as_input, as_output, describe, layer_dtype, parameter_
 from ..activation import Activation
 from ..backends.contract import GemmRequest
 from ..errors import InvalidParameterError, ShapeError, must_be
-from ..filter import Filter, FilterParameters
+from ..filter import Filter, FilterParameters, guarded
 
 __all__ = ["FullyConnectedParameters", "FullyConnectedGradients", "FullyConnectedLayer"]
 
@@ -256,6 +256,7 @@ class FullyConnectedLayer(Filter):
         return self._activation
 
     @property
+    @guarded
     def weights(self) -> np.ndarray:
         """The live weight array ``(output_size, input_size)`` the layer computes with.
 
@@ -267,12 +268,14 @@ class FullyConnectedLayer(Filter):
         return self._weights
 
     @property
+    @guarded
     def bias(self) -> np.ndarray | None:
         """The live bias array ``(output_size,)``, or ``None`` for a layer without bias."""
         self._check_open("bias")
         return self._bias
 
     # Forward.
+    @guarded
     def apply(self, x: object, output: np.ndarray | None = None) -> np.ndarray:
         """Compute ``act(x @ Wᵀ + b)``.
 
@@ -304,6 +307,7 @@ class FullyConnectedLayer(Filter):
             return output
 
     # Backward.
+    @guarded
     def apply_backward(
         self,
         x: object,

@@ -39,7 +39,7 @@ from ..backends.contract import (
     LSTMPackRequest,
 )
 from ..errors import InvalidParameterError, ShapeError, must_be
-from ..filter import Filter, FilterParameters
+from ..filter import Filter, FilterParameters, guarded
 from ._lstm_cache import HEADER_BYTES, as_byte_buffer, clear_header, read_header, write_header
 
 __all__ = [
@@ -608,6 +608,7 @@ class LSTMLayer(Filter):
         else the copy made at creation."""
         return self._params
 
+    @guarded
     def training_cache_capacity(self, batch_size: int, seq_len: int) -> int:
         """Bytes a training forward of ``batch_size`` sequences of ``seq_len`` steps writes.
 
@@ -620,6 +621,7 @@ class LSTMLayer(Filter):
         t = positive_int("LSTMLayer.training_cache_capacity(seq_len)", seq_len)
         return self._cache_size(t, n).nbytes
 
+    @guarded
     def apply(
         self,
         x: np.ndarray,
@@ -690,6 +692,7 @@ class LSTMLayer(Filter):
                              itemsize=self._dtype.itemsize)
         return LSTMOutput(output=output, hidden=h_out, cell=c_out, training_cache=cache_object)
 
+    @guarded
     def apply_backward(
         self,
         x: np.ndarray,

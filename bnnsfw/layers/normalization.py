@@ -32,7 +32,7 @@ from ..activation import Activation
 from ..backends.contract import NormalizationBackwardRequest, NormalizationForwardRequest
 from ..enums import FilterType, LearningPhase
 from ..errors import InvalidParameterError, ShapeError, must_be
-from ..filter import Filter, FilterParameters
+from ..filter import Filter, FilterParameters, guarded
 
 __all__ = [
     "NormalizationType",
@@ -531,6 +531,7 @@ class NormalizationLayer(Filter):
         return self._parameters.dtype
 
     @property
+    @guarded
     def gamma(self) -> Array:
         """The live scale array (ones if none was given).
 
@@ -542,10 +543,12 @@ class NormalizationLayer(Filter):
         return self._gamma
 
     @gamma.setter
+    @guarded
     def gamma(self, value: Any) -> None:
         self._assign("gamma", value)
 
     @property
+    @guarded
     def beta(self) -> Array:
         """The live shift array (zeros if none was given); assignable like :attr:`gamma`."""
         self._check_open("beta")
@@ -553,16 +556,19 @@ class NormalizationLayer(Filter):
         return self._beta
 
     @beta.setter
+    @guarded
     def beta(self, value: Any) -> None:
         self._assign("beta", value)
 
     @property
+    @guarded
     def moving_mean(self) -> Array | None:
         """The live moving mean ``(C,)``, or ``None`` without moving statistics."""
         self._check_open("moving_mean")
         return self._moving_mean
 
     @property
+    @guarded
     def moving_variance(self) -> Array | None:
         """The live moving (biased) variance ``(C,)``, or ``None`` without moving statistics."""
         self._check_open("moving_variance")
@@ -577,6 +583,7 @@ class NormalizationLayer(Filter):
         np.copyto(live, array)
 
     # Forward.
+    @guarded
     def apply(self, x: Any, phase: LearningPhase | str = "training", output: Array | None = None) -> Array:
         """Normalize a batch (``BNNSNormalizationFilterApplyBatch``).
 
@@ -628,6 +635,7 @@ class NormalizationLayer(Filter):
         return result.reshape(x.shape) if out is None else out
 
     # Backward.
+    @guarded
     def apply_backward(
         self,
         x: Any,
