@@ -9,11 +9,10 @@ at its boundary.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, NamedTuple, Sequence, Tuple, Union, cast, overload
+from typing import Literal, NamedTuple, Sequence, Tuple, Union, overload
 
 import numpy as np
 
-from ._compat import TooHardError
 from .enums import DataLayout, DataType
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
@@ -233,23 +232,6 @@ def region(where: str, desc: object, expected_shape: Sequence[int] | None, *,
         return None
     found = _strided(where, desc, expected_shape, writable=False, data_types=data_types, batch=batch)
     return None if found is None else found[0]
-
-
-def same_elements(a: np.ndarray, b: np.ndarray) -> bool:
-    """True when ``a`` and ``b`` are the same elements of the same memory, in the same order."""
-    return (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
-            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
-
-
-def overlap(a: np.ndarray, b: np.ndarray) -> bool:
-    """True when ``a`` and ``b`` share an element (exactly; too hard to tell counts as shared)."""
-    if not np.may_share_memory(a, b):
-        return False
-    try:
-        work = cast(Any, 100_000)  # numpy's stubs list only the two special values
-        return bool(np.shares_memory(a, b, max_work=work))
-    except TooHardError:
-        return True
 
 
 class _ShapedWrite:

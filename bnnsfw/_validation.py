@@ -7,10 +7,11 @@ the rule and the value it got, so that bad input never reaches NumPy.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 
+from ._compat import TooHardError
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -141,3 +142,20 @@ def finite_float(where: str, value: object, *, low: float | None = None, high: f
         closing = ")" if high_open else "]"
         raise InvalidParameterError(must_be(where, f"in [{low}, {high}{closing}", value))
     return number
+
+
+def same_elements(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when ``a`` and ``b`` are the same elements of the same memory, in the same order."""
+    return (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when ``a`` and ``b`` share an element (exactly; too hard to tell counts as shared)."""
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        work = cast(Any, 100_000)  # numpy's stubs list only the two special values
+        return bool(np.shares_memory(a, b, max_work=work))
+    except TooHardError:
+        return True

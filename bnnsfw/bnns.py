@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from . import _descriptors as nd
+from ._validation import overlap, same_elements
 from .activation import Activation
 from .deprecation import warn_deprecated
 from .enums import ActivationFunction, DataLayout, DataType, FilterType, LayerFlags, NDArrayFlags
@@ -486,12 +487,12 @@ class _Memory:
     def check(self) -> None:
         for i, (where, out) in enumerate(self.outputs):
             for other, region in self.outputs[:i]:
-                if nd.overlap(out, region):
+                if overlap(out, region):
                     raise InvalidParameterError(must_be(
                         where, f"memory apart from {other} (one buffer for two outputs)",
                         f"a buffer overlapping {other}"))
             for other, region in self.inputs:
-                if nd.overlap(out, region) and not nd.same_elements(out, region):
+                if overlap(out, region) and not same_elements(out, region):
                     raise InvalidParameterError(must_be(
                         where, f"memory apart from {other}, or exactly the same elements (in place)",
                         f"a buffer partly overlapping {other}"))
