@@ -13,6 +13,7 @@ from typing import Literal, NamedTuple, Sequence, Tuple, Union, overload
 
 import numpy as np
 
+from ._validation import dtype_text
 from .enums import DataLayout, DataType
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
@@ -86,13 +87,6 @@ def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
         raise InvalidParameterError(must_be(f"{where}.data", f"a whole number of {dtype.name} elements",
                                             f"{raw.size} bytes"))
     return raw.view(dtype)
-
-
-def dtype_text(dtype: np.dtype) -> str:
-    """A dtype's name, saying when its byte order is not the machine's ("float32, big-endian")."""
-    if dtype.byteorder in "=|" or dtype.isnative:
-        return dtype.name
-    return f"{dtype.name}, {'big' if dtype.byteorder == '>' else 'little'}-endian"
 
 
 def check_layout(where: str, sizes: Sequence[int], strides: Sequence[int]) -> None:

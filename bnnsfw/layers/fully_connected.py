@@ -18,7 +18,15 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .._validation import as_input, as_output, describe, layer_dtype, parameter_array, positive_int
+from .._validation import (
+    as_input,
+    as_output,
+    describe,
+    layer_dtype,
+    parameter_array,
+    positive_int,
+    separate_outputs,
+)
 from ..activation import Activation
 from ..backends.contract import GemmRequest
 from ..errors import InvalidParameterError, ShapeError, must_be
@@ -367,6 +375,8 @@ class FullyConnectedLayer(Filter):
             raise InvalidParameterError(must_be(f"{where}(bias_gradient)", "None for a layer without bias",
                                                 describe(np.asarray(bias_gradient))))
         bias_gradient = as_output(f"{where}(bias_gradient)", bias_gradient, self._dtype, (self._output_size,))
+        separate_outputs(where, {"input_gradient": input_gradient, "weights_gradient": weights_gradient,
+                                 "bias_gradient": bias_gradient})
 
         with self._threads():
             x2d = x.reshape(-1, self._input_size)

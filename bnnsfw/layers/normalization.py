@@ -27,6 +27,8 @@ from .._validation import (
     layer_dtype,
     parameter_array,
     positive_int,
+    real_array,
+    separate_outputs,
 )
 from ..activation import Activation
 from ..backends.contract import NormalizationBackwardRequest, NormalizationForwardRequest
@@ -77,11 +79,7 @@ def _optional_array(where: str, value: object) -> Array | None:
     """Keep ndarrays as they are (client pointers), turn other array-likes into arrays."""
     if value is None or isinstance(value, np.ndarray):
         return value
-    try:
-        return np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(
-            must_be(where, "None or an array of numbers", type(value).__name__)) from None
+    return real_array(where, value, np.dtype(np.float64), rule="None or an array of real numbers")
 
 
 def _to_moving_mean(value: object) -> Array | None:
@@ -704,6 +702,8 @@ class NormalizationLayer(Filter):
         dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
         dbeta_buffer = as_output(f"{where}(beta_gradient)", beta_gradient, dtype, affine)
         dgamma_buffer = as_output(f"{where}(gamma_gradient)", gamma_gradient, dtype, affine)
+        separate_outputs(where, {"input_gradient": dx_buffer, "beta_gradient": dbeta_buffer,
+                                 "gamma_gradient": dgamma_buffer})
         if dx_buffer is not None:
             self._check_input_gradient(dx_buffer, x, dy, output, bool(accumulate))
 
