@@ -3,7 +3,8 @@
 It serves the LSTM's default cell over full-length sequences with compiled time loops
 (:mod:`._numba_lstm`: per step one BLAS product and one fused, vectorized pass, forward and
 backward), and normalization with the statistics of the batch and the identity activation with
-compiled, multithreaded row kernels (:mod:`._numba_normalization`). Every other request goes to
+compiled, multithreaded row kernels (:mod:`._numba_normalization`); statistics sets too large
+for those kernels' arithmetic go to the reference kernels it inherits. Every other request goes to
 what ``scipy-blas`` does with it. Which implementation serves a request is decided in the
 section "Which implementation serves a request" below, and nowhere else.
 """
@@ -55,9 +56,14 @@ class NumbaBackend(ScipyBlasBackend):
         r = request
         if not _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None):
             return super().normalization_forward(request)
+        def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return self.normalization_forward_sets(r.x, r.gamma, r.beta, epsilon=r.epsilon,
+                                                   batch_statistics=r.batch_statistics,
+                                                   activation=r.activation, out=target, sets=sets)
+
         out, mean, variance = _numba_normalization.forward(
             r.x, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics, out=r.out,
-            threads=r.threads)
+            threads=r.threads, redo=redo)
         return NormalizationForwardResult(output=out, mean=mean, variance=variance)
 
     def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
@@ -65,7 +71,12 @@ class NumbaBackend(ScipyBlasBackend):
         r = request
         if not _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None):
             return super().normalization_backward(request)
+        def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return self.normalization_backward_sets(
+                r.x, r.dy, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics,
+                activation=r.activation, output=r.output, out=target, sets=sets)
+
         dx, d_gamma, d_beta = _numba_normalization.backward(
             r.x, r.dy, r.gamma, epsilon=r.epsilon, batch_statistics=r.batch_statistics, out=r.out,
-            threads=r.threads)
+            threads=r.threads, redo=redo)
         return NormalizationBackwardResult(input=dx, gamma=d_gamma, beta=d_beta)
