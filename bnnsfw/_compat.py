@@ -36,3 +36,7 @@ def _vecdot(x1: ArrayLike, x2: ArrayLike, /, *, out: np.ndarray | None = None) -
 
 
 vecdot: Callable[..., Any] = getattr(np, "vecdot", _vecdot)
+
+#: Raised by ``np.shares_memory`` when deciding takes more than ``max_work`` steps
+#: (``numpy.exceptions`` from NumPy 1.25; the top-level name before NumPy 2.0).
+TooHardError: type[Exception] = getattr(getattr(np, "exceptions", np), "TooHardError")

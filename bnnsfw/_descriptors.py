@@ -9,14 +9,26 @@ at its boundary.
 from __future__ import annotations
 
 import math
-from typing import Literal, Sequence, overload
+from typing import Literal, NamedTuple, Sequence, Tuple, Union, overload
 
 import numpy as np
 
+from ._validation import dtype_text
 from .enums import DataLayout, DataType
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
 MAX_RANK = 8
+
+
+class Batch(NamedTuple):
+    """A leading batch dimension: ``samples`` samples ``stride`` elements apart (0: dense)."""
+
+    samples: int
+    stride: int
+    where: str = "batch stride"  # the stride argument's name, for messages
+
+
+BatchArg = Union[Tuple[int, int], Batch, None]
 
 # Layouts whose size[0] is the fastest dimension and whose stride[i] goes with size[i]:
 # the NumPy view is the reversed sizes; the column-major matrix is that view transposed.
@@ -46,12 +58,16 @@ def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
 
 
 def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
-    """The descriptor's data as a flat 1-D array of ``dtype`` sharing its memory."""
+    """The descriptor's data as a flat 1-D array of ``dtype`` sharing its memory.
+
+    Only the caller's own elements are reachable through it: every layout is checked
+    against its size before a view is made.
+    """
     if isinstance(data, np.ndarray):
         if data.dtype != dtype:
             raise DTypeError(must_be(f"{where}.data",
                                      f"an array of {dtype.name} (the descriptor's data_type)",
-                                     data.dtype.name))
+                                     dtype_text(data.dtype)))
         if not (data.flags.c_contiguous or data.flags.f_contiguous):
             raise InvalidParameterError(must_be(f"{where}.data",
                                                 "a contiguous array (describe strides in the "
@@ -62,35 +78,45 @@ def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
     except TypeError:
         raise InvalidParameterError(must_be(f"{where}.data", "a NumPy array, a buffer or None",
                                             type(data).__name__)) from None
-    raw = np.frombuffer(view.cast("B"), dtype=np.uint8)
+    try:
+        raw = np.frombuffer(view.cast("B"), dtype=np.uint8) if view.nbytes else np.empty(0, np.uint8)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(must_be(f"{where}.data", "a C-contiguous buffer",
+                                            f"a non-contiguous {type(data).__name__}")) from None
     if raw.size % dtype.itemsize:
         raise InvalidParameterError(must_be(f"{where}.data", f"a whole number of {dtype.name} elements",
                                             f"{raw.size} bytes"))
     return raw.view(dtype)
 
 
-@overload
-def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
-         writable: Literal[False] = False, data_types: Sequence[DataType] = ...,
-         batch: tuple[int, int] | None = None) -> np.ndarray | None: ...
+def check_layout(where: str, sizes: Sequence[int], strides: Sequence[int]) -> None:
+    """Refuse a layout in which two elements share memory.
 
-
-@overload
-def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
-         writable: bool, data_types: Sequence[DataType] = ...,
-         batch: tuple[int, int] | None = None) -> np.ndarray | _ShapedWrite | None: ...
-
-
-def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
-         writable: bool = False, data_types: Sequence[DataType] = (DataType.float32,),
-         batch: tuple[int, int] | None = None) -> np.ndarray | _ShapedWrite | None:
-    """NumPy view (slowest dimension first) of ``desc``'s data, or ``None`` when it has no data.
-
-    Size fields that are all 0 take ``expected_shape``. The element count and, when given,
-    the shape must match ``expected_shape`` (a view of another shape with the same element
-    count in the same order is reshaped, as BNNS reads a dense buffer; a writable view of
-    that kind comes back as a ``_ShapedWrite`` for :func:`write`).
+    Dimensions of more than one element, taken by increasing stride, must nest: each stride
+    at least the span of the dimensions inside it (``1 + Σ (size − 1) · stride``). That is
+    what every dense or padded layout satisfies; layouts that interleave dimensions without
+    aliasing are refused too (BNNS describes none).
     """
+    span = 1
+    for size, stride in sorted((pair for pair in zip(sizes, strides) if pair[0] > 1), key=lambda p: p[1]):
+        if stride < span:
+            raise InvalidParameterError(must_be(
+                f"{where}.stride", f"a layout whose elements do not overlap (each stride at least the "
+                f"span of the faster dimensions: {span} elements here, for sizes {tuple(sizes)})",
+                tuple(strides)))
+        span += (size - 1) * stride
+
+
+def _strided(where: str, desc: object, expected_shape: Sequence[int] | None, *, writable: bool,
+             data_types: Sequence[DataType], batch: BatchArg,
+             ) -> tuple[np.ndarray, tuple[int, ...]] | None:
+    """The strided view of ``desc``'s data in its own sizes (batch first), and the sizes.
+
+    Every size and stride is checked against the extent of the caller's buffer before the
+    view is made: no layout reaches memory outside it, and none makes two elements alias.
+    """
+    if not all(hasattr(desc, field) for field in ("flags", "layout", "size", "stride", "data", "data_type")):
+        raise InvalidParameterError(must_be(where, "a BNNSNDArrayDescriptor", type(desc).__name__))
     data = getattr(desc, "data")
     if data is None:
         return None
@@ -123,35 +149,83 @@ def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, 
     elif any(s <= 0 for s in strides):
         raise InvalidParameterError(must_be(f"{where}.stride", "all positive, or all 0 for contiguous",
                                             tuple(strides)))
+    check_layout(where, sizes, strides)
     flat = _flat(where, data, dtype)
     if writable and not flat.flags.writeable:
         raise InvalidParameterError(must_be(f"{where}.data", "writable", "a read-only buffer"))
     shape, step = list(reversed(sizes)), list(reversed(strides))
+    sample_span = 1 + sum((s - 1) * st for s, st in zip(sizes, strides)) if all(sizes) else 0
+    samples = ""
     if batch is not None:  # a leading batch dimension: batch_size samples batch_stride apart
-        count, batch_stride = batch
+        batch = Batch(*batch)
+        count, batch_stride = batch.samples, batch.stride
         if batch_stride == 0:
-            batch_stride = 1 + sum((s - 1) * st for s, st in zip(sizes, strides)) if all(sizes) else 0
+            batch_stride = sample_span
+        elif batch_stride < 0 or (count > 1 and batch_stride < sample_span):
+            raise InvalidParameterError(must_be(
+                batch.where, f"0 (dense) or at least the {sample_span} elements one sample spans, "
+                "so that samples do not overlap", batch_stride))
         shape, step = [count, *shape], [batch_stride, *step]
+        samples = f" and {count} samples {batch_stride} apart"
     span = 1 + sum((s - 1) * st for s, st in zip(shape, step)) if all(shape) else 0
     if span > flat.size:
         raise ShapeError(must_be(f"{where}.data", f"at least {span} elements for sizes {tuple(sizes)}, "
-                                 f"strides {tuple(strides)}" + (f" and batch {batch}" if batch else ""),
-                                 f"{flat.size} elements"))
-    arr = np.lib.stride_tricks.as_strided(
-        flat, shape=tuple(shape), strides=tuple(s * dtype.itemsize for s in step), writeable=writable,
-    )
+                                 f"strides {tuple(strides)}{samples}", f"{flat.size} elements"))
+    # A dimension of one element never moves: its stride (which may be any size_t) is not used.
+    byte_steps = tuple(st * dtype.itemsize if extent > 1 else 0 for extent, st in zip(shape, step))
+    arr = np.lib.stride_tricks.as_strided(flat, shape=tuple(shape), strides=byte_steps, writeable=writable)
     if layout is DataLayout.column_major_matrix:
         arr = arr.swapaxes(-1, -2)
+    return arr, tuple(sizes)
+
+
+@overload
+def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
+         writable: Literal[False] = False, data_types: Sequence[DataType] = ...,
+         batch: BatchArg = None) -> np.ndarray | None: ...
+
+
+@overload
+def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
+         writable: bool, data_types: Sequence[DataType] = ...,
+         batch: BatchArg = None) -> np.ndarray | _ShapedWrite | None: ...
+
+
+def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, *,
+         writable: bool = False, data_types: Sequence[DataType] = (DataType.float32,),
+         batch: BatchArg = None) -> np.ndarray | _ShapedWrite | None:
+    """NumPy view (slowest dimension first) of ``desc``'s data, or ``None`` when it has no data.
+
+    Size fields that are all 0 take ``expected_shape``. The element count and, when given,
+    the shape must match ``expected_shape`` (a view of another shape with the same element
+    count in the same order is reshaped, as BNNS reads a dense buffer; a writable view of
+    that kind comes back as a ``_ShapedWrite`` for :func:`write`).
+    """
+    found = _strided(where, desc, expected_shape, writable=writable, data_types=data_types, batch=batch)
+    if found is None:
+        return None
+    arr, sizes = found
     lead = arr.shape[:1] if batch is not None else ()
     sample = arr.shape[len(lead):]
     if expected_shape is not None and tuple(sample) != tuple(expected_shape):
         if math.prod(sample) != math.prod(expected_shape):
             raise ShapeError(must_be(f"{where}.size", f"describing {math.prod(expected_shape)} elements, "
-                                     f"shaped {tuple(expected_shape)}", tuple(sizes)))
+                                     f"shaped {tuple(expected_shape)}", sizes))
         if writable:
             return _ShapedWrite(arr, (*lead, *expected_shape))
         arr = arr.reshape((*lead, *expected_shape))
     return arr
+
+
+def region(where: str, desc: object, expected_shape: Sequence[int] | None, *,
+           data_types: Sequence[DataType] = (DataType.float32,),
+           batch: BatchArg = None) -> np.ndarray | None:
+    """The caller's elements that ``desc`` (and ``batch``) covers, as a read-only view that
+    shares their memory (for overlap checks), or ``None`` without data; checked as by :func:`view`."""
+    if desc is None:
+        return None
+    found = _strided(where, desc, expected_shape, writable=False, data_types=data_types, batch=batch)
+    return None if found is None else found[0]
 
 
 class _ShapedWrite:
@@ -163,17 +237,17 @@ class _ShapedWrite:
 
 @overload
 def read(where: str, desc: object, expected_shape: Sequence[int] | None, *, required: Literal[True] = True,
-         data_types: Sequence[DataType] = ..., batch: tuple[int, int] | None = None) -> np.ndarray: ...
+         data_types: Sequence[DataType] = ..., batch: BatchArg = None) -> np.ndarray: ...
 
 
 @overload
 def read(where: str, desc: object, expected_shape: Sequence[int] | None, *, required: bool,
-         data_types: Sequence[DataType] = ..., batch: tuple[int, int] | None = None) -> np.ndarray | None: ...
+         data_types: Sequence[DataType] = ..., batch: BatchArg = None) -> np.ndarray | None: ...
 
 
 def read(where: str, desc: object, expected_shape: Sequence[int] | None, *, required: bool = True,
          data_types: Sequence[DataType] = (DataType.float32,),
-         batch: tuple[int, int] | None = None) -> np.ndarray | None:
+         batch: BatchArg = None) -> np.ndarray | None:
     """A C-contiguous copy of ``desc``'s data in ``expected_shape`` (``None`` if no data)."""
     if desc is None:
         if required:
@@ -188,7 +262,7 @@ def read(where: str, desc: object, expected_shape: Sequence[int] | None, *, requ
 
 
 def write(where: str, desc: object, value: np.ndarray, *, accumulate: bool = False,
-          batch: tuple[int, int] | None = None) -> bool:
+          batch: BatchArg = None) -> bool:
     """Store ``value`` into ``desc``'s data (add to it with ``accumulate``); False if no data."""
     if desc is None:
         return False

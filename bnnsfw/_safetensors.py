@@ -80,10 +80,6 @@ def read(path: str | os.PathLike[str]) -> tuple[Arrays, dict[str, Any]]:
     if _METADATA_KEY not in metadata:
         rule = "a file written by save_weights (bnnsfw metadata in the safetensors header)"
         raise InvalidParameterError(must_be(where, rule, f"header metadata keys {sorted(metadata)}"))
-    try:
-        meta = json.loads(metadata[_METADATA_KEY])
-    except json.JSONDecodeError as error:
-        raise InvalidParameterError(must_be(f"{where} metadata", "JSON", str(error))) from None
-    if not isinstance(meta, dict):
-        raise InvalidParameterError(must_be(f"{where} metadata", "a JSON object", type(meta).__name__))
-    return Arrays(arrays), meta
+    from .serialization import parse_metadata
+
+    return Arrays(arrays), parse_metadata(where, metadata[_METADATA_KEY])

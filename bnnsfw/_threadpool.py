@@ -1,8 +1,15 @@
-"""The BLAS thread pools of the process, as threadpoolctl sees them.
+"""The BLAS thread pools of the process, as threadpoolctl sees them, and the one limit on them.
 
 One ``threadpoolctl.ThreadpoolController`` serves every thread limit bnnsfw applies (a
 layer's ``n_threads``, the normalization kernels' one-thread BLAS); making one scans the
 loaded libraries, so it is made once, on first use.
+
+BLAS libraries have one thread count per process, not one per calling thread, so limits that
+overlap in time (several layers running on several threads) cannot each save and restore it:
+the second would save the first one's limit as "original" and put it back last.
+:func:`blas_limit` keeps one shared record instead: the first block to start saves the
+libraries' own settings, every block in force contributes its limit (the smallest applies),
+and the last block to end restores the saved settings exactly, whatever the interleaving.
 """
 
 from __future__ import annotations
@@ -11,8 +18,14 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+__all__ = ["blas_controller", "blas_limit", "one_blas_thread"]
+
 _controller: Any = None
 _lock = threading.Lock()
+
+_limit_lock = threading.Lock()
+_active: list[int] = []  # the limits of the blocks running now (one entry per block)
+_saved: list[tuple[Any, int]] = []  # (library, its own thread count) while any block runs
 
 
 def blas_controller() -> Any:
@@ -26,9 +39,46 @@ def blas_controller() -> Any:
         return _controller
 
 
+def _libraries() -> list[Any]:
+    return list(blas_controller().select(user_api="blas").lib_controllers)
+
+
+def _apply(limit: int) -> None:
+    for library, _ in _saved:
+        library.set_num_threads(limit)
+
+
 @contextlib.contextmanager
-def one_blas_thread() -> Iterator[None]:
-    """BLAS held to one thread inside the block: for code that calls BLAS from several threads
-    of its own, each of which should not start more."""
-    with blas_controller().limit(limits=1, user_api="blas"):
+def blas_limit(n_threads: int) -> Iterator[None]:
+    """Run BLAS on at most ``n_threads`` threads inside the block (no-op for ``n_threads <= 0``).
+
+    Blocks may overlap on any threads: while several run, the smallest of their limits is in
+    force; when the last one ends the libraries get back exactly the thread counts they had
+    before the first one began.
+    """
+    if n_threads <= 0:
         yield
+        return
+    with _limit_lock:
+        if not _active:
+            _saved[:] = [(library, int(library.get_num_threads())) for library in _libraries()]
+        if not _active or n_threads < min(_active):
+            _apply(n_threads)
+        _active.append(n_threads)
+    try:
+        yield
+    finally:
+        with _limit_lock:
+            _active.remove(n_threads)
+            if not _active:
+                for library, count in _saved:
+                    library.set_num_threads(count)
+                _saved.clear()
+            elif n_threads < min(_active):
+                _apply(min(_active))
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager[None]:
+    """BLAS held to one thread inside the block (:func:`blas_limit`): for code that calls BLAS
+    from several threads of its own, each of which should not start more."""
+    return blas_limit(1)

@@ -7,10 +7,11 @@ the rule and the value it got, so that bad input never reaches NumPy.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 
+from ._compat import TooHardError
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -27,9 +28,41 @@ def layer_dtype(value: object, where: str = "dtype") -> np.dtype:
     return dtype
 
 
+def dtype_text(dtype: np.dtype) -> str:
+    """A dtype's name, saying when its byte order is not the machine's ("float32, big-endian")."""
+    if dtype.isnative:
+        return dtype.name
+    return f"{dtype.name}, {'big' if dtype.byteorder == '>' else 'little'}-endian"
+
+
 def describe(array: np.ndarray) -> str:
     """``"shape (2, 3) float32"``: for messages."""
-    return f"shape {tuple(array.shape)} {array.dtype.name}"
+    return f"shape {tuple(array.shape)} {dtype_text(array.dtype)}"
+
+
+def real_array(where: str, value: object, dtype: np.dtype, *, copy: bool = False,
+               rule: str | None = None) -> np.ndarray:
+    """``value`` as an array of ``dtype``, refusing what does not hold real numbers.
+
+    NumPy would drop the imaginary part of complex numbers (with a warning), turn numeric
+    strings into numbers and ``None`` into NaN; here each of those is an error naming
+    ``where``. Ragged nested sequences are refused as well.
+    """
+    rule = rule or f"an array of real numbers ({dtype.name})"
+    if value is None:
+        raise InvalidParameterError(must_be(where, rule, None))
+    try:
+        raw = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (TypeError, ValueError):
+        what = f"a ragged or unreadable {type(value).__name__}"
+        raise InvalidParameterError(must_be(where, rule, what)) from None
+    if raw.dtype.kind not in "biuf":
+        kinds = {"c": "complex numbers", "U": "text", "S": "bytes", "O": "objects that are not numbers",
+                 "M": "dates", "m": "time spans", "V": "structured data"}
+        what = kinds.get(raw.dtype.kind, dtype_text(raw.dtype))
+        error = DTypeError if isinstance(value, np.ndarray) else InvalidParameterError
+        raise error(must_be(where, rule, what))
+    return np.array(raw, dtype=dtype, copy=True) if copy else raw.astype(dtype, copy=False)
 
 
 def as_input(
@@ -51,13 +84,10 @@ def as_input(
     if isinstance(value, np.ndarray):
         array = value
         if array.dtype != dtype:
-            raise DTypeError(must_be(where, f"a {dtype.name} array (the layer's dtype)", array.dtype.name))
+            rule = f"a {dtype.name} array (the layer's dtype)"
+            raise DTypeError(must_be(where, rule, dtype_text(array.dtype)))
     else:
-        try:
-            array = np.asarray(value, dtype=dtype)
-        except (TypeError, ValueError):
-            raise InvalidParameterError(must_be(where, f"an array of {dtype.name}",
-                                                type(value).__name__)) from None
+        array = real_array(where, value, dtype)
     if shape is not None and not shape_matches(array.shape, shape):
         expected = shape_text or format_shape(shape)
         raise ShapeError(must_be(where, f"of shape {expected}", describe(array)))
@@ -72,7 +102,7 @@ def as_output(where: str, value: np.ndarray | None, dtype: np.dtype,
     if not isinstance(value, np.ndarray):
         raise InvalidParameterError(must_be(where, "a NumPy array", type(value).__name__))
     if value.dtype != dtype:
-        raise DTypeError(must_be(where, f"a {dtype.name} array", value.dtype.name))
+        raise DTypeError(must_be(where, f"a {dtype.name} array", dtype_text(value.dtype)))
     if tuple(value.shape) != tuple(shape):
         raise ShapeError(must_be(where, f"of shape {tuple(shape)}", describe(value)))
     if not value.flags.writeable:
@@ -103,13 +133,7 @@ def parameter_array(
     Weights are data the layer owns, so unlike inputs they are cast to the layer's dtype;
     ``copy=False`` keeps the caller's array when no cast is needed (client pointers).
     """
-    try:
-        # np.asarray copies only when it must; np.array(copy=None) means the same on NumPy 2
-        # but is refused by NumPy 1.x.
-        array = np.array(value, dtype=dtype, copy=True) if copy else np.asarray(value, dtype=dtype)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(must_be(where, f"an array convertible to {dtype.name}",
-                                            type(value).__name__)) from None
+    array = real_array(where, value, dtype, copy=copy)
     if shape is not None and tuple(array.shape) != tuple(shape):
         raise ShapeError(must_be(where, f"of shape {tuple(shape)}", describe(array)))
     if finite and array.size and not np.isfinite(array).all():
@@ -127,13 +151,24 @@ def positive_int(where: str, value: object, *, minimum: int = 1) -> int:
     return int(value)
 
 
+def real_number(where: str, value: object, rule: str = "a number") -> float:
+    """``value`` as a float, when it is a real number: an int, a float, a NumPy real scalar or
+    0-d array. Booleans, text and complex numbers are refused (``float()`` would take ``True``
+    as 1, ``"0.5"`` as 0.5 and drop an imaginary part)."""
+    kind = np.asarray(value).dtype.kind if isinstance(value, (np.ndarray, np.generic)) else None
+    if isinstance(value, (bool, str, bytes, complex)) or kind in ("b", "c", "U", "S", "O", "V"):
+        raise InvalidParameterError(must_be(where, rule, value))
+    try:
+        return float(value)  # type: ignore[arg-type]  # any object: float() is the check
+    except (TypeError, ValueError):
+        raise InvalidParameterError(must_be(where, rule, value)) from None
+
+
 def finite_float(where: str, value: object, *, low: float | None = None, high: float | None = None,
                  high_open: bool = False) -> float:
-    """A finite float within ``[low, high]`` (or ``[low, high)`` with ``high_open``)."""
-    try:
-        number = float(value)  # type: ignore[arg-type]  # any object: float() is the check
-    except (TypeError, ValueError):
-        raise InvalidParameterError(must_be(where, "a number", value)) from None
+    """A finite real number (:func:`real_number`) within ``[low, high]`` (or ``[low, high)``
+    with ``high_open``)."""
+    number = real_number(where, value)
     if not math.isfinite(number):
         raise InvalidParameterError(must_be(where, "finite", value))
     too_high = high is not None and (number >= high if high_open else number > high)
@@ -141,3 +176,32 @@ def finite_float(where: str, value: object, *, low: float | None = None, high: f
         closing = ")" if high_open else "]"
         raise InvalidParameterError(must_be(where, f"in [{low}, {high}{closing}", value))
     return number
+
+
+def same_elements(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when ``a`` and ``b`` are the same elements of the same memory, in the same order."""
+    return (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when ``a`` and ``b`` share an element (exactly; too hard to tell counts as shared)."""
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        work = cast(Any, 100_000)  # numpy's stubs list only the two special values
+        return bool(np.shares_memory(a, b, max_work=work))
+    except TooHardError:
+        return True
+
+
+def separate_outputs(where: str, buffers: dict[str, np.ndarray | None]) -> None:
+    """Refuse two output buffers that share memory: one buffer for two outputs would hold only
+    the one written last. ``where`` is the method (``"Layer.apply_backward"``)."""
+    given = [(name, buffer) for name, buffer in buffers.items() if buffer is not None]
+    for i, (name, buffer) in enumerate(given):
+        for other, earlier in given[:i]:
+            if overlap(buffer, earlier):
+                raise InvalidParameterError(must_be(
+                    f"{where}({name})", f"memory apart from {other} (one buffer for two outputs)",
+                    f"an array overlapping {other}"))

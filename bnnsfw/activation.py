@@ -16,7 +16,8 @@ import numpy as np
 from scipy import special
 
 from .enums import ActivationFunction as AF
-from .errors import InvalidParameterError, must_be
+from ._validation import describe, dtype_text, real_number
+from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
 __all__ = ["Activation"]
 
@@ -211,9 +212,32 @@ def _to_function(value: object) -> AF:
     return AF.parse(value, "Activation.function")
 
 
+def _alpha(value: object) -> float:
+    return real_number("Activation.alpha", value, "a finite number")
+
+
+def _beta(value: object) -> float:
+    return real_number("Activation.beta", value, "a finite number")
+
+
 def _finite_float(instance: object, attribute: attrs.Attribute, value: float) -> None:
     if not math.isfinite(value):
         raise InvalidParameterError(must_be(f"Activation.{attribute.name}", "a finite number", value))
+
+
+def _floats(where: str, value: object) -> Array:
+    """An activation's data: a floating-point ndarray (float16, float32 or float64).
+
+    The functions compute in the data's dtype and return it; an integer, boolean or complex
+    array has no such dtype to keep (``tanh`` of integers would come back as float64, of
+    complex numbers as complex), so it is refused rather than converted.
+    """
+    if not isinstance(value, np.ndarray):
+        raise InvalidParameterError(must_be(where, "a NumPy array of floats", type(value).__name__))
+    if value.dtype.kind != "f":
+        rule = "a floating-point array (float32 or float64)"
+        raise DTypeError(must_be(where, rule, dtype_text(value.dtype)))
+    return value
 
 
 @attrs.frozen
@@ -238,8 +262,8 @@ class Activation:
     """
 
     function: AF = attrs.field(converter=_to_function)
-    alpha: float = attrs.field(default=0.0, converter=float, validator=_finite_float)
-    beta: float = attrs.field(default=0.0, converter=float, validator=_finite_float)
+    alpha: float = attrs.field(default=0.0, converter=_alpha, validator=_finite_float)
+    beta: float = attrs.field(default=0.0, converter=_beta, validator=_finite_float)
 
     @function.validator
     def _check_parameters(self, attribute: attrs.Attribute, value: AF) -> None:
@@ -428,6 +452,12 @@ class Activation:
 
         ``out`` may be ``x`` itself for an in-place evaluation.
         """
+        x = _floats("Activation.forward(x)", x)
+        if out is not None:
+            out = _floats("Activation.forward(out)", out)
+            if out.shape != x.shape or out.dtype != x.dtype or not out.flags.writeable:
+                raise ShapeError(must_be("Activation.forward(out)",
+                                         f"a writable array like x ({describe(x)})", describe(out)))
         y = self._kernel().forward(x, self.alpha, self.beta)
         if out is None:
             return np.asarray(y, dtype=x.dtype)
@@ -436,6 +466,8 @@ class Activation:
 
     def derivative(self, x: Array | None = None, y: Array | None = None) -> Array:
         """``f'`` at the forward point, from ``y = f(x)`` when that suffices, else from ``x``."""
+        x = None if x is None else _floats("Activation.derivative(x)", x)
+        y = None if y is None else _floats("Activation.derivative(y)", y)
         kernel = self._kernel()
         if y is not None and kernel.from_output is not None:
             return np.asarray(kernel.from_output(y, self.alpha, self.beta), dtype=y.dtype)
@@ -457,6 +489,11 @@ class Activation:
             The forward input and output; ``y`` suffices for functions whose derivative it
             determines (:attr:`derivative_from_output`), ``x`` is needed for the others.
         """
+        dy = _floats("Activation.backward(dy)", dy)
+        for name, value in (("x", x), ("y", y)):
+            if value is not None and np.shape(value) != dy.shape:
+                raise ShapeError(must_be(f"Activation.backward({name})", f"of dy's shape {dy.shape}",
+                                         describe(_floats(f"Activation.backward({name})", value))))
         if self.is_identity:
             return dy.copy()
         return dy * self.derivative(x=x, y=y)

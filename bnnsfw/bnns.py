@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, Iterable, ParamSpec, SupportsInt, TypeVar
+import math
+from typing import Any, Callable, Iterable, ParamSpec, TypeVar
 
 import attrs
 import numpy as np
 
 from . import _descriptors as nd
+from ._validation import overlap, same_elements
 from .activation import Activation
 from .deprecation import warn_deprecated
 from .enums import ActivationFunction, DataLayout, DataType, FilterType, LayerFlags, NDArrayFlags
@@ -60,7 +62,8 @@ _T = TypeVar("_T")
 def _entry_point(failure: _T) -> Callable[[Callable[_P, _R]], Callable[_P, _R | _T]]:
     """Wrap a BNNS entry point: warn as deprecated, and turn any error into ``failure``.
 
-    The reason is logged on the ``bnnsfw`` logger, as BNNS logs it on the console.
+    The reason is logged on the ``bnnsfw`` logger, as BNNS logs it on the console; the log
+    record carries the exception as ``record.bnnsfw_error`` for programs that inspect it.
     """
 
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R | _T]:
@@ -70,9 +73,10 @@ def _entry_point(failure: _T) -> Callable[[Callable[_P, _R]], Callable[_P, _R | 
             try:
                 return fn(*args, **kwargs)
             except BNNSError as exc:
-                _log.error("%s failed: %s", fn.__name__, exc)
+                _log.error("%s failed: %s", fn.__name__, exc, extra={"bnnsfw_error": exc})
             except Exception as exc:  # never raise through the C-style surface
-                _log.error("%s failed: %s: %s", fn.__name__, type(exc).__name__, exc)
+                _log.error("%s failed: %s: %s", fn.__name__, type(exc).__name__, exc,
+                           extra={"bnnsfw_error": exc})
             return failure
 
         return wrapper
@@ -93,24 +97,82 @@ def _deprecated_struct(cls: type[_T]) -> type[_T]:
     return cls
 
 
-def _eight(values: Iterable[SupportsInt]) -> tuple[int, ...]:
-    items = tuple(int(v) for v in values)
+_SIZE_MAX = 2**64 - 1  # the largest size_t
+
+
+def _integer(where: str, value: object, *, minimum: int = 0, maximum: int = _SIZE_MAX) -> int:
+    """A C integer field or argument (``size_t`` unless ``maximum`` says otherwise): an ``int``
+    (or NumPy integer, not a bool) in range."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidParameterError(must_be(where, f"an integer >= {minimum}", value))
+    number = int(value)
+    if number < minimum or number > maximum:
+        rule = f"an integer >= {minimum}" if maximum == _SIZE_MAX and number < minimum else \
+            f"an integer in [{minimum}, {maximum}]"
+        raise InvalidParameterError(must_be(where, rule, number))
+    return number
+
+
+def _number(where: str, value: object) -> float:
+    """A C ``float`` field: a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidParameterError(must_be(where, "a finite number", value))
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidParameterError(must_be(where, "a finite number", value))
+    return number
+
+
+def _eight(where: str, values: object) -> tuple[int, ...]:
+    """``size[8]`` or ``stride[8]`` (``size_t``): up to 8 integers >= 0, padded with zeros."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise InvalidParameterError(must_be(where, "a sequence of at most 8 integers >= 0", values))
+    items = tuple(values)
     if len(items) > nd.MAX_RANK:
-        raise InvalidParameterError(must_be("BNNSNDArrayDescriptor.size/stride", "at most 8 entries", items))
-    return items + (0,) * (nd.MAX_RANK - len(items))
+        raise InvalidParameterError(must_be(where, "a sequence of at most 8 integers >= 0", items))
+    numbers = tuple(_integer(f"{where}[{i}]", v) for i, v in enumerate(items))
+    return numbers + (0,) * (nd.MAX_RANK - len(numbers))
 
 
 # attrs converters (named functions, so that type checkers see the fields' types).
+def _flags(value: object) -> int:
+    return _integer("BNNSNDArrayDescriptor.flags", value, maximum=2**32 - 1)
+
+
 def _layout(value: object) -> DataLayout:
-    return DataLayout.parse(value)
+    return DataLayout.parse(value, "BNNSNDArrayDescriptor.layout")
+
+
+def _sizes(value: object) -> tuple[int, ...]:
+    return _eight("BNNSNDArrayDescriptor.size", value)
+
+
+def _strides(value: object) -> tuple[int, ...]:
+    return _eight("BNNSNDArrayDescriptor.stride", value)
 
 
 def _data_type(value: object) -> DataType:
-    return DataType.parse(value)
+    return DataType.parse(value, "BNNSNDArrayDescriptor.data_type")
 
 
 def _activation_function(value: object) -> ActivationFunction:
-    return ActivationFunction.parse(value)
+    return ActivationFunction.parse(value, "BNNSActivation.function")
+
+
+def _alpha(value: object) -> float:
+    return _number("BNNSActivation.alpha", value)
+
+
+def _beta(value: object) -> float:
+    return _number("BNNSActivation.beta", value)
+
+
+def _filter_flags(value: object) -> int:
+    return _integer("BNNSFilterParameters.flags", value, maximum=2**32 - 1)
+
+
+def _n_threads(value: object) -> int:
+    return _integer("BNNSFilterParameters.n_threads", value)
 
 
 # ------------------------------------------------------------------ structures ---------
@@ -124,10 +186,10 @@ class BNNSNDArrayDescriptor:
     ``None``. Strides are in elements; all-zero strides mean contiguous.
     """
 
-    flags: int = attrs.field(default=0, converter=int)
+    flags: int = attrs.field(default=0, converter=_flags)
     layout: DataLayout = attrs.field(default=DataLayout.vector, converter=_layout)
-    size: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_eight)
-    stride: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_eight)
+    size: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_sizes)
+    stride: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_strides)
     data: Any = None
     data_type: DataType = attrs.field(default=DataType.float32, converter=_data_type)
 
@@ -167,8 +229,8 @@ class BNNSActivation:
 
     function: ActivationFunction = attrs.field(default=ActivationFunction.identity,
                                                converter=_activation_function)
-    alpha: float = attrs.field(default=0.0, converter=float)
-    beta: float = attrs.field(default=0.0, converter=float)
+    alpha: float = attrs.field(default=0.0, converter=_alpha)
+    beta: float = attrs.field(default=0.0, converter=_beta)
 
     def to_activation(self) -> Activation:
         return Activation(self.function, self.alpha, self.beta)
@@ -178,8 +240,8 @@ class BNNSActivation:
 class BNNSFilterParameters:
     """``BNNSFilterParameters``: flags (``BNNSFlagsUseClientPtr``) and thread count."""
 
-    flags: int = attrs.field(default=0, converter=int)
-    n_threads: int = attrs.field(default=0, converter=int)
+    flags: int = attrs.field(default=0, converter=_filter_flags)
+    n_threads: int = attrs.field(default=0, converter=_n_threads)
     alloc_memory: Any = None
     free_memory: Any = None
 
@@ -189,7 +251,12 @@ class BNNSFilterParameters:
 
 
 def _filter_parameters(fp: BNNSFilterParameters | None) -> FilterParameters:
-    return FilterParameters() if fp is None else fp.to_filter_parameters()
+    if fp is None:
+        return FilterParameters()
+    if not isinstance(fp, BNNSFilterParameters):
+        raise InvalidParameterError(must_be("filter_params", "a BNNSFilterParameters or None",
+                                            type(fp).__name__))
+    return fp.to_filter_parameters()
 
 
 def _activation(where: str, value: BNNSActivation | Activation | None) -> Activation:
@@ -306,22 +373,28 @@ def _descriptor_shape(where: str, desc: BNNSNDArrayDescriptor) -> tuple[int, ...
     if any(s <= 0 for s in sizes):
         raise ShapeError(must_be(f"{where}.size", f"{layout.rank} positive sizes for layout {layout.name}",
                                  tuple(sizes)))
+    strides = desc.stride[: layout.rank]
+    if any(strides):
+        if not all(strides):
+            raise InvalidParameterError(must_be(f"{where}.stride", "all positive, or all 0 for contiguous",
+                                                tuple(strides)))
+        nd.check_layout(where, sizes, strides)
     shape = tuple(reversed(sizes))
     return shape[::-1] if layout is DataLayout.column_major_matrix else shape
 
 
 @_entry_point(failure=None)
 def BNNSFilterCreateLayerNormalization(
-    filter_type: FilterType | int,
+    normType: FilterType | int,
     layer_params: BNNSLayerParametersNormalization,
     filter_params: BNNSFilterParameters | None = None,
 ) -> BNNSFilter | None:
     """Create a batch, instance, layer or group normalization filter (``None`` on failure)."""
     from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
 
-    kind = FilterType.parse(filter_type, "filter_type")
+    kind = FilterType.parse(normType, "normType")
     if kind not in _NORMALIZATION_TYPES:
-        raise InvalidParameterError(must_be("filter_type",
+        raise InvalidParameterError(must_be("normType",
                                             "batch_norm, instance_norm, layer_norm or group_norm",
                                             kind.name))
     p = layer_params
@@ -337,8 +410,11 @@ def BNNSFilterCreateLayerNormalization(
                                  tuple(reversed(out_shape))))
     channels = shape[0]
     name = _NORMALIZATION_TYPES[kind]
+    momentum = _number("layer_params.momentum", p.momentum)
+    epsilon = _number("layer_params.epsilon", p.epsilon)
+    groups = _integer("layer_params.num_groups", p.num_groups, minimum=1)
+    axis = _integer("layer_params.normalization_axis", p.normalization_axis)
     if name == "layer":
-        axis = p.normalization_axis
         weights_shape: tuple[int, ...] = shape[axis:] if 0 <= axis < len(shape) else shape
     else:
         weights_shape = (channels,)
@@ -352,11 +428,11 @@ def BNNSFilterCreateLayerNormalization(
     elif name == "instance":
         ntype = NormalizationType.instance(moving_mean=moving_mean, moving_variance=moving_var)
     elif name == "layer":
-        ntype = NormalizationType.layer(normalization_axis=p.normalization_axis)
+        ntype = NormalizationType.layer(normalization_axis=axis)
     else:
-        ntype = NormalizationType.group(group_count=p.num_groups)
+        ntype = NormalizationType.group(group_count=groups)
     params = NormalizationParameters(
-        type=ntype, input_shape=shape, gamma=gamma, beta=beta, momentum=p.momentum, epsilon=p.epsilon,
+        type=ntype, input_shape=shape, gamma=gamma, beta=beta, momentum=momentum, epsilon=epsilon,
         activation=_activation("layer_params.activation", p.activation), dtype=np.float32,
     )
     layer = NormalizationLayer(params, _filter_parameters(filter_params))
@@ -374,24 +450,94 @@ def _batch_desc(template: BNNSNDArrayDescriptor, data: object) -> BNNSNDArrayDes
     return attrs.evolve(template, data=data)
 
 
+def _accumulates(desc: BNNSNDArrayDescriptor | None) -> bool:
+    return desc is not None and bool(int(desc.flags) & NDArrayFlags.backprop_accumulate)
+
+
+def _sample(where: str, template: BNNSNDArrayDescriptor, value: object) -> BNNSNDArrayDescriptor | None:
+    """One sample of a batch argument as a descriptor: the caller's own (Apple declares
+    ``BNNSNDArrayDescriptor *`` for the deltas), or a bare buffer laid out as ``template``
+    (the filter's ``i_desc`` or ``o_desc``); ``None`` for a null argument."""
+    if value is None:
+        return None
+    if isinstance(value, BNNSNDArrayDescriptor):
+        return value
+    if isinstance(value, (BNNSLayerParametersNormalization, BNNSLSTMDataDescriptor, BNNSFilter)):
+        raise InvalidParameterError(must_be(where, "a BNNSNDArrayDescriptor, a NumPy array or a buffer",
+                                            type(value).__name__))
+    return attrs.evolve(template, data=value)
+
+
+class _Memory:
+    """The caller's memory one call reads and writes, to refuse overlapping arguments.
+
+    Inputs are copied before anything is written, so an output may overlap an input only
+    when it is the same elements (in place, as BNNS allows); outputs never overlap each
+    other (one buffer for two outputs would keep only the last one written).
+    """
+
+    def __init__(self) -> None:
+        self.inputs: list[tuple[str, np.ndarray]] = []
+        self.outputs: list[tuple[str, np.ndarray]] = []
+
+    def add(self, kind: str, where: str, region: np.ndarray | None) -> None:
+        if region is not None:
+            (self.outputs if kind == "out" else self.inputs).append((where, region))
+
+    def check(self) -> None:
+        for i, (where, out) in enumerate(self.outputs):
+            for other, region in self.outputs[:i]:
+                if overlap(out, region):
+                    raise InvalidParameterError(must_be(
+                        where, f"memory apart from {other} (one buffer for two outputs)",
+                        f"a buffer overlapping {other}"))
+            for other, region in self.inputs:
+                if overlap(out, region) and not same_elements(out, region):
+                    raise InvalidParameterError(must_be(
+                        where, f"memory apart from {other}, or exactly the same elements (in place)",
+                        f"a buffer partly overlapping {other}"))
+
+
+def _batch(where: str, batch_size: object, stride: object, stride_where: str) -> nd.Batch:
+    return nd.Batch(_integer(where, batch_size, minimum=1), _integer(stride_where, stride), stride_where)
+
+
 @_entry_point(failure=-1)
 def BNNSNormalizationFilterApplyBatch(
     filter: BNNSFilter, batch_size: int, in_: object, in_stride: int, out: object, out_stride: int,
     training: bool,
 ) -> int:
-    """Forward ``batch_size`` samples (``in_stride``/``out_stride`` elements apart; 0 = dense)."""
+    """Forward ``batch_size`` samples (``in_stride``/``out_stride`` elements apart; 0 = dense).
+
+    ``in_`` and ``out`` are buffers (Apple: ``const void *`` and ``void *``) laid out as the
+    filter's ``i_desc`` and ``o_desc``; ``out`` may be ``in_`` itself (in place).
+    """
     f = _check_filter(filter)
+    f.layer.check_open("apply")
     shape = f.layer.input_shape
-    n = int(batch_size)
-    if n < 1:
-        raise InvalidParameterError(must_be("batch_size", "at least 1", batch_size))
-    x = nd.read("in", _batch_desc(f.i_desc, in_), shape, batch=(n, int(in_stride)))
+    in_batch = _batch("batch_size", batch_size, in_stride, "in_stride")
+    out_batch = _batch("batch_size", batch_size, out_stride, "out_stride")
+    if not isinstance(training, (bool, np.bool_)):
+        raise InvalidParameterError(must_be("training", "True or False", training))
+    in_desc, out_desc = _batch_desc(f.i_desc, in_), _batch_desc(f.o_desc, out)
+    if out_desc.data is None:
+        raise InvalidParameterError(must_be("out", "a buffer", None))
+    memory = _Memory()
+    memory.add("in", "in", nd.region("in", in_desc, shape, batch=in_batch))
+    memory.add("out", "out", nd.region("out", out_desc, shape, batch=out_batch))
+    mean_desc, var_desc = f.moving_descs
+    if training and f.layer.moving_mean is not None:
+        channels = (shape[0],)
+        memory.add("out", "layer_params.moving_mean_desc",
+                   nd.region("layer_params.moving_mean_desc", mean_desc, channels))
+        memory.add("out", "layer_params.moving_variance_desc",
+                   nd.region("layer_params.moving_variance_desc", var_desc, channels))
+    memory.check()
+    x = nd.read("in", in_desc, shape, batch=in_batch)
     phase = "training" if training else "inference"
     y = f.layer.apply(x, phase=phase)
-    if not nd.write("out", _batch_desc(f.o_desc, out), y, batch=(n, int(out_stride))):
-        raise InvalidParameterError(must_be("out", "a buffer", None))
+    nd.write("out", out_desc, y, batch=out_batch)
     f.last_input, f.last_phase = x, phase
-    mean_desc, var_desc = f.moving_descs
     if training and f.layer.moving_mean is not None:  # BNNS updates the caller's moving statistics
         nd.write("layer_params.moving_mean_desc", mean_desc, f.layer.moving_mean)
         nd.write("layer_params.moving_variance_desc", var_desc, f.layer.moving_variance)
@@ -400,29 +546,58 @@ def BNNSNormalizationFilterApplyBatch(
 
 @_entry_point(failure=-1)
 def BNNSNormalizationFilterApplyBackwardBatch(
-    filter: BNNSFilter, batch_size: int, in_delta: object, in_delta_stride: int, out: object, out_stride: int,
-    out_delta: object, out_delta_stride: int, beta_delta: BNNSNDArrayDescriptor | None,
-    gamma_delta: BNNSNDArrayDescriptor | None,
+    filter: BNNSFilter, batch_size: int, in_delta: BNNSNDArrayDescriptor | object | None,
+    in_delta_stride: int, out: object, out_stride: int, out_delta: BNNSNDArrayDescriptor | object,
+    out_delta_stride: int,
+    beta_delta: BNNSNDArrayDescriptor | None, gamma_delta: BNNSNDArrayDescriptor | None,
 ) -> int:
-    """Backward of the filter's last forward: writes dL/dx into ``in_delta`` and the beta and
-    gamma deltas into their descriptors (``None`` or ``data=None``: not computed)."""
+    """Backward of the filter's last forward, with Apple's argument types.
+
+    ``in_delta``, ``out_delta``, ``beta_delta`` and ``gamma_delta`` are
+    ``BNNSNDArrayDescriptor`` s, as Apple declares them: each describes one sample (``in_delta``,
+    ``out_delta``; sizes 0 take the filter's) or the parameter's shape, with its own strides, and
+    the ``*_stride`` arguments give the distance between samples. A delta whose ``flags`` has
+    ``NDArrayFlags.backprop_accumulate`` is added to, otherwise overwritten; ``None`` (or
+    ``data=None``) is "not computed". A bare buffer for ``in_delta`` or ``out_delta`` is taken
+    as laid out like the filter's ``i_desc`` / ``o_desc``; ``out`` (the forward output, Apple's
+    ``const void *``) is a buffer laid out like ``o_desc``.
+    """
     f = _check_filter(filter)
-    n = int(batch_size)
+    f.layer.check_open("apply_backward")
+    shape = f.layer.input_shape
+    n = _integer("batch_size", batch_size, minimum=1)
     if f.last_input is None:
         raise InvalidParameterError(must_be("filter", "applied forward before its backward",
                                             "no forward yet"))
     if f.last_input.shape[0] != n:
         raise ShapeError(must_be("batch_size", f"the last forward's batch size {f.last_input.shape[0]}", n))
-    shape = f.layer.input_shape
-    dy = nd.read("out_delta", _batch_desc(f.o_desc, out_delta), shape, batch=(n, int(out_delta_stride)))
-    y = None if out is None else nd.read("out", _batch_desc(f.o_desc, out), shape, batch=(n, int(out_stride)))
+    in_batch = _batch("batch_size", n, in_delta_stride, "in_delta_stride")
+    out_batch = _batch("batch_size", n, out_stride, "out_stride")
+    delta_batch = _batch("batch_size", n, out_delta_stride, "out_delta_stride")
+    dx_desc = _sample("in_delta", f.i_desc, in_delta)
+    dy_desc = _sample("out_delta", f.o_desc, out_delta)
+    if dy_desc is None or dy_desc.data is None:
+        raise InvalidParameterError(must_be("out_delta", "a BNNSNDArrayDescriptor with data (dy)", None))
+    y_desc = None if out is None else _batch_desc(f.o_desc, out)
+    affine = f.layer.parameters.affine_shape
+    parameters = {"beta_delta": beta_delta, "gamma_delta": gamma_delta}
+    for name, desc in parameters.items():
+        if desc is not None and not isinstance(desc, BNNSNDArrayDescriptor):
+            raise InvalidParameterError(must_be(name, "a BNNSNDArrayDescriptor or None", type(desc).__name__))
+    memory = _Memory()
+    memory.add("in", "out_delta", nd.region("out_delta", dy_desc, shape, batch=delta_batch))
+    memory.add("in", "out", nd.region("out", y_desc, shape, batch=out_batch))
+    memory.add("out", "in_delta", nd.region("in_delta", dx_desc, shape, batch=in_batch))
+    for name, desc in parameters.items():
+        memory.add("out", name, nd.region(name, desc, affine))
+    memory.check()
+    dy = nd.read("out_delta", dy_desc, shape, batch=delta_batch)
+    y = nd.read("out", y_desc, shape, required=False, batch=out_batch)
     grads = f.layer.apply_backward(f.last_input, dy, output=y, phase=f.last_phase)
-    nd.write("in_delta", _batch_desc(f.i_desc, in_delta) if in_delta is not None else None, grads.input,
-             batch=(n, int(in_delta_stride)))
-    for name, desc, value in (("beta_delta", beta_delta, grads.beta),
-                              ("gamma_delta", gamma_delta, grads.gamma)):
-        if desc is not None and value is not None:
-            nd.write(name, desc, value, accumulate=bool(desc.flags & NDArrayFlags.backprop_accumulate))
+    nd.write("in_delta", dx_desc, grads.input, accumulate=_accumulates(dx_desc), batch=in_batch)
+    for name, value in (("beta_delta", grads.beta), ("gamma_delta", grads.gamma)):
+        desc = parameters[name]
+        nd.write(name, desc, value, accumulate=_accumulates(desc))
     return 0
 
 
@@ -444,16 +619,31 @@ class _LSTMCall:
     input_data: BNNSNDArrayDescriptor  # layer_params.input_descriptor.data_desc, checked to be there
 
 
-def _lstm_sizes(p: BNNSLayerParametersLSTM) -> tuple[int, int, int, int, int, int]:
+def _lstm_sizes(p: BNNSLayerParametersLSTM,
+                where: str = "layer_params") -> tuple[int, int, int, int, int, int]:
+    """I, H, N, L, T and D of a ``BNNSLayerParametersLSTM``, its fields checked for their C types."""
     if not isinstance(p, BNNSLayerParametersLSTM):
-        raise InvalidParameterError(must_be("layer_params", "a BNNSLayerParametersLSTM", type(p).__name__))
-    values: list[int] = []
-    for field in ("input_size", "hidden_size", "batch_size", "num_layers", "seq_len"):
-        v = getattr(p, field)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise InvalidParameterError(must_be(f"BNNSLayerParametersLSTM.{field}", "an integer >= 1", v))
-        values.append(int(v))
-    d = 2 if int(p.lstm_flags) & LayerFlags.lstm_bidirectional else 1
+        raise InvalidParameterError(must_be(where, "a BNNSLayerParametersLSTM", type(p).__name__))
+    values = [_integer(f"{where}.{field}", getattr(p, field), minimum=1)
+              for field in ("input_size", "hidden_size", "batch_size", "num_layers", "seq_len")]
+    flags = _integer(f"{where}.lstm_flags", p.lstm_flags, maximum=2**32 - 1)
+    _number(f"{where}.dropout", p.dropout)
+    if p.sequence_descriptor is not None and not isinstance(p.sequence_descriptor, BNNSNDArrayDescriptor):
+        raise InvalidParameterError(must_be(f"{where}.sequence_descriptor", "a BNNSNDArrayDescriptor or None",
+                                            type(p.sequence_descriptor).__name__))
+    for name in ("input_descriptor", "output_descriptor"):
+        data = getattr(p, name)
+        if data is None:
+            continue
+        if not isinstance(data, BNNSLSTMDataDescriptor):
+            raise InvalidParameterError(must_be(f"{where}.{name}", "a BNNSLSTMDataDescriptor or None",
+                                                type(data).__name__))
+        for field in ("data_desc", "hidden_desc", "cell_state_desc"):
+            desc = getattr(data, field)
+            if desc is not None and not isinstance(desc, BNNSNDArrayDescriptor):
+                rule = "a BNNSNDArrayDescriptor or None"
+                raise InvalidParameterError(must_be(f"{where}.{name}.{field}", rule, type(desc).__name__))
+    d = 2 if flags & LayerFlags.lstm_bidirectional else 1
     i, h, n, layers, t = values
     return i, h, n, layers, t, d
 
@@ -536,17 +726,36 @@ def _sequence_shape(batch_first: bool, t: int, n: int, width: int) -> tuple[int,
     return (n, t, width) if batch_first else (t, n, width)
 
 
-def _write_sequence(where: str, desc: BNNSNDArrayDescriptor | None, value: np.ndarray, batch_first: bool,
-                    accumulate: bool = False) -> None:
-    """Write (T, N, W) or (N, T, W) data into an SNE or NSE descriptor, converting if needed."""
+def _in_layout(where: str, desc: BNNSNDArrayDescriptor | None, value: np.ndarray,
+               batch_first: bool) -> np.ndarray | None:
+    """(T, N, W) or (N, T, W) data in the layout of an SNE or NSE descriptor (None without data)."""
     if desc is None or desc.data is None:
-        return
+        return None
     layout = nd.layout_of(where, desc.layout)
     if layout not in (DataLayout.sne, DataLayout.nse):
         raise InvalidParameterError(must_be(f"{where}.layout", "SNE or NSE", layout.name))
     if (layout is DataLayout.nse) != batch_first:
         value = np.ascontiguousarray(value.swapaxes(0, 1))
-    nd.write(where, desc, value, accumulate=accumulate)
+    return value
+
+
+class _Writes:
+    """The outputs of one call, checked against each other and the inputs before any is written."""
+
+    def __init__(self, memory: _Memory) -> None:
+        self.memory = memory
+        self.pending: list[tuple[str, BNNSNDArrayDescriptor, np.ndarray]] = []
+
+    def add(self, where: str, desc: BNNSNDArrayDescriptor | None, value: np.ndarray | None) -> None:
+        if desc is None or value is None or desc.data is None:
+            return
+        self.memory.add("out", where, nd.region(where, desc, value.shape))
+        self.pending.append((where, desc, value))
+
+    def write(self) -> None:
+        self.memory.check()
+        for where, desc, value in self.pending:
+            nd.write(where, desc, value, accumulate=_accumulates(desc))
 
 
 def _read_sequence(where: str, desc: BNNSNDArrayDescriptor | None, batch_first: bool, t: int, n: int,
@@ -572,17 +781,40 @@ def _state(where: str, data: BNNSLSTMDataDescriptor | None, field: str,
     return nd.read(f"{where}.{field}", getattr(data, field), shape, required=False)
 
 
-def _cache_view(training_cache: object, capacity: int) -> object:
-    if training_cache is None:
+def _sequence_region(where: str, desc: BNNSNDArrayDescriptor | None, t: int, n: int,
+                     width: int) -> np.ndarray | None:
+    if desc is None or desc.data is None:
         return None
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 0:
-        raise InvalidParameterError(must_be("training_cache_capacity", "a byte count >= 0", capacity))
-    buffer = memoryview(training_cache).cast("B")  # type: ignore[arg-type]  # checked by memoryview()
+    own = nd.layout_of(where, desc.layout) is DataLayout.nse
+    return nd.region(where, desc, _sequence_shape(own, t, n, width))
+
+
+def _data_regions(memory: _Memory, kind: str, where: str, data: BNNSLSTMDataDescriptor | None,
+                  t: int, n: int, width: int, states: tuple[int, ...]) -> None:
+    """The sequence and state descriptors of one ``BNNSLSTMDataDescriptor``."""
+    if data is None:
+        return
+    sequence = f"{where}.data_desc"
+    memory.add(kind, sequence, _sequence_region(sequence, data.data_desc, t, n, width))
+    for field in ("hidden_desc", "cell_state_desc"):
+        memory.add(kind, f"{where}.{field}", nd.region(f"{where}.{field}", getattr(data, field), states))
+
+
+def _cache_view(training_cache_ptr: object, capacity: object) -> np.ndarray | None:
+    """The first ``capacity`` bytes of the caller's cache buffer (Apple: ``void *`` and ``size_t``)."""
+    capacity = _integer("training_cache_capacity", capacity)
+    if training_cache_ptr is None:
+        return None
+    try:
+        buffer = memoryview(training_cache_ptr).cast("B")  # type: ignore[arg-type]  # checked by memoryview()
+    except (TypeError, ValueError):
+        raise InvalidParameterError(must_be("training_cache_ptr", "a C-contiguous buffer or None",
+                                            type(training_cache_ptr).__name__)) from None
     if buffer.nbytes < capacity:
         raise InvalidParameterError(must_be("training_cache_capacity",
                                             f"at most the buffer's {buffer.nbytes} bytes",
                                             capacity))
-    return buffer[: int(capacity)]
+    return np.frombuffer(buffer, dtype=np.uint8)[:capacity] if capacity else np.empty(0, np.uint8)
 
 
 @_entry_point(failure=-1)
@@ -599,7 +831,7 @@ def BNNSComputeLSTMTrainingCacheCapacity(layer_params: BNNSLayerParametersLSTM) 
 @_entry_point(failure=-1)
 def BNNSDirectApplyLSTMBatchTrainingCaching(
     layer_params: BNNSLayerParametersLSTM, filter_params: BNNSFilterParameters | None,
-    training_cache: object, training_cache_capacity: int,
+    training_cache_ptr: object, training_cache_capacity: int,
 ) -> int:
     """Forward: reads the input descriptor, writes the output descriptor; with a training
     cache, in training mode, leaving in the cache what the backward needs."""
@@ -607,38 +839,37 @@ def BNNSDirectApplyLSTMBatchTrainingCaching(
     call = _lstm(p, filter_params)
     i, h, n, layers, t, d = _lstm_sizes(p)
     try:
+        states = (layers * d, n, h)
+        cache = _cache_view(training_cache_ptr, training_cache_capacity)
+        memory = _Memory()
+        _data_regions(memory, "in", "layer_params.input_descriptor", p.input_descriptor, t, n, i, states)
+        _data_regions(memory, "out", "layer_params.output_descriptor", p.output_descriptor, t, n, d * h,
+                      states)
+        memory.add("out", "training_cache_ptr", cache)
+        memory.check()
         x = _read_sequence("layer_params.input_descriptor.data_desc", call.input_data,
                            call.batch_first, t, n, i, required=True)
-        states = (layers * d, n, h)
         h0 = _state("layer_params.input_descriptor", p.input_descriptor, "hidden_desc", states)
         c0 = _state("layer_params.input_descriptor", p.input_descriptor, "cell_state_desc", states)
-        cache = _cache_view(training_cache, training_cache_capacity)
         result = call.layer.apply(x, hidden=h0, cell=c0, sequence_lengths=call.sequence_lengths,
                                   training=cache is not None, training_cache=cache)
         out = p.output_descriptor
         if out is not None:
-            _write_sequence("layer_params.output_descriptor.data_desc", out.data_desc, result.output,
-                            call.batch_first)
-            nd.write("layer_params.output_descriptor.hidden_desc", out.hidden_desc, result.hidden)
-            nd.write("layer_params.output_descriptor.cell_state_desc", out.cell_state_desc, result.cell)
+            where = "layer_params.output_descriptor"
+            output = _in_layout(f"{where}.data_desc", out.data_desc, result.output, call.batch_first)
+            if output is not None:
+                nd.write(f"{where}.data_desc", out.data_desc, output)
+            nd.write(f"{where}.hidden_desc", out.hidden_desc, result.hidden)
+            nd.write(f"{where}.cell_state_desc", out.cell_state_desc, result.cell)
         return 0
     finally:
         call.layer.close()
 
 
-def _accumulate(desc: BNNSNDArrayDescriptor | None) -> bool:
-    return desc is not None and bool(int(desc.flags) & NDArrayFlags.backprop_accumulate)
-
-
-def _write_delta(where: str, desc: BNNSNDArrayDescriptor | None, value: np.ndarray | None) -> None:
-    if value is not None:
-        nd.write(where, desc, value, accumulate=_accumulate(desc))
-
-
 @_entry_point(failure=-1)
 def BNNSDirectApplyLSTMBatchBackward(
     layer_params: BNNSLayerParametersLSTM, layer_delta_params: BNNSLayerParametersLSTM,
-    filter_params: BNNSFilterParameters | None, training_cache: object, training_cache_capacity: int,
+    filter_params: BNNSFilterParameters | None, training_cache_ptr: object, training_cache_capacity: int,
 ) -> int:
     """Backward: reads dL/dy, dL/dh_T, dL/dc_T from the delta's output descriptor and writes
     dL/dx, dL/dh_0, dL/dc_0 and every gate's deltas into the delta's input and gate descriptors.
@@ -646,9 +877,13 @@ def BNNSDirectApplyLSTMBatchBackward(
     Without a training cache the forward is recomputed, as BNNS does.
     """
     p, dp = layer_params, layer_delta_params
-    if not isinstance(dp, BNNSLayerParametersLSTM):
-        raise InvalidParameterError(must_be("layer_delta_params", "a BNNSLayerParametersLSTM",
-                                            type(dp).__name__))
+    sizes = _lstm_sizes(p)
+    delta_sizes = _lstm_sizes(dp, "layer_delta_params")
+    for field, size, delta_size in zip(("input_size", "hidden_size", "batch_size", "num_layers", "seq_len"),
+                                       sizes, delta_sizes):
+        if size != delta_size:
+            raise InvalidParameterError(must_be(f"layer_delta_params.{field}",
+                                                f"layer_params.{field} ({size})", delta_size))
     call = _lstm(p, filter_params)
     i, h, n, layers, t, d = _lstm_sizes(p)
     try:
@@ -664,34 +899,41 @@ def BNNSDirectApplyLSTMBatchBackward(
                                 call.batch_first, t, n, d * h, required=False)
             dht = _state("layer_delta_params.output_descriptor", dout, "hidden_desc", states)
             dct = _state("layer_delta_params.output_descriptor", dout, "cell_state_desc", states)
-        cache = _cache_view(training_cache, training_cache_capacity)
+        cache = _cache_view(training_cache_ptr, training_cache_capacity)
         grads = call.layer.apply_backward(x, dy, hidden=h0, cell=c0, hidden_gradient=dht, cell_gradient=dct,
                                           sequence_lengths=call.sequence_lengths, training_cache=cache)
+        memory = _Memory()
+        _data_regions(memory, "in", "layer_params.input_descriptor", p.input_descriptor, t, n, i, states)
+        _data_regions(memory, "in", "layer_delta_params.output_descriptor", dout, t, n, d * h, states)
+        memory.add("in", "training_cache_ptr", cache)
+        writes = _Writes(memory)
         din = dp.input_descriptor
         if din is not None:
-            if din.data_desc is not None and din.data_desc.data is not None:
-                _write_sequence("layer_delta_params.input_descriptor.data_desc", din.data_desc, grads.input,
-                                call.batch_first, accumulate=_accumulate(din.data_desc))
-            _write_delta("layer_delta_params.input_descriptor.hidden_desc", din.hidden_desc, grads.hidden)
-            _write_delta("layer_delta_params.input_descriptor.cell_state_desc", din.cell_state_desc,
-                         grads.cell)
+            where = "layer_delta_params.input_descriptor"
+            writes.add(f"{where}.data_desc", din.data_desc,
+                       _in_layout(f"{where}.data_desc", din.data_desc, grads.input, call.batch_first))
+            writes.add(f"{where}.hidden_desc", din.hidden_desc, grads.hidden)
+            writes.add(f"{where}.cell_state_desc", din.cell_state_desc, grads.cell)
         for name in GATE_FIELDS:
             gd, g = getattr(dp, name), getattr(grads, name)
             if gd is None:
                 continue
             where = f"layer_delta_params.{name}"
+            if not isinstance(gd, BNNSLSTMGateDescriptor):
+                rule = "a BNNSLSTMGateDescriptor or None"
+                raise InvalidParameterError(must_be(where, rule, type(gd).__name__))
             iw0, iw1 = g.input_weights
             first, rest = gd.iw_desc
             if layers > 1 and (rest is None or rest.data is None) and i == d * h and first is not None \
                     and first.data is not None:
-                _write_delta(f"{where}.iw_desc[0]", first, np.concatenate([iw0[None], iw1]))
+                writes.add(f"{where}.iw_desc[0]", first, np.concatenate([iw0[None], iw1]))
             else:
-                _write_delta(f"{where}.iw_desc[0]", first, iw0)
-                if iw1 is not None:
-                    _write_delta(f"{where}.iw_desc[1]", rest, iw1)
-            _write_delta(f"{where}.hw_desc", gd.hw_desc, g.hidden_weights)
-            _write_delta(f"{where}.cw_desc", gd.cw_desc, g.cell_weights)
-            _write_delta(f"{where}.b_desc", gd.b_desc, g.bias)
+                writes.add(f"{where}.iw_desc[0]", first, iw0)
+                writes.add(f"{where}.iw_desc[1]", rest, iw1)
+            writes.add(f"{where}.hw_desc", gd.hw_desc, g.hidden_weights)
+            writes.add(f"{where}.cw_desc", gd.cw_desc, g.cell_weights)
+            writes.add(f"{where}.b_desc", gd.b_desc, g.bias)
+        writes.write()
         return 0
     finally:
         call.layer.close()

@@ -9,12 +9,14 @@ when garbage-collected.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, TypeVar
+import functools
+import threading
+from typing import Any, Callable, TypeVar
 
 import attrs
 
 from . import backends
-from ._threadpool import blas_controller
+from ._threadpool import blas_limit
 from .backends import Backend, BackendSpec
 from .backends.contract import check_contract
 from .errors import FilterClosedError, InvalidParameterError, must_be
@@ -22,6 +24,7 @@ from .errors import FilterClosedError, InvalidParameterError, must_be
 __all__ = ["FilterParameters", "Filter"]
 
 _Layer = TypeVar("_Layer", bound="Filter")
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def _check_backend(instance: object, attribute: attrs.Attribute, value: object) -> None:
@@ -62,25 +65,40 @@ class FilterParameters:
     use_client_pointer: bool = attrs.field(default=False, validator=_check_bool)
 
 
-@contextlib.contextmanager
-def _blas_threads(n_threads: int) -> Iterator[None]:
-    """Limit BLAS threads to ``n_threads`` inside the block (no-op for 0)."""
-    if n_threads <= 0:
-        yield
-        return
-    with blas_controller().limit(limits=n_threads, user_api="blas"):
-        yield
+def guarded(method: _Method) -> _Method:
+    """Mark a public method (or property getter or setter) of a layer as a *call*.
+
+    A call starts only on an open layer (else :class:`~bnnsfw.FilterClosedError`), and a
+    :meth:`Filter.close` that races it from another thread releases the layer's arrays only
+    when the last call in flight has returned: a call either completes or is refused with
+    ``FilterClosedError``, never fails halfway on a released array.
+    """
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: "Filter", *args: Any, **kwargs: Any) -> Any:
+        self._begin_call(name)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._end_call()
+
+    return call  # type: ignore[return-value]  # same signature as ``method``
 
 
 class Filter:
     """Base class of every layer: backend, thread limit, lifecycle and ``repr``.
 
-    Subclasses call ``super().__init__(filter_parameters)``, guard each public method with
-    ``self.check_open("method")``, release their arrays in :meth:`_release`, and describe
+    Subclasses call ``super().__init__(filter_parameters)``, mark each public method that
+    touches the layer's arrays with :func:`guarded` (and start it with
+    ``self.check_open("method")``), release their arrays in :meth:`_release`, and describe
     themselves in :meth:`_describe`.
     """
 
     def __init__(self, filter_parameters: FilterParameters | None = None) -> None:
+        self._lifecycle_lock = threading.Lock()
+        self._calls = 0  # guarded calls in flight
+        self._released = True
         if filter_parameters is None:
             filter_parameters = FilterParameters()
         if not isinstance(filter_parameters, FilterParameters):
@@ -90,6 +108,7 @@ class Filter:
         self._filter_parameters = filter_parameters
         self._backend: Backend = backends.get_backend(filter_parameters.backend)
         self._closed = False
+        self._released = False
 
     # Lifecycle.
     @property
@@ -108,11 +127,35 @@ class Filter:
         return self._filter_parameters
 
     def close(self) -> None:
-        """Release the layer's buffers (``BNNSFilterDestroy``). Calling it again does nothing."""
-        if getattr(self, "_closed", True):
+        """Release the layer's buffers (``BNNSFilterDestroy``). Calling it again does nothing.
+
+        Safe to call while other threads are in a call on the layer: new calls are refused
+        from now on, and the buffers are released when the calls in flight have returned.
+        """
+        lock = getattr(self, "_lifecycle_lock", None)
+        if lock is None:  # __init__ did not get that far
             return
-        self._closed = True
-        self._release()
+        with lock:
+            if self._closed:
+                return
+            self._closed = True
+            release = self._calls == 0 and not self._released
+            self._released = self._released or release
+        if release:
+            self._release()
+
+    def _begin_call(self, method: str) -> None:
+        with self._lifecycle_lock:
+            self.check_open(method)
+            self._calls += 1
+
+    def _end_call(self) -> None:
+        with self._lifecycle_lock:
+            self._calls -= 1
+            release = self._closed and self._calls == 0 and not self._released
+            self._released = self._released or release
+        if release:
+            self._release()
 
     def __enter__(self: _Layer) -> _Layer:
         self._check_open("__enter__")
@@ -144,7 +187,7 @@ class Filter:
 
     def _threads(self) -> contextlib.AbstractContextManager[None]:
         """Context manager applying this layer's BLAS thread limit."""
-        return _blas_threads(self._filter_parameters.n_threads)
+        return blas_limit(self._filter_parameters.n_threads)
 
     # Hooks for subclasses.
     def _release(self) -> None:

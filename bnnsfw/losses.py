@@ -35,7 +35,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from ._validation import SUPPORTED_DTYPES, as_input, describe
+from ._validation import SUPPORTED_DTYPES, as_input, describe, dtype_text, real_array
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
 __all__ = ["LossResult", "MeanSquaredError", "SoftmaxCrossEntropy"]
@@ -74,16 +74,13 @@ def _cross_entropy_reduction(value: object) -> str:
 
 
 def _prediction(where: str, value: object) -> np.ndarray:
-    """A non-empty float32 or float64 array (array-likes become float64)."""
+    """A non-empty float32 or float64 array (array-likes of real numbers become float64)."""
     if isinstance(value, np.ndarray):
         array = value
     else:
-        try:
-            array = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise InvalidParameterError(must_be(where, "an array of floats", type(value).__name__)) from None
+        array = real_array(where, value, np.dtype(np.float64))
     if array.dtype not in SUPPORTED_DTYPES:
-        raise DTypeError(must_be(where, "a float32 or float64 array", array.dtype.name))
+        raise DTypeError(must_be(where, "a float32 or float64 array", dtype_text(array.dtype)))
     if array.size == 0:
         raise ShapeError(must_be(where, "non-empty", describe(array)))
     return array

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import pathlib
 import re
 
@@ -606,15 +607,17 @@ def test_scan_walks_directories_by_suffix_and_skips_binary_files(tmp_path):
 def test_scan_skips_unreadable_files(tmp_path, monkeypatch):
     bad = _write(tmp_path / "bad.c", "BNNSFilterApply\n")
     good = _write(tmp_path / "good.c", "BNNSFilterApply\n")
-    original = pathlib.Path.read_bytes
+    original = os.open
 
-    def read_bytes(self):
-        if self.name == bad.name:
-            raise PermissionError(13, "Permission denied", str(self))
-        return original(self)
+    def fake_open(path, flags, *args):
+        if os.fspath(path).endswith(bad.name):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return original(path, flags, *args)
 
-    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
-    assert [f.path for f in scan(tmp_path)] == [str(good)]
+    monkeypatch.setattr(os, "open", fake_open)
+    skipped = []
+    assert [f.path for f in scan(tmp_path, on_skip=lambda p, why: skipped.append((p, why)))] == [str(good)]
+    assert skipped == [(str(bad), "cannot be read (Permission denied)")]
 
 
 def test_scan_positions_with_crlf_and_non_ascii(tmp_path):

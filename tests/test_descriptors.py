@@ -78,9 +78,12 @@ def test_buffers_other_than_arrays():
          "d.layout must be one of the supported layouts"),
         (Desc(layout="vector", size=(3,), data=np.zeros(4, np.float32)), bf.ShapeError,
          "describing 4 elements"),
-        (Desc(layout="vector", size=(4,), stride=(-1,), data=np.zeros(4, np.float32)),
+        (Desc(layout="row_major_matrix", size=(2, 2), stride=(0, 2), data=np.zeros(4, np.float32)),
          bf.InvalidParameterError,
          "all positive"),
+        (Desc(layout="row_major_matrix", size=(4, 2), stride=(1, 2), data=np.zeros(8, np.float32)),
+         bf.InvalidParameterError,
+         r"d.stride must be a layout whose elements do not overlap"),
     ],
 )
 def test_bad_descriptors_are_named(desc, error, message):
@@ -96,8 +99,26 @@ def test_read_only_target_is_refused():
 
 
 def test_too_many_sizes():
-    with pytest.raises(bf.InvalidParameterError, match="at most 8 entries"):
+    with pytest.raises(bf.InvalidParameterError, match="at most 8 integers"):
         Desc(size=tuple(range(9)))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("size", "abc", r"BNNSNDArrayDescriptor.size must be a sequence of at most 8 integers >= 0; got 'abc'"),
+    ("size", (4, -1), r"BNNSNDArrayDescriptor.size\[1\] must be an integer >= 0; got -1"),
+    ("stride", (1.5,), r"BNNSNDArrayDescriptor.stride\[0\] must be an integer >= 0; got 1.5"),
+    ("flags", "x", r"BNNSNDArrayDescriptor.flags must be an integer >= 0; got 'x'"),
+    ("layout", "diagonal", r"BNNSNDArrayDescriptor.layout must be one of"),
+    ("data_type", 3.0, r"BNNSNDArrayDescriptor.data_type must be a DataType member"),
+])
+def test_descriptor_fields_are_validated(field, value, message):
+    """Apple declares the fields as integers (``size_t`` sizes and strides): other values are
+    refused when the descriptor is made or changed, naming the field."""
+    with pytest.raises(bf.InvalidParameterError, match=message):
+        Desc(**{field: value})
+    d = Desc()
+    with pytest.raises(bf.InvalidParameterError, match=message):
+        setattr(d, field, value)
 
 
 # Property: writing through any positive-stride descriptor then reading back gives the

@@ -312,7 +312,7 @@ def test_parameters_convert_and_evolve():
         ({"activation": "relu"}, bf.InvalidParameterError, "activation must be an Activation"),
         ({"activation": Activation("softmax")}, bf.InvalidParameterError,
          "FullyConnectedParameters.activation must be a per-element activation"),
-        ({"weights": "abc"}, bf.InvalidParameterError, "weights must be an array convertible"),
+        ({"weights": "abc"}, bf.InvalidParameterError, "weights must be an array of real numbers"),
     ],
 )
 def test_parameter_errors(changes, error, match):

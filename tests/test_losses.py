@@ -173,8 +173,13 @@ def test_mse_errors():
         mse.apply(np.ones(2), np.ones(2, np.float32))
     with pytest.raises(bf.ShapeError, match=r"apply\(prediction\) must be non-empty"):
         mse.apply(np.ones((0, 3)), np.ones((0, 3)))
-    with pytest.raises(bf.InvalidParameterError, match=r"apply\(prediction\) must be an array of floats"):
+    real = r"apply\(prediction\) must be an array of real numbers \(float64\); got "
+    with pytest.raises(bf.InvalidParameterError, match=real + "'text'"):
         mse.apply("abc", np.ones(3))
+    with pytest.raises(bf.InvalidParameterError, match=real + "None"):
+        mse.apply(None, np.ones(3))
+    with pytest.raises(bf.InvalidParameterError, match=real + "'complex numbers'"):
+        mse.apply([1 + 2j, 3.0], np.ones(2))
 
 
 def test_cross_entropy_errors():

@@ -618,7 +618,7 @@ def test_invalid_parameters(changes, error, message):
         (lambda: NormalizationType(kind="batch_norm", group_count=2),
          r"group_count must be None for batch_norm"),
         (lambda: NormalizationType.instance(moving_mean="zero", moving_variance=[1.0]),
-         r"NormalizationType.moving_mean must be None or an array of numbers; got 'str'"),
+         r"NormalizationType.moving_mean must be None or an array of real numbers; got 'text'"),
     ],
 )
 def test_invalid_types(build, message):

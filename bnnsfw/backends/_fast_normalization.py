@@ -28,6 +28,14 @@ included, taking the next block until none is left.
   NumPy's ``einsum`` and ``add.reduce(axis=0)`` did at a third of the speed). While the kernels
   run, BLAS is limited to one thread (``_one_blas_thread``).
 
+Large values. The blocked kernels sum in the data's dtype; when a block's (or, for batch norm,
+a channel's) statistics come out non-finite — values beyond about 1.8e19 in float32, or NaN —
+or, in the backward, so large that ``rstd³`` would underflow (variances beyond 2⁸⁰), that
+block's rows, or the whole batch-norm call, go to the reference kernels, which scale such
+sets by a power of two first (see :mod:`bnnsfw.backends._normalization_kernels`). The check
+costs nothing on ordinary data: the statistics are computed anyway, and nothing of a block is
+written before them.
+
 Results are reproducible: each block writes its own slots of the partial results and the
 calling thread combines them in row or block order, so for a given block size the threads
 that ran the blocks make no difference to a single bit. The block size depends on the
@@ -64,13 +72,13 @@ import itertools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
 from .._compat import vecdot
-from .._threadpool import blas_controller
-from ._normalization_kernels import reciprocal_std
+from .._threadpool import blas_limit
+from ._normalization_kernels import NormalizationKernels, reciprocal_std
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..activation import Activation
@@ -83,6 +91,9 @@ _BUFFER_ELEMENTS = 256
 _ALIGNMENT = 64
 _KEEP_WORKSPACE_ELEMENTS = 1 << 20  # per-thread workspaces up to this size are kept between calls
 _PLAIN_MOMENTS_RATIO = 4.0  # rows with mean² above this many variances need the centred formula
+#: Variances from which the backward's ``rstd²`` and ``rstd³`` would leave the normal numbers:
+#: such blocks (values beyond about 1e12 in float32) go to the reference kernels, which scale them.
+_BACKWARD_VARIANCE = {4: 2.0**80, 8: 2.0**600}
 
 
 def _available_cpus() -> int:
@@ -128,11 +139,6 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
-_blas_lock = threading.Lock()
-_blas_users = 0  # kernels inside _one_blas_thread(); the first sets the limit, the last restores it
-_blas_restore: Any = None  # the limit they share, while any runs
-
-
 @contextlib.contextmanager
 def _one_blas_thread() -> Iterator[None]:
     """Run BLAS on one thread inside the block (concurrent kernels share one limit).
@@ -140,21 +146,11 @@ def _one_blas_thread() -> Iterator[None]:
     The kernels call BLAS (gemv) on blocks from several threads at once. Left to itself,
     OpenBLAS splits each of those small calls over its own threads, which then spin waiting
     for work and take the cores from the kernel's threads: a layer-norm backward took more
-    than ten times as long. The limit is process-wide (OpenBLAS has no per-call one).
+    than ten times as long. The limit is process-wide (OpenBLAS has no per-call one); it is
+    shared with every other limit bnnsfw applies (:func:`bnnsfw._threadpool.blas_limit`).
     """
-    global _blas_users, _blas_restore
-    with _blas_lock:
-        if _blas_users == 0:
-            _blas_restore = blas_controller().limit(limits=1, user_api="blas")
-        _blas_users += 1
-    try:
+    with blas_limit(1):
         yield
-    finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                _blas_restore.restore_original_limits()
-                _blas_restore = None
 
 
 def _aligned_empty(size: int, dtype: np.dtype) -> Array:
@@ -304,10 +300,11 @@ def _combine_moments(row_means: Array, row_m2: Array, length: int) -> tuple[Arra
     return mean.reshape(1, g, 1, 1), (m2 / (n * length)).reshape(1, g, 1, 1), deviation
 
 
-class BlockedNormalizationKernels:
+class BlockedNormalizationKernels(NormalizationKernels):
     """Normalization kernels that work block by block, on several threads.
 
-    A mixin of the ``scipy-blas`` backend: :meth:`blocked_plan` says whether the blocked
+    A mixin of the ``scipy-blas`` backend, on the reference kernels (which take the blocks or
+    calls whose values are too large for float32 sums): :meth:`blocked_plan` says whether the blocked
     kernels serve an input (the backend asks it, in one place, before each call); the kernels
     take the reference kernels' arguments plus the plan and give the same results within
     float rounding.
@@ -410,6 +407,9 @@ class BlockedNormalizationKernels:
 
             plan.run(batch_moments, dtype)
             mean, variance, _ = _combine_moments(sums.reshape(n, g), squares.reshape(n, g), length)
+            if not np.all(np.isfinite(variance)):  # too large for float32 sums (or NaN): nothing written yet
+                return self._normalization_forward(x, gamma, beta, epsilon=epsilon, reduce_axes=(0, 2, 3),
+                                                   activation=activation, out=out)
             scale = reciprocal_std(variance, epsilon) * gamma
             mean_r, scale_r, beta_r = _per_row(mean, n, g), _per_row(scale, n, g), _per_row(beta, n, g)
 
@@ -448,6 +448,11 @@ class BlockedNormalizationKernels:
                 return
             m2 = moments(r0, r1, work)
             m2 *= inv
+            if not np.all(np.isfinite(m2)):  # too large for float32 sums (or NaN): the reference rows
+                sums[r0:r1], squares[r0:r1] = self.normalization_forward_sets(
+                    x, gamma, beta, epsilon=epsilon, batch_statistics=False, activation=activation, out=out,
+                    sets=np.arange(r0, r1))
+                return
             rstd = reciprocal_std(m2, epsilon)
             if rows_layout:  # rstd per row, gamma per column: their product would be block-sized
                 np.multiply(work, rstd[:, None], out=work)
@@ -539,6 +544,7 @@ class BlockedNormalizationKernels:
 
         if per_sample and mean is None:  # instance and group norm: one sweep
             rstds = np.empty(n * g, dtype)
+            extra: list[tuple[Array, Array]] = []  # gradients of the blocks the reference kernels took
             gamma_rk = gamma_r[..., 0]
 
             def backward(index: int, r0: int, r1: int, work: Array, spare: Array) -> None:
@@ -546,7 +552,14 @@ class BlockedNormalizationKernels:
                 row_mean = vecdot(xr, ones)
                 row_mean *= inv
                 np.subtract(xr, row_mean[:, None], out=work)
-                rstd = reciprocal_std(vecdot(work, work) * inv, epsilon)
+                variance = vecdot(work, work) * inv
+                if not np.all(variance < _BACKWARD_VARIANCE[dtype.itemsize]):  # the reference rows
+                    extra.append(self.normalization_backward_sets(
+                        x, dy, gamma, beta, epsilon=epsilon, batch_statistics=False, activation=activation,
+                        output=output, out=out, sets=np.arange(r0, r1)))
+                    rstds[r0:r1] = sums_dz[r0:r1] = sums_dzc[r0:r1] = 0.0
+                    return
+                rstd = reciprocal_std(variance, epsilon)
                 rstds[r0:r1] = rstd
                 c3, w3 = work.reshape(-1, k, s), spare.reshape(-1, k, s)
                 scale = gamma_r[r0:r1] * rstd[:, None, None]
@@ -562,10 +575,13 @@ class BlockedNormalizationKernels:
                 np.subtract(w3, a[:, None, None], out=o3[r0:r1])  # every read of dz is done
 
             plan.run(backward, dtype)
-            dbeta = np.add.reduce(sums_dz.reshape(n, g, k), axis=0)
+            dbeta = np.add.reduce(sums_dz.reshape(n, g, k), axis=0).reshape(gamma.shape)
             sums_dzc *= rstds[:, None]  # Σ dz · x̂
-            dgamma = np.add.reduce(sums_dzc.reshape(n, g, k), axis=0)
-            return out, dgamma.reshape(gamma.shape), dbeta.reshape(gamma.shape)
+            dgamma = np.add.reduce(sums_dzc.reshape(n, g, k), axis=0).reshape(gamma.shape)
+            for extra_gamma, extra_beta in extra:
+                dgamma += extra_gamma
+                dbeta += extra_beta
+            return out, dgamma, dbeta
 
         if mean is not None and variance is not None:  # given statistics: dx = dz · γ · rstd
             rstd = reciprocal_std(variance, epsilon)
@@ -589,7 +605,9 @@ class BlockedNormalizationKernels:
         count = n * length
         sums = np.empty(n * g, dtype)
         squares = np.empty(n * g, dtype)
-        early = activation.is_identity or (output is not None and activation.derivative_from_output)
+        # dz goes to out: taken early only when out is not dy, which a fallback below would still read
+        early = activation.is_identity or (output is not None and activation.derivative_from_output
+                                           and not np.may_share_memory(out, dy))
 
         def moments(index: int, r0: int, r1: int, work: Array, spare: Array) -> None:
             xr = x2[r0:r1]
@@ -603,6 +621,9 @@ class BlockedNormalizationKernels:
 
         plan.run(moments, dtype)
         mean, variance, deviation = _combine_moments(sums.reshape(n, g), squares.reshape(n, g), length)
+        if not np.all(variance < _BACKWARD_VARIANCE[dtype.itemsize]):  # (or NaN): dy is intact
+            return self._normalization_backward(x, dy, gamma, beta, epsilon=epsilon, reduce_axes=(0, 2, 3),
+                                                activation=activation, output=output, out=out)
         rstd = reciprocal_std(variance, epsilon)
         scale = rstd * gamma
         mean_r, scale_r = _per_row(mean, n, g), _per_row(scale, n, g)
@@ -660,7 +681,14 @@ class BlockedNormalizationKernels:
             row_mean = vecdot(xr, ones)
             row_mean *= inv
             np.subtract(xr, row_mean[:, None], out=centered)
-            rstd = reciprocal_std(vecdot(centered, centered) * inv, epsilon)
+            variance = vecdot(centered, centered) * inv
+            if not np.all(variance < _BACKWARD_VARIANCE[dtype.itemsize]):  # the reference rows
+                extra_gamma, extra_beta = self.normalization_backward_sets(
+                    x, dy, gamma, beta, epsilon=epsilon, batch_statistics=False, activation=activation,
+                    output=output, out=out, sets=np.arange(r0, r1))
+                dgamma_parts[index], dbeta_parts[index] = extra_gamma.reshape(m), extra_beta.reshape(m)
+                return
+            rstd = reciprocal_std(variance, epsilon)
 
             def preactivation() -> Array:
                 np.multiply(centered, rstd[:, None], out=work)

@@ -31,6 +31,18 @@ the mean of the *centred* squares, which keeps its precision when ``|mean| >> st
 products with a ones vector are faster on an idle machine, but made a whole fwd + bwd about
 twice as slow when another process held one of the two cores (spinning BLAS threads).
 
+Large values. A variance below 2⁸⁰ in float32 (2⁶⁰⁰ in float64) means that no sum, centred
+square or power of ``rstd`` below overflowed or underflowed; a forward in place, which centres
+over its input, checks ``Σx²`` of every set against the same bound first (one read pass). The
+statistics sets above it are recomputed from the input multiplied by a power of two that brings
+their largest element to 2⁴⁰ ≈ 1.1e12 (2³⁰⁰) —
+exact, so the same formula then gives the same normalized values — with ``ε`` scaled alike and
+the reciprocal standard deviation taken in float64 (``ε·s²`` is far below float32's range). Layer norm of
+float32 data up to ±3.4e38 is therefore finite and right; the statistics returned (the
+variance of such data is about 1e77) saturate to infinity where the dtype cannot hold them.
+The backward scales the input gradient back (``dx = s · dx_s``); the gamma and beta gradients
+do not depend on the scale.
+
 Passes over memory. NumPy cannot fuse element-wise operations, so each one is a pass; one
 that reads an array and writes another costs about twice an in-place one here, so the
 kernels centre once, into the output (forward) or a scratch array (backward), and work in
@@ -75,6 +87,13 @@ def reciprocal_std(variance: Array, epsilon: float) -> Array:
     return rstd
 
 
+def _unscaled(dx: Array, scale: Array | None) -> Array:
+    """The input gradient of ``x`` from that of ``x · scale``: ``dx = scale · dx_scaled``."""
+    if scale is not None:
+        np.multiply(dx, scale, out=dx)
+    return dx
+
+
 def _is_small(a: Array, b: Array, target: Array) -> bool:
     """True when ``a · b`` broadcast is much smaller than ``target`` (worth forming)."""
     return math.prod(np.broadcast_shapes(a.shape, b.shape)) * 4 <= target.size
@@ -114,6 +133,48 @@ def _row_dots(a: Array, b: Array) -> Array:
 def reduce_axes(batch_statistics: bool) -> tuple[int, ...]:
     """The axes of the canonical view that the statistics are computed over."""
     return (0, 2, 3) if batch_statistics else (2, 3)
+
+
+#: The exponent E a large statistics set's biggest element is scaled to, per item size. With
+#: every |x| below 2^E: sums and centred squares stay finite (for fewer than 2⁴⁶ elements in
+#: float32, 2⁴⁰⁰ in float64), ``rstd ≥ 2^−E`` so the backward's ``rstd³`` stays a normal number,
+#: and ``2^E / sqrt(ε)`` stays far below the largest value.
+_SCALED_EXPONENT = {4: 40, 8: 300}
+
+
+#: 2^2E per item size: a variance (or ``Σx²``) below it means no value of the set needs scaling.
+_LIMITS = {size: 2.0 ** (2 * exponent) for size, exponent in _SCALED_EXPONENT.items()}
+
+
+def _limit(dtype: np.dtype) -> float:
+    return _LIMITS[dtype.itemsize]
+
+
+def set_scale(x: Array, reduce_axes: tuple[int, ...]) -> Array:
+    """One power of two per statistics set, shaped like the statistics, that brings each set's
+    largest element to about 2^E (``_SCALED_EXPONENT``: 2⁴⁰ ≈ 1.1e12 in float32, 2³⁰⁰ in
+    float64) — 1 for the sets below it, and for NaN and infinity, which propagate as before."""
+    with np.errstate(invalid="ignore"):
+        largest = np.max(np.abs(x), axis=reduce_axes, keepdims=True)
+    exponent = np.frexp(largest)[1]
+    shift = np.clip(exponent - _SCALED_EXPONENT[x.dtype.itemsize], 0, None)
+    return np.ldexp(np.ones_like(largest), -shift)
+
+
+def overflow_scale(x: Array, reduce_axes: tuple[int, ...]) -> Array | None:
+    """``None`` when every element of ``x`` is below 2^E in magnitude, else :func:`set_scale`.
+
+    ``Σx²`` per set (one read) decides, before anything is written: below 2^2E, every element
+    is below 2^E. NaN and infinity fail the test (and get the scale 1).
+    """
+    n, g, k, s = x.shape
+    rows = x.reshape(n * g, k * s)
+    squares = _row_dots(rows, rows).reshape(n, g)
+    if 0 in reduce_axes:
+        squares = np.add.reduce(squares, axis=0, keepdims=True)
+    if bool(np.all(squares < _limit(x.dtype))):
+        return None
+    return set_scale(x, reduce_axes)
 
 
 class NormalizationKernels:
@@ -176,6 +237,41 @@ class NormalizationKernels:
         variance = (squares / count).reshape(shape)
         return mean, variance
 
+    def _statistics(self, x: Array, reduce_axes: tuple[int, ...], centered: Array,
+                    epsilon: float) -> tuple[Array, Array, Array, Array | None]:
+        """Mean, biased variance and ``1/sqrt(variance + ε)`` of ``x``, with ``x − mean`` in
+        ``centered``; through :func:`set_scale` when values are large enough for a statistic to
+        overflow, or ``rstd³`` to underflow (a variance beyond 2^2E says so afterwards; when
+        ``centered`` is ``x`` itself, :func:`overflow_scale` says so before).
+
+        Returns ``(mean, variance, rstd, scale)``: with a ``scale`` (one power of two per set,
+        else ``None``), ``centered`` and ``rstd`` are those of ``x · scale`` (their product, the
+        normalized value, is the same) and mean and variance are unscaled.
+        """
+        if np.may_share_memory(centered, x):  # centring would overwrite x: decide before it
+            scale = overflow_scale(x, reduce_axes)
+            if scale is None:
+                mean, variance = self.normalization_statistics(x, reduce_axes, centered)
+                return mean, variance, reciprocal_std(variance, epsilon), None
+        else:  # decide from the statistics themselves (x is still intact if they say no)
+            mean, variance = self.normalization_statistics(x, reduce_axes, centered)
+            if variance.max() < _limit(x.dtype):  # NaN compares False
+                return mean, variance, reciprocal_std(variance, epsilon), None
+            scale = set_scale(x, reduce_axes)
+        mean_s, variance_s = self.normalization_statistics(x * scale, reduce_axes, centered)
+        wide_scale, wide_variance = scale.astype(np.float64), variance_s.astype(np.float64)
+        with np.errstate(over="ignore"):
+            mean = (mean_s / wide_scale).astype(x.dtype)
+            variance = (wide_variance / (wide_scale * wide_scale)).astype(x.dtype)
+        # A constant set (centred values exactly 0) needs no scaling: its rstd is 1/sqrt(ε) as is.
+        scale = np.where(variance_s == 0, np.ones_like(scale), scale)
+        wide_scale = scale.astype(np.float64)
+        rstd = 1.0 / np.sqrt(wide_variance + epsilon * wide_scale * wide_scale)
+        # Bounded so that the backward's rstd³ stays finite: only a set whose centred values are
+        # rounding noise of its mean comes near the bound.
+        rstd = np.minimum(rstd, 2.0 ** (np.finfo(x.dtype).maxexp // 3 - 4)).astype(x.dtype)
+        return mean, variance, rstd, scale
+
     def _normalization_forward(
         self,
         x: Array,
@@ -219,8 +315,7 @@ class NormalizationKernels:
             The output and the statistics used (shape ``(1 or N, G, 1, 1)``).
         """
         if mean is None or variance is None:
-            mean, variance = self.normalization_statistics(x, reduce_axes, out)
-            rstd = reciprocal_std(variance, epsilon)
+            mean, variance, rstd, _ = self._statistics(x, reduce_axes, out, epsilon)
             _scale(out, out, rstd, gamma)
             np.add(out, beta, out=out)
         else:
@@ -286,18 +381,20 @@ class NormalizationKernels:
         """
         n, g, k, s = x.shape
         centered = _scratch(scratch, 0, x)
+        scale = None
         if mean is not None and variance is not None:
             constant = True
             np.subtract(x, mean, out=centered)
+            rstd = reciprocal_std(variance, epsilon)
         else:
             constant = False
-            mean, variance = self.normalization_statistics(x, reduce_axes, centered)
-        rstd = reciprocal_std(variance, epsilon)
+            mean, variance, rstd, scale = self._statistics(x, reduce_axes, centered, epsilon)
         if out is None:
             out = np.empty_like(x)
         dz = self._normalization_dz(dy, centered, rstd, gamma, beta, activation, output, out, scratch)
         if not constant and s == 1 and gamma.shape[1] == 1 and 0 not in reduce_axes:
-            return self._normalization_backward_rows(dz, centered, rstd, gamma, out, scratch)
+            dx, dgamma, dbeta = self._normalization_backward_rows(dz, centered, rstd, gamma, out, scratch)
+            return _unscaled(dx, scale), dgamma, dbeta
 
         # Batch, instance and group norm: gamma and the statistics are constant along each
         # row of S positions, so two row reductions carry everything to small arrays.
@@ -331,7 +428,7 @@ class NormalizationKernels:
         np.multiply(centered, b, out=centered)
         np.subtract(out, centered, out=out)
         np.subtract(out, a, out=out)
-        return out, dgamma, dbeta
+        return _unscaled(out, scale), dgamma, dbeta
 
     def _normalization_backward_rows(self, dz: Array, centered: Array, rstd: Array, gamma: Array,
                                      out: Array, scratch: Sequence[Array]) -> tuple[Array, Array, Array]:
@@ -375,3 +472,83 @@ class NormalizationKernels:
             np.add(z, beta, out=z)
             derivative = activation.derivative(x=z)
         return np.multiply(dy, derivative, out=out)
+
+    # --- some statistics sets only (the compiled and blocked kernels hand over the sets whose
+    # --- values are too large for their fast paths) -------------------------------------------
+
+    @staticmethod
+    def _set_views(x: Array, gamma: Array, beta: Array, batch_statistics: bool,
+                   sets: Array) -> tuple[Array, Array, Array, tuple[int, ...]]:
+        """Copies of the statistics sets ``sets`` of ``x`` as a canonical view of their own,
+        with their gamma and beta: channels ``g`` for batch statistics (``(N, len(sets), K,
+        S)``); for per-sample statistics, rows ``n·G + g`` — as ``(len(sets), 1, K, S)`` when
+        every row has the same gamma (layer norm), else as ``(1, len(sets), K, S)`` with each
+        row's own gamma and beta."""
+        n, g, k, s = x.shape
+        if batch_statistics:
+            return x[:, sets], gamma[:, sets], beta[:, sets], (0, 2, 3)
+        if gamma.shape[1] == 1:  # the same gamma for every row
+            return x.reshape(n * g, 1, k, s)[sets], gamma, beta, (2, 3)
+        rows = x.reshape(1, n * g, k, s)[:, sets]
+        gamma_rows = np.broadcast_to(gamma, (n, g, k, 1)).reshape(1, n * g, k, 1)[:, sets]
+        beta_rows = np.broadcast_to(beta, (n, g, k, 1)).reshape(1, n * g, k, 1)[:, sets]
+        return rows, gamma_rows, beta_rows, (2, 3)
+
+    @staticmethod
+    def _of_sets(a: Array, gamma: Array, batch_statistics: bool, sets: Array) -> Array:
+        """The elements of the sets ``sets`` of the canonical view ``a``, as :meth:`_set_views` lays
+        them out (a view when the sets are a slice, else a copy); assignable through ``[...]``."""
+        n, g, k, s = a.shape
+        if batch_statistics:
+            return a[:, sets]
+        if gamma.shape[1] == 1:
+            return a.reshape(n * g, 1, k, s)[sets]
+        return a.reshape(1, n * g, k, s)[:, sets]
+
+    @staticmethod
+    def _store_sets(target: Array, value: Array, gamma: Array, batch_statistics: bool, sets: Array) -> None:
+        n, g, k, s = target.shape
+        if batch_statistics:
+            target[:, sets] = value
+        elif gamma.shape[1] == 1:
+            target.reshape(n * g, 1, k, s)[sets] = value
+        else:
+            target.reshape(1, n * g, k, s)[:, sets] = value
+
+    def normalization_forward_sets(self, x: Array, gamma: Array, beta: Array, *, epsilon: float,
+                                   batch_statistics: bool, activation: "Activation", out: Array,
+                                   sets: Array) -> tuple[Array, Array]:
+        """The reference forward on the statistics sets ``sets`` only (row indices ``n·G + g``
+        for per-sample statistics, channels for batch statistics): their elements of ``out``
+        are written, the others untouched. Returns their means and variances (1-D)."""
+        xs, gs, bs, axes = self._set_views(x, gamma, beta, batch_statistics, sets)
+        ys, mean, variance = self._normalization_forward(xs, gs, bs, epsilon=epsilon, reduce_axes=axes,
+                                                         activation=activation, out=np.empty_like(xs))
+        self._store_sets(out, ys, gamma, batch_statistics, sets)
+        return mean.reshape(-1), variance.reshape(-1)
+
+    def normalization_backward_sets(self, x: Array, dy: Array, gamma: Array, beta: Array, *, epsilon: float,
+                                    batch_statistics: bool, activation: "Activation", output: Array | None,
+                                    out: Array, sets: Array) -> tuple[Array, Array]:
+        """The reference backward on the statistics sets ``sets`` only: their elements of
+        ``out`` (dx) are written, the others untouched. Returns the gamma and beta gradients
+        those sets contribute, shaped like ``gamma``, to add to the others'."""
+        xs, gs, bs, axes = self._set_views(x, gamma, beta, batch_statistics, sets)
+        dx, dgamma_sets, dbeta_sets = self._normalization_backward(
+            xs, np.ascontiguousarray(self._of_sets(dy, gamma, batch_statistics, sets)), gs, bs,
+            epsilon=epsilon, reduce_axes=axes, activation=activation,
+            output=None if output is None else np.ascontiguousarray(
+                self._of_sets(output, gamma, batch_statistics, sets)), out=None)
+        self._store_sets(out, dx, gamma, batch_statistics, sets)
+        if batch_statistics or gamma.shape[1] == 1:  # one gamma per channel, or shared by every row
+            dgamma, dbeta = np.zeros_like(gamma), np.zeros_like(gamma)
+            if batch_statistics:
+                dgamma[:, sets], dbeta[:, sets] = dgamma_sets, dbeta_sets
+                return dgamma, dbeta
+            return dgamma_sets, dbeta_sets
+        groups = sets % x.shape[1]
+        k = x.shape[2]
+        dgamma, dbeta = np.zeros_like(gamma), np.zeros_like(gamma)
+        np.add.at(dgamma[0, :, :, 0], groups, dgamma_sets.reshape(len(sets), k))
+        np.add.at(dbeta[0, :, :, 0], groups, dbeta_sets.reshape(len(sets), k))
+        return dgamma, dbeta

@@ -14,7 +14,10 @@ identity activation:
 - **batch statistics** (batch norm): one statistics set per channel ``g`` over ``N`` and ``S``;
   channels go to the threads.
 
-Sums are accumulated in float64 whatever the data's dtype. The gamma and beta gradients are
+Sums are accumulated in float64 whatever the data's dtype. A statistics set whose values are
+too large for the loops' arithmetic (a centred spread beyond 1e38 in float32, 1e150 in
+float64), or holds NaN, is skipped by the loops and handed to ``redo``: the backend's
+reference kernels, which scale such sets before normalizing them. The gamma and beta gradients are
 summed per thread block of rows and the blocks added in order, so a result depends only on the
 data and the thread count. Kernels are compiled on first use and cached on disk.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numba
 import numpy as np
@@ -40,7 +43,7 @@ def serves(x: np.ndarray, activation_is_identity: bool, given_statistics: bool) 
 
 
 @_parallel
-def _row_forward(x, gamma, beta, groups, epsilon, out, means, variances):
+def _row_forward(x, gamma, beta, groups, epsilon, out, means, variances, limit, wide):
     """Per-sample statistics: ``x`` (R, K, S) with R = N·G rows, ``gamma``/``beta`` (1 or G, K)."""
     rows, k_size, s_size = x.shape
     count = k_size * s_size
@@ -57,6 +60,9 @@ def _row_forward(x, gamma, beta, groups, epsilon, out, means, variances):
             for s in range(s_size):
                 d = x[r, k, s] - mean
                 squares += d * d
+        if not squares < limit:  # too large for the loop below (or NaN): the caller redoes the row
+            wide[r] = True
+            continue
         variance = squares / count
         rstd = 1.0 / math.sqrt(variance + epsilon)
         mean_x = x.dtype.type(mean)
@@ -69,7 +75,7 @@ def _row_forward(x, gamma, beta, groups, epsilon, out, means, variances):
 
 
 @_parallel
-def _row_backward(x, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_beta_blocks):
+def _row_backward(x, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_beta_blocks, limit, wide):
     """Per-sample statistics backward; the gamma and beta gradients per block of rows."""
     rows, k_size, s_size = x.shape
     count = k_size * s_size
@@ -92,6 +98,9 @@ def _row_backward(x, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_beta_bloc
                 for s in range(s_size):
                     d = x[r, k, s] - mean
                     squares += d * d
+            if not squares < limit:
+                wide[r] = True
+                continue
             rstd = 1.0 / math.sqrt(squares / count + epsilon)
             a = 0.0  # Σ γ·dy
             c = 0.0  # Σ γ·dy·x̂
@@ -116,7 +125,7 @@ def _row_backward(x, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_beta_bloc
 
 
 @_parallel
-def _flat_forward(x, gamma, beta, epsilon, out, means, variances):
+def _flat_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide):
     """Layer norm: ``x`` (R, M), one statistics set per row, ``gamma``/``beta`` (M,) per column.
     (The (R, K, S) loops above with S = 1 would not vectorize.)"""
     rows, m = x.shape
@@ -129,6 +138,9 @@ def _flat_forward(x, gamma, beta, epsilon, out, means, variances):
         for j in range(m):
             d = x[r, j] - mean
             squares += d * d
+        if not squares < limit:
+            wide[r] = True
+            continue
         variance = squares / m
         rstd = x.dtype.type(1.0 / math.sqrt(variance + epsilon))
         mean_x = x.dtype.type(mean)
@@ -139,7 +151,7 @@ def _flat_forward(x, gamma, beta, epsilon, out, means, variances):
 
 
 @_parallel
-def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks):
+def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks, limit, wide):
     """Layer norm backward on (R, M) rows; gamma and beta gradients per block of rows."""
     rows, m = x.shape
     blocks = d_gamma_blocks.shape[0]
@@ -157,6 +169,9 @@ def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks):
             for j in range(m):
                 d = x[r, j] - mean
                 squares += d * d
+            if not squares < limit:
+                wide[r] = True
+                continue
             rstd = x.dtype.type(1.0 / math.sqrt(squares / m + epsilon))
             mean_x = x.dtype.type(mean)
             a = 0.0  # Σ γ·dy
@@ -176,7 +191,7 @@ def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks):
 
 
 @_parallel
-def _channel_forward(x, gamma, beta, epsilon, out, means, variances):
+def _channel_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide):
     """Batch statistics: ``x`` (N, G, S) (K = 1), one set per channel ``g``."""
     batch, channels, s_size = x.shape
     count = batch * s_size
@@ -191,6 +206,9 @@ def _channel_forward(x, gamma, beta, epsilon, out, means, variances):
             for s in range(s_size):
                 d = x[n, g, s] - mean
                 squares += d * d
+        if not squares < limit:
+            wide[g] = True
+            continue
         variance = squares / count
         rstd = 1.0 / math.sqrt(variance + epsilon)
         scale = x.dtype.type(rstd * gamma[g])
@@ -203,7 +221,7 @@ def _channel_forward(x, gamma, beta, epsilon, out, means, variances):
 
 
 @_parallel
-def _channel_backward(x, dy, gamma, epsilon, dx, d_gamma, d_beta):
+def _channel_backward(x, dy, gamma, epsilon, dx, d_gamma, d_beta, limit, wide):
     """Batch statistics backward, one channel per task."""
     batch, channels, s_size = x.shape
     count = batch * s_size
@@ -218,6 +236,9 @@ def _channel_backward(x, dy, gamma, epsilon, dx, d_gamma, d_beta):
             for s in range(s_size):
                 d = x[n, g, s] - mean
                 squares += d * d
+        if not squares < limit:
+            wide[g] = True
+            continue
         rstd = 1.0 / math.sqrt(squares / count + epsilon)
         sum_dy = 0.0
         sum_dy_xhat = 0.0
@@ -250,61 +271,84 @@ def _threads(requested: int) -> Iterator[int]:
         numba.set_num_threads(before)
 
 
+#: Per dtype, the centred sum of squares of a statistics set below which the loops above are
+#: exact enough and cannot overflow: every |x − mean| is then below 1e38 in float32 (the loops
+#: centre in float32) and 1e150 in float64. Sets above it, or NaN, are left to ``redo``.
+_LIMITS = {4: 1e76, 8: 1e300}
+
+#: ``redo(sets, target)``: the reference kernels on those statistics sets only (rows n·G + g, or
+#: channels for batch statistics), writing their elements of ``target`` (the output, or dx);
+#: returns the statistics (forward) or the gamma and beta gradients they add (backward).
+Redo = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
 def forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, *, epsilon: float, batch_statistics: bool,
-            out: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            out: np.ndarray, threads: int, redo: Redo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``out = gamma · (x − mean) / sqrt(variance + epsilon) + beta`` with the statistics of
     ``x``; returns the output and the statistics, ``(1 or N, G, 1, 1)``."""
     with _threads(threads):
-        return _forward(x, gamma, beta, epsilon, batch_statistics, out)
+        return _forward(x, gamma, beta, epsilon, batch_statistics, out, redo)
 
 
 def _forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, epsilon: float, batch_statistics: bool,
-             out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             out: np.ndarray, redo: Redo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n, g, k, s = x.shape
+    limit = _LIMITS[x.dtype.itemsize]
     if batch_statistics:  # K = 1 for batch norm
         means = np.empty(g, np.float64)
         variances = np.empty(g, np.float64)
+        wide = np.zeros(g, np.bool_)
         _channel_forward(x.reshape(n, g, s), gamma.reshape(g), beta.reshape(g), epsilon,
-                         out.reshape(n, g, s), means, variances)
+                         out.reshape(n, g, s), means, variances, limit, wide)
         shape = (1, g, 1, 1)
     elif s == 1 and gamma.shape[1] == 1:  # layer norm: gamma per column of (N·P, M) rows
         means = np.empty(n * g, np.float64)
         variances = np.empty(n * g, np.float64)
+        wide = np.zeros(n * g, np.bool_)
         _flat_forward(x.reshape(n * g, k), gamma.reshape(k), beta.reshape(k), epsilon,
-                      out.reshape(n * g, k), means, variances)
+                      out.reshape(n * g, k), means, variances, limit, wide)
         shape = (n, g, 1, 1)
     else:
         means = np.empty(n * g, np.float64)
         variances = np.empty(n * g, np.float64)
+        wide = np.zeros(n * g, np.bool_)
         rows = gamma.shape[1]
         _row_forward(x.reshape(n * g, k, s), gamma.reshape(rows, k), beta.reshape(rows, k), g, epsilon,
-                     out.reshape(n * g, k, s), means, variances)
+                     out.reshape(n * g, k, s), means, variances, limit, wide)
         shape = (n, g, 1, 1)
-    return out, means.astype(x.dtype).reshape(shape), variances.astype(x.dtype).reshape(shape)
+    if wide.any():
+        sets = np.flatnonzero(wide)
+        means[sets], variances[sets] = redo(sets, out)
+    with np.errstate(over="ignore"):  # a variance beyond float32's range is infinite there
+        return out, means.astype(x.dtype).reshape(shape), variances.astype(x.dtype).reshape(shape)
 
 
 def backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, *, epsilon: float, batch_statistics: bool,
-             out: np.ndarray | None, threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             out: np.ndarray | None, threads: int, redo: Redo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``dx``, ``dgamma`` and ``dbeta`` of the forward above; ``out`` may be ``dy`` itself."""
     with _threads(threads) as count:
-        return _backward(x, dy, gamma, epsilon, batch_statistics, out, count)
+        return _backward(x, dy, gamma, epsilon, batch_statistics, out, count, redo)
 
 
 def _backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, epsilon: float, batch_statistics: bool,
-              out: np.ndarray | None, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              out: np.ndarray | None, count: int, redo: Redo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n, g, k, s = x.shape
+    limit = _LIMITS[x.dtype.itemsize]
     dx = np.empty_like(x) if out is None or np.shares_memory(out, dy) else out
     if batch_statistics:
         d_gamma = np.empty(g, np.float64)
         d_beta = np.empty(g, np.float64)
+        wide = np.zeros(g, np.bool_)
         _channel_backward(x.reshape(n, g, s), dy.reshape(n, g, s), gamma.reshape(g), epsilon,
-                          dx.reshape(n, g, s), d_gamma, d_beta)
+                          dx.reshape(n, g, s), d_gamma, d_beta, limit, wide)
+        d_gamma[wide] = d_beta[wide] = 0.0
     elif s == 1 and gamma.shape[1] == 1:  # layer norm
         blocks = max(1, min(n * g, count))
         flat_gamma = np.empty((blocks, k), np.float64)
         flat_beta = np.empty((blocks, k), np.float64)
+        wide = np.zeros(n * g, np.bool_)
         _flat_backward(x.reshape(n * g, k), dy.reshape(n * g, k), gamma.reshape(k), epsilon,
-                       dx.reshape(n * g, k), flat_gamma, flat_beta)
+                       dx.reshape(n * g, k), flat_gamma, flat_beta, limit, wide)
         d_gamma = np.add.reduce(flat_gamma, axis=0)
         d_beta = np.add.reduce(flat_beta, axis=0)
     else:
@@ -312,10 +356,15 @@ def _backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, epsilon: float, 
         blocks = max(1, min(n * g, count))
         d_gamma_blocks = np.empty((blocks, rows, k), np.float64)
         d_beta_blocks = np.empty((blocks, rows, k), np.float64)
+        wide = np.zeros(n * g, np.bool_)
         _row_backward(x.reshape(n * g, k, s), dy.reshape(n * g, k, s), gamma.reshape(rows, k), g, epsilon,
-                      dx.reshape(n * g, k, s), d_gamma_blocks, d_beta_blocks)
+                      dx.reshape(n * g, k, s), d_gamma_blocks, d_beta_blocks, limit, wide)
         d_gamma = np.add.reduce(d_gamma_blocks, axis=0)
         d_beta = np.add.reduce(d_beta_blocks, axis=0)
+    if wide.any():  # before dx goes to out: dy (which out may be) is still intact
+        extra_gamma, extra_beta = redo(np.flatnonzero(wide), dx)
+        d_gamma += extra_gamma.reshape(d_gamma.shape)
+        d_beta += extra_beta.reshape(d_beta.shape)
     if out is not None and dx is not out:
         np.copyto(out, dx)
         dx = out

@@ -5,7 +5,8 @@ one BLAS product and one fused, vectorized pass, forward and backward; the input
 and the weight gradients one product per chunk of steps) for the cell almost every model uses,
 with or without diagonal peepholes, over full or variable lengths; and normalization with the
 statistics of the batch and the identity activation with compiled, multithreaded row kernels
-(:mod:`._numba_normalization`). Every other request goes to what ``scipy-blas`` does with it.
+(:mod:`._numba_normalization`; statistics sets too large for their arithmetic go to the
+reference kernels it inherits). Every other request goes to what ``scipy-blas`` does with it.
 Which implementation serves a request is decided in the section "Which implementation serves a
 request" below, and nowhere else.
 """
@@ -98,9 +99,14 @@ class NumbaBackend(ScipyBlasBackend):
         r = request
         if not _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None):
             return super().normalization_forward(request)
+        def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return self.normalization_forward_sets(r.x, r.gamma, r.beta, epsilon=r.epsilon,
+                                                   batch_statistics=r.batch_statistics,
+                                                   activation=r.activation, out=target, sets=sets)
+
         out, mean, variance = _numba_normalization.forward(
             r.x, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics, out=r.out,
-            threads=r.threads)
+            threads=r.threads, redo=redo)
         return NormalizationForwardResult(output=out, mean=mean, variance=variance)
 
     def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
@@ -108,7 +114,12 @@ class NumbaBackend(ScipyBlasBackend):
         r = request
         if not _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None):
             return super().normalization_backward(request)
+        def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return self.normalization_backward_sets(
+                r.x, r.dy, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics,
+                activation=r.activation, output=r.output, out=target, sets=sets)
+
         dx, d_gamma, d_beta = _numba_normalization.backward(
             r.x, r.dy, r.gamma, epsilon=r.epsilon, batch_statistics=r.batch_statistics, out=r.out,
-            threads=r.threads)
+            threads=r.threads, redo=redo)
         return NormalizationBackwardResult(input=dx, gamma=d_gamma, beta=d_beta)

@@ -12,7 +12,18 @@ import json
 import sys
 from collections.abc import Sequence
 
-from ..deprecation import KINDS, STATUSES, DeprecationRecord, Finding, entries, lookup, scan
+from ..deprecation import (
+    KINDS,
+    MAX_FILE_BYTES,
+    SKIPPED_DIRECTORIES,
+    STATUSES,
+    DeprecationRecord,
+    Finding,
+    entries,
+    lookup,
+    printable,
+    scan,
+)
 from ..deprecation.records import MIGRATION
 from ..errors import UnknownNameError
 
@@ -35,7 +46,7 @@ def _findings_report(findings: Sequence[Finding]) -> list[str]:
     if not findings:
         return ["No deprecated or renamed BNNS names found."]
     lines = _aligned([(f.location, f.name, f.replacement) for f in findings])
-    files = len({f.path for f in findings})
+    files = len({f.path for f in findings})  # locations are printed with printable() paths
     by_status = ", ".join(
         f"{sum(f.status == status for f in findings)} {status}"
         for status in STATUSES
@@ -77,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="with --scan: exit 1 when anything is found"
     )
     parser.add_argument(
+        "--all-dirs", action="store_true",
+        help="with --scan: also walk " + ", ".join(sorted(SKIPPED_DIRECTORIES)) + " and virtual environments",
+    )
+    parser.add_argument(
+        "--max-bytes", type=int, default=MAX_FILE_BYTES, metavar="N",
+        help=f"with --scan: skip files larger than N bytes (default {MAX_FILE_BYTES})",
+    )
+    parser.add_argument(
         "--list", action="store_true", help="list every registry entry, one per line"
     )
     parser.add_argument("--status", choices=STATUSES, help="with --list: keep only this status")
@@ -90,8 +109,10 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     modes = [bool(args.names), args.scan is not None, args.list]
     if sum(modes) != 1:
         parser.error("give exactly one of: NAME..., --scan PATH..., --list")
-    if args.check and args.scan is None:
-        parser.error("--check needs --scan")
+    if (args.check or args.all_dirs or args.max_bytes != MAX_FILE_BYTES) and args.scan is None:
+        parser.error("--check, --all-dirs and --max-bytes need --scan")
+    if args.max_bytes < 0:
+        parser.error("--max-bytes must be an integer >= 0")
     if (args.status or args.kind) and not args.list:
         parser.error("--status and --kind need --list")
 
@@ -118,15 +139,24 @@ def _run_describe(names: Sequence[str], as_json: bool) -> int:
     return status
 
 
-def _run_scan(paths: Sequence[str], as_json: bool, check: bool) -> int:
-    """Scan ``paths`` and print the findings."""
+def _run_scan(paths: Sequence[str], as_json: bool, check: bool, all_dirs: bool = False,
+              max_bytes: int = MAX_FILE_BYTES) -> int:
+    """Scan ``paths`` and print the findings; each file skipped is reported on stderr.
+
+    Paths are printed with control characters escaped (:func:`printable`); the JSON output
+    is ASCII, so that a file name cannot reach the terminal as control codes either way.
+    """
+    def skipped(path: str, reason: str) -> None:
+        print(f"bnnsfw deprecations: skipped {printable(path)}: {reason}", file=sys.stderr)
+
     try:
-        findings = scan(paths)
+        findings = scan(paths, max_bytes=max_bytes, skip_dirs=() if all_dirs else SKIPPED_DIRECTORIES,
+                        on_skip=skipped)
     except FileNotFoundError as error:
-        print(f"bnnsfw deprecations: {error}", file=sys.stderr)
+        print(f"bnnsfw deprecations: {printable(str(error))}", file=sys.stderr)
         return 2
     if as_json:
-        _print_json([finding.to_dict() for finding in findings])
+        print(json.dumps([finding.to_dict() for finding in findings], indent=2, ensure_ascii=True))
     else:
         print("\n".join(_findings_report(findings)))
     return 1 if check and findings else 0
@@ -157,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:
         return int(exit_.code or 0)
     if args.scan is not None:
-        return _run_scan(args.scan, args.json, args.check)
+        return _run_scan(args.scan, args.json, args.check, args.all_dirs, args.max_bytes)
     if args.list:
         return _run_list(args.status, args.kind, args.json)
     return _run_describe(args.names, args.json)

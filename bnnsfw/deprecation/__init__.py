@@ -27,13 +27,15 @@ from typing import Any
 from .queries import entries, is_deprecated, lookup, warn_deprecated
 from .records import KINDS, PLATFORMS, STATUSES, DeprecationRecord
 from .rendering import markdown_table
-from .scanner import SOURCE_SUFFIXES, Finding, scan
+from .scanner import MAX_FILE_BYTES, SKIPPED_DIRECTORIES, SOURCE_SUFFIXES, Finding, printable, scan
 
 __all__ = [
     "PLATFORMS",
     "KINDS",
     "STATUSES",
     "SOURCE_SUFFIXES",
+    "MAX_FILE_BYTES",
+    "SKIPPED_DIRECTORIES",
     "DeprecationRecord",
     "Finding",
     "lookup",
@@ -41,6 +43,7 @@ __all__ = [
     "is_deprecated",
     "warn_deprecated",
     "scan",
+    "printable",
     "markdown_table",
 ]
 

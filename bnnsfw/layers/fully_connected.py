@@ -18,11 +18,19 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .._validation import as_input, as_output, describe, layer_dtype, parameter_array, positive_int
+from .._validation import (
+    as_input,
+    as_output,
+    describe,
+    layer_dtype,
+    parameter_array,
+    positive_int,
+    separate_outputs,
+)
 from ..activation import Activation
 from ..backends.contract import GemmRequest
 from ..errors import InvalidParameterError, ShapeError, must_be
-from ..filter import Filter, FilterParameters
+from ..filter import Filter, FilterParameters, guarded
 
 __all__ = ["FullyConnectedParameters", "FullyConnectedGradients", "FullyConnectedLayer"]
 
@@ -256,6 +264,7 @@ class FullyConnectedLayer(Filter):
         return self._activation
 
     @property
+    @guarded
     def weights(self) -> np.ndarray:
         """The live weight array ``(output_size, input_size)`` the layer computes with.
 
@@ -267,12 +276,14 @@ class FullyConnectedLayer(Filter):
         return self._weights
 
     @property
+    @guarded
     def bias(self) -> np.ndarray | None:
         """The live bias array ``(output_size,)``, or ``None`` for a layer without bias."""
         self._check_open("bias")
         return self._bias
 
     # Forward.
+    @guarded
     def apply(self, x: object, output: np.ndarray | None = None) -> np.ndarray:
         """Compute ``act(x @ Wᵀ + b)``.
 
@@ -304,6 +315,7 @@ class FullyConnectedLayer(Filter):
             return output
 
     # Backward.
+    @guarded
     def apply_backward(
         self,
         x: object,
@@ -363,6 +375,8 @@ class FullyConnectedLayer(Filter):
             raise InvalidParameterError(must_be(f"{where}(bias_gradient)", "None for a layer without bias",
                                                 describe(np.asarray(bias_gradient))))
         bias_gradient = as_output(f"{where}(bias_gradient)", bias_gradient, self._dtype, (self._output_size,))
+        separate_outputs(where, {"input_gradient": input_gradient, "weights_gradient": weights_gradient,
+                                 "bias_gradient": bias_gradient})
 
         with self._threads():
             x2d = x.reshape(-1, self._input_size)

@@ -27,7 +27,15 @@ from typing import Any, Iterator, NamedTuple, cast
 import attrs
 import numpy as np
 
-from .._validation import as_input, describe, finite_float, layer_dtype, parameter_array, positive_int
+from .._validation import (
+    as_input,
+    describe,
+    finite_float,
+    layer_dtype,
+    overlap,
+    parameter_array,
+    positive_int,
+)
 from ..activation import Activation
 from ..backends.contract import (
     LSTMBackwardRequest,
@@ -39,8 +47,18 @@ from ..backends.contract import (
     LSTMPackRequest,
 )
 from ..errors import InvalidParameterError, ShapeError, must_be
-from ..filter import Filter, FilterParameters
-from ._lstm_cache import HEADER_BYTES, as_byte_buffer, clear_header, read_header, write_header
+from ..filter import Filter, FilterParameters, guarded
+from ._lstm_cache import (
+    HEADER_BYTES,
+    CacheHeader,
+    CacheIdentity,
+    as_byte_buffer,
+    clear_header,
+    digest,
+    next_generation,
+    read_header,
+    write_header,
+)
 
 __all__ = [
     "LSTMGateDescriptor",
@@ -611,6 +629,7 @@ class LSTMLayer(Filter):
             dropout=p.dropout if p.num_layers > 1 else 0.0,
         )
         self._pack_lock = threading.Lock()
+        self._weights_digests: dict[int, int] = {}  # by packed version
         self._packed: LSTMPackedWeights | None = None
         self._snapshot: list[np.ndarray] = []  # client pointers: the weights as last packed
         self._packed_weights()
@@ -619,6 +638,7 @@ class LSTMLayer(Filter):
         self._workspace_lock = threading.Lock()
         self._cache_sizes: dict[tuple[int, int], _CacheSize] = {}
         self._fingerprints: dict[tuple[int, int], int] = {}
+        self._zero_state_digests: dict[int, int] = {}
         self._config_key = self._configuration_key()
 
     # ----------------------------------------------------------------------------------
@@ -630,6 +650,7 @@ class LSTMLayer(Filter):
         else the copy made at creation."""
         return self._params
 
+    @guarded
     def training_cache_capacity(self, batch_size: int, seq_len: int) -> int:
         """Bytes a training forward of ``batch_size`` sequences of ``seq_len`` steps writes.
 
@@ -642,6 +663,7 @@ class LSTMLayer(Filter):
         t = positive_int("LSTMLayer.training_cache_capacity(seq_len)", seq_len)
         return self._cache_size(t, n).nbytes
 
+    @guarded
     def apply(
         self,
         x: np.ndarray,
@@ -684,6 +706,11 @@ class LSTMLayer(Filter):
                 where = "LSTMLayer.apply(training_cache)"
                 buffer = as_byte_buffer(where, training_cache, writable=True)
                 self._check_cache_size(where, buffer, size, seq_len, batch)
+                for name, array in (("x", x_tm), ("hidden", h0), ("cell", c0)):
+                    if array is not None and overlap(buffer[:size.nbytes], array):
+                        raise InvalidParameterError(must_be(
+                            where, f"memory apart from {name} (the forward writes the cache)",
+                            f"a buffer overlapping {name}"))
                 cache_object = training_cache
         elif training_cache is not None:
             raise InvalidParameterError(must_be(
@@ -709,9 +736,13 @@ class LSTMLayer(Filter):
             if buffer is not None:
                 write_header(buffer, fingerprint=self._fingerprint(size, seq_len, batch, lengths),
                              payload_bytes=size.payload, seq_len=seq_len, batch_size=batch,
-                             itemsize=self._dtype.itemsize)
+                             itemsize=self._dtype.itemsize,
+                             identity=CacheIdentity(self._weights_digests[weights.version],
+                                                    weights.version & 0xFFFFFFFF, next_generation(),
+                                                    digest(x_prepared), self._state_digest(h0, c0, batch)))
         return LSTMOutput(output=output, hidden=h_out, cell=c_out, training_cache=cache_object)
 
+    @guarded
     def apply_backward(
         self,
         x: np.ndarray,
@@ -756,7 +787,7 @@ class LSTMLayer(Filter):
                                       seq_len, batch)
         size = self._cache_size(seq_len, batch)
         where = "LSTMLayer.apply_backward(training_cache)"
-        buffer = None
+        buffer = header = None
         if training_cache is None:
             if self._config.dropout > 0.0:
                 raise InvalidParameterError(must_be(
@@ -765,11 +796,13 @@ class LSTMLayer(Filter):
         else:
             buffer = as_byte_buffer(where, training_cache, writable=False)
             self._check_cache_size(where, buffer, size, seq_len, batch)
-            self._check_cache_header(where, buffer, size, seq_len, batch, lengths)
+            header = self._check_cache_header(where, buffer, size, seq_len, batch, lengths)
         gradients = self._gradient_buffers(seq_len, batch)
         with self._threads(), self._borrow_workspace() as workspace:
             weights = self._packed_weights()
             x_prepared = self._prepared_input(x_tm, lengths, workspace)
+            if header is not None:
+                self._check_cache_identity(where, header.identity, weights, x_prepared, h0, c0, batch)
             with self._payload(buffer, size, workspace, write=False) as payload:
                 assert payload is not None  # without a cache: the recomputed forward's
                 if buffer is None:  # recompute the forward, as BNNS does without a cache
@@ -782,6 +815,10 @@ class LSTMLayer(Filter):
                     config=self._config, weights=weights, x=x_prepared, cache=payload, output_gradient=dy,
                     hidden_gradient=dh_final, cell_gradient=dc_final, sequence_lengths=lengths,
                     gradients=gradients, workspace=workspace, threads=self.filter_parameters.n_threads))
+        if buffer is not None and read_header(where, buffer) != header:
+            raise InvalidParameterError(must_be(
+                where, "left alone while apply_backward reads it",
+                "a cache overwritten by another forward during the backward"))
         return self._gradients_result(gradients)
 
     # ----------------------------------------------------------------------------------
@@ -864,6 +901,9 @@ class LSTMLayer(Filter):
                                                                     version=version))
             if self._client:
                 self._snapshot = [np.array(a, copy=True) for g in gates for a in _gate_arrays(g)]
+            # What a training cache is stamped with: the weights it was computed from.
+            self._weights_digests = {v: d for v, d in self._weights_digests.items() if v > version - 4}
+            self._weights_digests[version] = digest(*(a for g in gates for a in _gate_arrays(g)), size=8)
             self._packed = packed
             return packed
 
@@ -975,7 +1015,7 @@ class LSTMLayer(Filter):
                 must_be(where, f"at least {size.nbytes} bytes ({call})", f"{buffer.size} bytes"))
 
     def _check_cache_header(self, where: str, buffer: np.ndarray, size: _CacheSize, seq_len: int, batch: int,
-                            lengths: np.ndarray | None) -> None:
+                            lengths: np.ndarray | None) -> CacheHeader:
         header = read_header(where, buffer)
         if (header.seq_len, header.batch_size) != (seq_len, batch):
             raise InvalidParameterError(must_be(
@@ -989,6 +1029,41 @@ class LSTMLayer(Filter):
                 where,
                 "the cache of a training forward with this layer configuration and these sequence_lengths",
                 "a cache written for another configuration or other sequence lengths"))
+        return header
+
+    def _state_digest(self, h0: np.ndarray | None, c0: np.ndarray | None, batch: int) -> int:
+        """digest(h0, c0), zeros standing for a missing state (kept per N when both are missing)."""
+        if h0 is None and c0 is None and batch in self._zero_state_digests:
+            return self._zero_state_digests[batch]
+        p = self._params
+        zeros = np.zeros((p.num_layers * p.num_directions, batch, p.hidden_size), self._dtype)
+        value = digest(zeros if h0 is None else h0, zeros if c0 is None else c0)
+        if h0 is None and c0 is None:
+            if len(self._zero_state_digests) >= 8:
+                self._zero_state_digests.clear()
+            self._zero_state_digests[batch] = value
+        return value
+
+    def _check_cache_identity(self, where: str, identity: CacheIdentity, weights: LSTMPackedWeights,
+                              x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
+                              batch: int) -> None:
+        """A cache is trusted only for the layer, weights and inputs of the forward that wrote it
+        (the initial states are compared when the backward is given any)."""
+        if identity.weights != self._weights_digests[weights.version]:
+            changed = "" if identity.weights_version == weights.version & 0xFFFFFFFF else (
+                f" (this layer's weights changed since: version {identity.weights_version} then, "
+                f"{weights.version} now)")
+            raise InvalidParameterError(must_be(
+                where, "a cache written with the weights this layer computes with",
+                f"a cache written by a layer with other weights{changed}"))
+        if identity.x_digest != digest(x):
+            raise InvalidParameterError(must_be(where, "the cache of the forward of this x",
+                                                "a cache written for another x"))
+        states_given = h0 is not None or c0 is not None
+        if states_given and identity.state_digest != self._state_digest(h0, c0, batch):
+            raise InvalidParameterError(must_be(
+                where, "the cache of the forward from these initial hidden and cell states",
+                "a cache written from other initial states"))
 
     def _check_x(self, where: str, x: object) -> tuple[np.ndarray, int, int]:
         p = self._params

@@ -27,12 +27,14 @@ from .._validation import (
     layer_dtype,
     parameter_array,
     positive_int,
+    real_array,
+    separate_outputs,
 )
 from ..activation import Activation
 from ..backends.contract import NormalizationBackwardRequest, NormalizationForwardRequest
 from ..enums import FilterType, LearningPhase
 from ..errors import InvalidParameterError, ShapeError, must_be
-from ..filter import Filter, FilterParameters
+from ..filter import Filter, FilterParameters, guarded
 
 __all__ = [
     "NormalizationType",
@@ -77,11 +79,7 @@ def _optional_array(where: str, value: object) -> Array | None:
     """Keep ndarrays as they are (client pointers), turn other array-likes into arrays."""
     if value is None or isinstance(value, np.ndarray):
         return value
-    try:
-        return np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(
-            must_be(where, "None or an array of numbers", type(value).__name__)) from None
+    return real_array(where, value, np.dtype(np.float64), rule="None or an array of real numbers")
 
 
 def _to_moving_mean(value: object) -> Array | None:
@@ -531,6 +529,7 @@ class NormalizationLayer(Filter):
         return self._parameters.dtype
 
     @property
+    @guarded
     def gamma(self) -> Array:
         """The live scale array (ones if none was given).
 
@@ -542,10 +541,12 @@ class NormalizationLayer(Filter):
         return self._gamma
 
     @gamma.setter
+    @guarded
     def gamma(self, value: Any) -> None:
         self._assign("gamma", value)
 
     @property
+    @guarded
     def beta(self) -> Array:
         """The live shift array (zeros if none was given); assignable like :attr:`gamma`."""
         self._check_open("beta")
@@ -553,16 +554,19 @@ class NormalizationLayer(Filter):
         return self._beta
 
     @beta.setter
+    @guarded
     def beta(self, value: Any) -> None:
         self._assign("beta", value)
 
     @property
+    @guarded
     def moving_mean(self) -> Array | None:
         """The live moving mean ``(C,)``, or ``None`` without moving statistics."""
         self._check_open("moving_mean")
         return self._moving_mean
 
     @property
+    @guarded
     def moving_variance(self) -> Array | None:
         """The live moving (biased) variance ``(C,)``, or ``None`` without moving statistics."""
         self._check_open("moving_variance")
@@ -577,6 +581,7 @@ class NormalizationLayer(Filter):
         np.copyto(live, array)
 
     # Forward.
+    @guarded
     def apply(self, x: Any, phase: LearningPhase | str = "training", output: Array | None = None) -> Array:
         """Normalize a batch (``BNNSNormalizationFilterApplyBatch``).
 
@@ -628,6 +633,7 @@ class NormalizationLayer(Filter):
         return result.reshape(x.shape) if out is None else out
 
     # Backward.
+    @guarded
     def apply_backward(
         self,
         x: Any,
@@ -696,6 +702,8 @@ class NormalizationLayer(Filter):
         dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
         dbeta_buffer = as_output(f"{where}(beta_gradient)", beta_gradient, dtype, affine)
         dgamma_buffer = as_output(f"{where}(gamma_gradient)", gamma_gradient, dtype, affine)
+        separate_outputs(where, {"input_gradient": dx_buffer, "beta_gradient": dbeta_buffer,
+                                 "gamma_gradient": dgamma_buffer})
         if dx_buffer is not None:
             self._check_input_gradient(dx_buffer, x, dy, output, bool(accumulate))
 

@@ -1,0 +1,1 @@
+"""The hostile-input suite: one module per family of the hardening issue."""
