@@ -42,22 +42,26 @@ def as_input(
 ) -> np.ndarray:
     """Check an array argument and return it as an ndarray (never a copy of an ndarray).
 
-    Array-likes that are not ndarrays (lists, scalars) are converted to ``dtype``; ndarrays
-    must already have it, since a float64 array handed to a float32 layer is usually a bug.
+    One dtype rule for every kind of input: the value is read as NumPy reads it
+    (``numpy.asarray``, which keeps an ndarray and asks an array-like for its array) and
+    that array must already have ``dtype``. A float64 ndarray, a float64 array-like (anything
+    with ``__array__``) and a list of Python floats (float64 to NumPy) are all refused by a
+    float32 layer, with the same message: a silent cast hides a bug as often as it helps.
     ``shape`` entries of ``None`` match any extent.
     """
     if value is None:
         raise InvalidParameterError(must_be(where, "an array", None))
-    if isinstance(value, np.ndarray):
-        array = value
-        if array.dtype != dtype:
-            raise DTypeError(must_be(where, f"a {dtype.name} array (the layer's dtype)", array.dtype.name))
-    else:
-        try:
-            array = np.asarray(value, dtype=dtype)
-        except (TypeError, ValueError):
-            raise InvalidParameterError(must_be(where, f"an array of {dtype.name}",
-                                                type(value).__name__)) from None
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(must_be(where, f"an array of {dtype.name}",
+                                            type(value).__name__)) from None
+    if array.dtype != dtype:
+        given = array.dtype.name
+        if not isinstance(value, np.ndarray):
+            given += f" from {type(value).__name__}"
+        rule = f"a {dtype.name} array (the layer's dtype)"
+        raise DTypeError(must_be(where, rule, given))
     if shape is not None and not shape_matches(array.shape, shape):
         expected = shape_text or format_shape(shape)
         raise ShapeError(must_be(where, f"of shape {expected}", describe(array)))
