@@ -36,7 +36,7 @@ from .errors import (
     UnknownBackendError,
     UnknownNameError,
 )
-from .filter import Filter, FilterParameters
+from .filter import Filter, FilterParameters, IncompatibleKeys
 from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import (
     LSTMGateDescriptor,
@@ -88,6 +88,7 @@ __all__ = [
     "FullyConnectedLayer",
     "FullyConnectedGradients",
     # training
+    "IncompatibleKeys",
     "save_weights",
     "load_weights",
     "losses",

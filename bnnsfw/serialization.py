@@ -44,21 +44,11 @@ def _type_names() -> str:
 
 
 def _live_state(name: str, layer: Filter) -> tuple[str, dict[str, Any]]:
-    """The layer's type name and state, holding the arrays the layer computes with now.
-
-    A layer that copied its arrays at creation (the default, without client pointers) trains
-    those copies, and exposes them as properties named like the state's entries
-    (``NormalizationLayer.gamma``, ``FullyConnectedLayer.weights`` …): those are saved.
-    """
+    """The layer's type name and state, holding the arrays the layer computes with now
+    (``layer_parameters`` holds the live arrays, whatever the filter parameters)."""
     for type_name, (layer_class, _) in _LAYER_TYPES.items():
         if isinstance(layer, layer_class):
-            state: dict[str, Any] = layer.parameters.to_state()
-            for key, value in state.items():
-                live = getattr(layer_class, key, None)
-                if (value is None or isinstance(value, np.ndarray)) and isinstance(live, property):
-                    array = getattr(layer, key)
-                    if isinstance(array, np.ndarray):
-                        state[key] = array
+            state: dict[str, Any] = layer.layer_parameters.to_state()
             return type_name, state
     classes = ", ".join(layer_class.__name__ for layer_class, _ in _LAYER_TYPES.values())
     where = f"save_weights(layers[{name!r}])"

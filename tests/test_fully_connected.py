@@ -398,7 +398,7 @@ def test_repr_and_properties(backend_name):
     assert f"backend={backend_name!r}" in text and "open" in text
     assert (layer.input_size, layer.output_size, layer.dtype) == (IN, OUT, np.float32)
     assert layer.activation == Activation.tanh() and layer.backend.name == backend_name
-    assert layer.parameters.input_size == IN
+    assert layer.layer_parameters.input_size == IN
 
 
 # Optional cross-check with PyTorch.

@@ -548,7 +548,10 @@ def test_repr_and_properties(backend_name, rng):
     layer = make_layer(params, backend_name)
     assert repr(layer) == (f"<NormalizationLayer type=group_norm, group_count=2, input_shape=(4, 3), "
                            f"dtype=float64, activation=identity, backend={layer.backend.name!r}, open>")
-    assert layer.parameters is params and layer.input_shape == (4, 3) and layer.dtype == np.float64
+    live = layer.layer_parameters
+    assert attrs.evolve(live, gamma=params.gamma, beta=params.beta) == params
+    assert live.gamma is not None and not live.gamma.flags.writeable  # views of the layer's own copies
+    assert layer.input_shape == (4, 3) and layer.dtype == np.float64
 
 
 def _params(**changes):

@@ -32,7 +32,7 @@ def test_round_trip_reproduces_outputs_exactly(tmp_path, rng, backend_name):
     assert {k: type(v) for k, v in loaded.items()} == {k: type(v) for k, v in original.items()}
     np.testing.assert_array_equal(predict(loaded), predict(original))
     np.testing.assert_array_equal(loaded["norm"].moving_mean, norm.moving_mean)
-    assert loaded["lstm"].parameters.input_gate.cell_weights.shape == (2, 2, 4)
+    assert loaded["lstm"].layer_parameters.input_gate.cell_weights.shape == (2, 2, 4)
 
 
 def test_save_refuses_bad_input(tmp_path):
@@ -58,14 +58,15 @@ def test_saved_arrays_are_the_live_ones_the_layers_train(tmp_path):
     """Without client pointers a layer trains its own copies; those are what is saved."""
     norm_parameters = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(3,))
     norm = bf.NormalizationLayer(norm_parameters)
-    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=3, output_size=2, seed=0))
+    head_parameters = bf.FullyConnectedParameters.random(input_size=3, output_size=2, seed=0)
+    head = bf.FullyConnectedLayer(head_parameters)
     norm.gamma -= 0.5                                  # the parameters held no gamma at all
     head.weights[...] += 1.0                           # as an optimizer updates it, in place
     save_weights(tmp_path / "m.npz", {"norm": norm, "head": head})
     loaded = load_weights(tmp_path / "m.npz")
     np.testing.assert_array_equal(loaded["norm"].gamma, [0.5, 0.5, 0.5])
     np.testing.assert_array_equal(loaded["head"].weights, head.weights)
-    assert not np.array_equal(loaded["head"].weights, head.parameters.weights)
+    assert not np.array_equal(loaded["head"].weights, head_parameters.weights)
 
 
 def _first_format_file(path):
@@ -103,7 +104,7 @@ def _first_format_file(path):
 def test_a_file_in_the_first_format_loads_and_is_written_back_the_same(tmp_path):
     arrays = _first_format_file(tmp_path / "old.npz")
     layers = load_weights(tmp_path / "old.npz")
-    lstm = layers["lstm"].parameters
+    lstm = layers["lstm"].layer_parameters
     assert (lstm.input_size, lstm.hidden_size, lstm.seed) == (3, 4, 7)
     assert lstm.hidden_activation == bf.Activation.scaled_tanh(1.5, 0.5)
     assert lstm.forget_gate.activation == bf.Activation.hard_sigmoid(0.2, 0.5)
@@ -114,8 +115,8 @@ def test_a_file_in_the_first_format_loads_and_is_written_back_the_same(tmp_path)
         np.testing.assert_array_equal(gate.bias, arrays[f"lstm/{name}/bias"])
     np.testing.assert_array_equal(lstm.forget_gate.cell_weights, arrays["lstm/forget_gate/cell_weights"])
     norm = layers["norm"]
-    assert norm.parameters.type.kind is bf.FilterType.batch_norm
-    assert norm.parameters.epsilon == 0.001
+    assert norm.layer_parameters.type.kind is bf.FilterType.batch_norm
+    assert norm.layer_parameters.epsilon == 0.001
     for key in ("gamma", "beta", "moving_mean", "moving_variance"):
         np.testing.assert_array_equal(getattr(norm, key), arrays[f"norm/{key}"])
     head = layers["head"]

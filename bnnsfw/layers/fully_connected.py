@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .._named import read_only
 from .._validation import as_input, as_output, describe, layer_dtype, parameter_array, positive_int
 from ..activation import Activation
 from ..backends.contract import GemmRequest
@@ -181,6 +182,14 @@ class FullyConnectedGradients:
     weights: np.ndarray
     bias: np.ndarray | None
 
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The weight gradients under the names of :meth:`FullyConnectedLayer.parameters`:
+        ``weights``, and ``bias`` when the layer has one (the arrays themselves)."""
+        named = {"weights": self.weights}
+        if self.bias is not None:
+            named["bias"] = self.bias
+        return named
+
 
 class FullyConnectedLayer(Filter):
     """A fully connected layer, ``y = act(x @ Wᵀ + b)``, with its backward pass.
@@ -193,7 +202,7 @@ class FullyConnectedLayer(Filter):
         Backend, thread count, and ``use_client_pointer``: with it the layer keeps the
         parameter object's weight and bias arrays (the caller's, when they already had the
         layer's dtype), so in-place updates to them are seen by the next call; without it
-        (the default) the layer works on copies.
+        (the default) the layer works on copies, which :meth:`parameters` hands out.
 
     Examples
     --------
@@ -228,16 +237,25 @@ class FullyConnectedLayer(Filter):
         if self.filter_parameters.use_client_pointer:
             self._weights: np.ndarray | None = parameters.weights
             self._bias: np.ndarray | None = parameters.bias
+            self._public = parameters
         else:
             self._weights = parameters.weights.copy()
             self._bias = None if parameters.bias is None else parameters.bias.copy()
+            self._public = attrs.evolve(parameters, weights=read_only(self._weights),
+                                        bias=read_only(self._bias))
         self._has_bias = parameters.bias is not None
 
     # Read-only description.
     @property
-    def parameters(self) -> FullyConnectedParameters:
-        """The parameter object the layer was created from."""
-        return self._parameters
+    def layer_parameters(self) -> FullyConnectedParameters:
+        """The parameters the layer computes with, holding its live arrays.
+
+        With ``use_client_pointer`` the parameter object it was created from; otherwise the
+        same with read-only views of the layer's own copies (they show the current values;
+        train through :meth:`parameters`).
+        """
+        self._check_open("layer_parameters")
+        return self._public
 
     @property
     def input_size(self) -> int:
@@ -271,6 +289,13 @@ class FullyConnectedLayer(Filter):
         """The live bias array ``(output_size,)``, or ``None`` for a layer without bias."""
         self._check_open("bias")
         return self._bias
+
+    def _named_parameters(self) -> dict[str, np.ndarray]:
+        assert self._weights is not None  # released by close() only, and callers check the layer is open
+        named = {"weights": self._weights}
+        if self._bias is not None:
+            named["bias"] = self._bias
+        return named
 
     # Forward.
     def apply(self, x: object, output: np.ndarray | None = None) -> np.ndarray:

@@ -27,6 +27,7 @@ from typing import Any, Iterator, NamedTuple, cast
 import attrs
 import numpy as np
 
+from .._named import read_only
 from .._validation import as_input, describe, finite_float, layer_dtype, parameter_array, positive_int
 from ..activation import Activation
 from ..backends.contract import (
@@ -52,6 +53,8 @@ __all__ = [
 ]
 
 GATE_FIELDS = ("input_gate", "forget_gate", "candidate_gate", "output_gate")
+#: How the names of :meth:`LSTMLayer.parameters` call the two directions.
+DIRECTION_NAMES = ("forward", "reverse")
 _DEFAULT_GATE_ACTIVATIONS = (
     Activation.sigmoid(), Activation.sigmoid(), Activation.tanh(), Activation.sigmoid())
 _DEFAULT_HIDDEN_ACTIVATION = Activation.tanh()
@@ -495,6 +498,11 @@ class LSTMGradients:
         """The four gate gradients in the order input, forget, candidate, output."""
         return (self.input_gate, self.forget_gate, self.candidate_gate, self.output_gate)
 
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The weight gradients under the names of :meth:`LSTMLayer.parameters` (views of the
+        arrays above, one per layer, direction, gate and field)."""
+        return _named_layer_arrays(self.gates)
+
 
 # --------------------------------------------------------------------------------------
 # The layer.
@@ -531,13 +539,63 @@ def _gate_arrays(gate: LSTMGateDescriptor) -> list[np.ndarray]:
     return [a for a in arrays if a is not None]
 
 
-def _copied_gate(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
-    def copy(a: Any) -> Any:
-        return None if a is None else np.array(a, copy=True)
+def _named_layer_arrays(gates: tuple[Any, Any, Any, Any]) -> dict[str, np.ndarray]:
+    """Per layer, direction, gate and field, the view of that slice of the stacked arrays.
 
-    return LSTMGateDescriptor(input_weights=(copy(gate.input_weights[0]), copy(gate.input_weights[1])),
-                              hidden_weights=copy(gate.hidden_weights), cell_weights=copy(gate.cell_weights),
-                              bias=copy(gate.bias), activation=gate.activation)
+    Names are ``"layer<l>.<forward|reverse>.<gate>.<field>"`` (field ``input_weights``,
+    ``hidden_weights``, then ``cell_weights`` and ``bias`` where the gate has them); layer 0's
+    input weights are ``(H, I)``, the upper layers' ``(H, D·H)``, the others ``(H, H)`` or
+    ``(H,)``. ``gates`` are gate descriptors or gate gradients (the same fields).
+    """
+    size_l, size_d = np.shape(gates[0].hidden_weights)[:2]
+    named: dict[str, np.ndarray] = {}
+    for layer in range(size_l):
+        for direction in range(size_d):
+            prefix = f"layer{layer}.{DIRECTION_NAMES[direction]}"
+            for name, gate in zip(GATE_FIELDS, gates):
+                iw0, iw1 = gate.input_weights
+                iw = iw0[direction] if layer == 0 else iw1[layer - 1, direction]
+                named[f"{prefix}.{name}.input_weights"] = iw
+                named[f"{prefix}.{name}.hidden_weights"] = gate.hidden_weights[layer, direction]
+                for field in ("cell_weights", "bias"):
+                    array = getattr(gate, field)
+                    if array is not None:
+                        named[f"{prefix}.{name}.{field}"] = array[layer, direction]
+    return named
+
+
+def _read_only_gate(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
+    iw0, iw1 = gate.input_weights
+    return LSTMGateDescriptor(input_weights=(read_only(iw0), read_only(iw1)),
+                              hidden_weights=read_only(gate.hidden_weights),
+                              cell_weights=read_only(gate.cell_weights), bias=read_only(gate.bias),
+                              activation=gate.activation)
+
+
+def _copied_gates(parameters: LSTMParameters) -> tuple[LSTMParameters, np.ndarray]:
+    """``parameters`` with copies of every gate's arrays, all views of one flat buffer, which is
+    also returned (the layer compares it as one array when it watches its weights)."""
+    flat = np.empty(sum(a.size for g in parameters.gates for a in _gate_arrays(g)), parameters.dtype)
+    offset = 0
+
+    def copy(a: Any) -> Any:
+        nonlocal offset
+        if a is None:
+            return None
+        view = flat[offset:offset + a.size].reshape(a.shape)
+        np.copyto(view, a)
+        offset += a.size
+        return view
+
+    def copied(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
+        iw0, iw1, hw = *gate.input_weights, gate.hidden_weights
+        return LSTMGateDescriptor(input_weights=(copy(iw0), copy(iw1)), hidden_weights=copy(hw),
+                                  cell_weights=copy(gate.cell_weights), bias=copy(gate.bias),
+                                  activation=gate.activation)
+
+    p = parameters
+    return attrs.evolve(p, input_gate=copied(p.input_gate), forget_gate=copied(p.forget_gate),
+                        candidate_gate=copied(p.candidate_gate), output_gate=copied(p.output_gate)), flat
 
 
 class LSTMLayer(Filter):
@@ -549,6 +607,15 @@ class LSTMLayer(Filter):
     filter_parameters : FilterParameters, optional
         Backend, BLAS thread limit, and ``use_client_pointer`` (keep the weight arrays held
         by ``parameters`` and see in-place updates to them, instead of copying them once).
+
+    Notes
+    -----
+    Training: :meth:`parameters` names the live weight arrays (copies made at creation, or
+    the caller's with ``use_client_pointer``) and :meth:`LSTMGradients.parameters` their
+    gradients, so ``optimizer.step(layer.parameters(), grads.parameters())`` trains the
+    layer whatever the filter parameters. Once its arrays have been handed out, the layer
+    compares them before each call with a copy taken when the backend last packed them and
+    has them packed again when any element changed (``docs/conventions.md``).
 
     Examples
     --------
@@ -570,14 +637,24 @@ class LSTMLayer(Filter):
             raise InvalidParameterError(
                 must_be("LSTMLayer(parameters)", "an LSTMParameters", type(parameters).__name__))
         super().__init__(filter_parameters)
-        self._client = self.filter_parameters.use_client_pointer
-        if not self._client:  # BNNS copies the weights at creation
-            parameters = attrs.evolve(
-                parameters, input_gate=_copied_gate(parameters.input_gate),
-                forget_gate=_copied_gate(parameters.forget_gate),
-                candidate_gate=_copied_gate(parameters.candidate_gate),
-                output_gate=_copied_gate(parameters.output_gate))
+        client = self.filter_parameters.use_client_pointer
+        public = parameters
+        # The arrays to compare when the weights are watched (see _packed_weights).
+        self._watched_arrays = [a for g in parameters.gates for a in _gate_arrays(g)]
+        if not client:  # BNNS copies the weights at creation
+            parameters, flat = _copied_gates(parameters)
+            self._watched_arrays = [flat]
+            public = attrs.evolve(
+                parameters, input_gate=_read_only_gate(parameters.input_gate),
+                forget_gate=_read_only_gate(parameters.forget_gate),
+                candidate_gate=_read_only_gate(parameters.candidate_gate),
+                output_gate=_read_only_gate(parameters.output_gate))
         self._params = parameters
+        self._public = public
+        # Whether the weight arrays may change outside the layer: the caller's (client
+        # pointers) from the start, the layer's own copies once parameters() handed them out.
+        self._watched = client
+        self._stale = False  # the layer itself wrote new weights (load_state_dict)
         self._dtype = parameters.dtype
         p = parameters
         self._config = LSTMConfig(
@@ -590,7 +667,7 @@ class LSTMLayer(Filter):
         )
         self._pack_lock = threading.Lock()
         self._packed: LSTMPackedWeights | None = None
-        self._snapshot: list[np.ndarray] = []  # client pointers: the weights as last packed
+        self._snapshot: list[np.ndarray] = []  # watched weights: their values as last packed
         self._packed_weights()
         self._rng: np.random.Generator | None = np.random.default_rng(parameters.seed)
         self._workspace: _Workspace | None = _Workspace()
@@ -603,10 +680,27 @@ class LSTMLayer(Filter):
     # Public API.
     # ----------------------------------------------------------------------------------
     @property
-    def parameters(self) -> LSTMParameters:
-        """The parameters the layer computes with: the caller's with ``use_client_pointer``,
-        else the copy made at creation."""
-        return self._params
+    def layer_parameters(self) -> LSTMParameters:
+        """The parameters the layer computes with, holding its live weight arrays.
+
+        With ``use_client_pointer`` the caller's parameter object; otherwise the copy made at
+        creation, with read-only views of the layer's arrays (they show the current values;
+        train through :meth:`parameters`).
+        """
+        self._check_open("layer_parameters")
+        return self._public
+
+    def _named_parameters(self) -> dict[str, np.ndarray]:
+        return _named_layer_arrays(self._params.gates)
+
+    def _share_arrays(self) -> None:
+        with self._pack_lock:
+            if not self._watched:
+                self._snapshot = [np.array(a, copy=True) for a in self._watched_arrays]
+                self._watched = True
+
+    def _state_written(self) -> None:
+        self._stale = True
 
     def training_cache_capacity(self, batch_size: int, seq_len: int) -> int:
         """Bytes a training forward of ``batch_size`` sequences of ``seq_len`` steps writes.
@@ -822,32 +916,42 @@ class LSTMLayer(Filter):
             np.copyto(payload, staged)
 
     def _packed_weights(self) -> LSTMPackedWeights:
-        """The backend's packed weights, packed again only when client-pointer weights changed.
+        """The backend's packed weights, packed again only when the weights changed.
 
-        With ``use_client_pointer`` the layer compares the caller's arrays with a copy taken
-        at the last packing (one read of the weights per call; packing also writes and
-        transposes them) and, when any differs, asks the backend for a new packing with the
-        next ``version``.
+        Weights that may change outside the layer (client pointers, or arrays handed out by
+        :meth:`parameters`) are compared with a copy taken at the last packing: one read of
+        the weights per call, stopping at the first array that differs (packing also writes
+        and transposes them). When any differs, or :meth:`load_state_dict` wrote new ones,
+        the backend packs them again with the next ``version``. A layer whose arrays never
+        left it pays nothing.
         """
         packed = self._packed
-        if packed is not None and not (self._client and self._weights_changed()):
+        if packed is not None and not self._stale and not (self._watched and self._weights_changed()):
             return packed
         with self._pack_lock:
             packed = self._packed
-            if packed is not None and not (self._client and self._weights_changed()):
+            if packed is not None and not self._stale and not (self._watched and self._weights_changed()):
                 return packed
             gates = self._params.gates
             version = 0 if packed is None else packed.version + 1
             packed = self.backend.lstm_pack_weights(LSTMPackRequest(config=self._config, gates=gates,
                                                                     version=version))
-            if self._client:
-                self._snapshot = [np.array(a, copy=True) for g in gates for a in _gate_arrays(g)]
+            if self._watched:
+                self._snapshot = [np.array(a, copy=True) for a in self._watched_arrays]
+            self._stale = False
             self._packed = packed
             return packed
 
     def _weights_changed(self) -> bool:
-        current = (a for g in self._params.gates for a in _gate_arrays(g))
-        return not all(np.array_equal(a, b) for a, b in zip(current, self._snapshot))
+        """Whether any bit of the watched weights differs from the copy taken at the last packing.
+
+        The arrays are compared as unsigned integers of their item size: bit for bit (a NaN
+        equals itself, −0.0 differs from 0.0, as packing would see them), and about twice as
+        fast as comparing floats. The layer's own copies live in one buffer, compared at once.
+        """
+        bits = np.dtype(f"u{self._dtype.itemsize}")
+        pairs = zip(self._watched_arrays, self._snapshot)
+        return not all(np.array_equal(a.view(bits), b.view(bits)) for a, b in pairs)
 
     def _gradient_buffers(self, seq_len: int, batch: int) -> LSTMGradientBuffers:
         """Gradients in the public structure (written by the backend), ``input`` time-major."""
@@ -1003,6 +1107,7 @@ class LSTMLayer(Filter):
     def _release(self) -> None:
         self._packed = None
         self._snapshot = []
+        self._watched_arrays = []
         self._workspace = None
         self._rng = None
 

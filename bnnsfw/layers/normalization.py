@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .._named import read_only
 from .._validation import (
     as_input,
     as_output,
@@ -417,6 +418,10 @@ class NormalizationGradients:
     beta: Array
     gamma: Array
 
+    def parameters(self) -> dict[str, Array]:
+        """``gamma`` and ``beta`` gradients under the names of :meth:`NormalizationLayer.parameters`."""
+        return {"gamma": self.gamma, "beta": self.beta}
+
 
 # --- the layer -------------------------------------------------------------------------
 
@@ -450,6 +455,8 @@ class NormalizationLayer(Filter):
     The layer's :attr:`gamma`, :attr:`beta`, :attr:`moving_mean` and :attr:`moving_variance`
     are live arrays: an optimizer may update them in place between calls. Training forwards
     of batch and instance norm with moving statistics update those in place.
+    :meth:`parameters` names the trainable ones (``gamma``, ``beta``); :meth:`state_dict`
+    adds the moving statistics.
 
     NaN or infinity in the weights is refused at creation; NaN in the input data is not
     checked (that would cost a pass over memory) and propagates to the outputs of the
@@ -507,6 +514,12 @@ class NormalizationLayer(Filter):
                     must_be(f"NormalizationType.{name}", "writable (training updates it in place)",
                             "a read-only array")
                 )
+        view = (lambda a: a) if client else read_only
+        kind = parameters.type
+        if kind.has_moving_statistics:
+            kind = attrs.evolve(kind, moving_mean=view(self._moving_mean),
+                                moving_variance=view(self._moving_variance))
+        self._public = attrs.evolve(parameters, type=kind, gamma=view(self._gamma), beta=view(self._beta))
         self._layout = _Layout.of(parameters)
         # Workspaces reused by apply_backward (two x-sized arrays at most); a call finding
         # them in use by another thread allocates its own.
@@ -516,9 +529,16 @@ class NormalizationLayer(Filter):
 
     # Properties.
     @property
-    def parameters(self) -> NormalizationParameters:
-        """The parameters this layer was created from."""
-        return self._parameters
+    def layer_parameters(self) -> NormalizationParameters:
+        """The parameters the layer computes with, holding its live arrays.
+
+        Gamma and beta are always arrays here (ones and zeros when none were given). With
+        ``use_client_pointer`` they are the arrays the layer uses; otherwise read-only views
+        of the layer's own copies (they show the current values; train through
+        :meth:`parameters`).
+        """
+        self._check_open("layer_parameters")
+        return self._public
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -575,6 +595,21 @@ class NormalizationLayer(Filter):
             return
         array = parameter_array(f"NormalizationLayer.{name}", value, self.dtype, live.shape, copy=False)
         np.copyto(live, array)
+
+    def _named_parameters(self) -> dict[str, Array]:
+        assert self._gamma is not None and self._beta is not None  # released by close() only
+        return {"gamma": self._gamma, "beta": self._beta}
+
+    def _named_buffers(self) -> dict[str, Array]:
+        if self._moving_mean is None or self._moving_variance is None:
+            return {}
+        return {"moving_mean": self._moving_mean, "moving_variance": self._moving_variance}
+
+    def _check_state_values(self, where: str, values: Any) -> None:
+        variance = values.get("moving_variance")
+        if variance is not None and (variance < 0).any():
+            raise InvalidParameterError(must_be(f"{where}['moving_variance']", ">= 0 everywhere",
+                                                "an array with negative values"))
 
     # Forward.
     def apply(self, x: Any, phase: LearningPhase | str = "training", output: Array | None = None) -> Array:
