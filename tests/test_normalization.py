@@ -642,7 +642,8 @@ def test_invalid_calls(backend_name, rng):
     params = make_params("batch", (4, 3), rng, activation=Activation.sigmoid(), dtype=np.float32)
     layer = make_layer(params, backend_name)
     x = rng.standard_normal((2, 4, 3)).astype(np.float32)
-    with pytest.raises(bf.ShapeError, match=r"NormalizationLayer.apply\(x\) must be of shape \(N, 4, 3\); "
+    with pytest.raises(bf.ShapeError, match=r"NormalizationLayer.apply\(x\) must be of shape \(N, 4, 3\) "
+                                            r"or unbatched \(4, 3\); "
                                             r"got 'shape \(2, 3, 4\) float32'\."):
         layer.apply(x.reshape(2, 3, 4))
     with pytest.raises(bf.ShapeError, match=r"at least one sample"):

@@ -1,4 +1,4 @@
-"""Parameters and gradients by name, and state dicts."""
+"""Parameters and gradients by name, state dicts, callable layers and unbatched inputs."""
 
 from __future__ import annotations
 
@@ -86,9 +86,9 @@ def _same_names_and_shapes(params, grads):
 def test_in_place_updates_reach_the_next_call(backend_name, options, rng):
     x_seq = rng.standard_normal((4, 2, 3))
     x = rng.standard_normal((5, 3, 2))
-    for layer, run in ((_lstm(backend_name, **options), lambda layer: layer.apply(x_seq).output),
-                       (_norm(backend_name, **options), lambda layer: layer.apply(x, phase="inference")),
-                       (_dense(backend_name, **options), lambda layer: layer.apply(x[:, :, 0]))):
+    for layer, run in ((_lstm(backend_name, **options), lambda layer: layer(x_seq).output),
+                       (_norm(backend_name, **options), lambda layer: layer(x)),
+                       (_dense(backend_name, **options), lambda layer: layer(x[:, :, 0]))):
         with layer:
             before = run(layer)
             for name, array in layer.parameters().items():
@@ -117,17 +117,17 @@ def test_an_lstm_packs_once_until_its_arrays_leave_it_then_only_when_they_change
     x = rng.standard_normal((4, 2, 2))
     with LSTMLayer(params, bf.FilterParameters(backend=Recording())) as layer:
         assert layer._watched is False
-        first = layer.apply(x).output
+        first = layer(x).output
         named = layer.parameters()
         assert layer._watched is True
-        layer.apply(x)
+        layer(x)
         assert packs == [0]
         named["layer0.forward.forget_gate.bias"][1] += 0.5
-        second = layer.apply(x).output
-        layer.apply(x)
+        second = layer(x).output
+        layer(x)
         assert packs == [0, 1]
         layer.load_state_dict(layer.state_dict())   # the layer wrote its arrays: packed again
-        np.testing.assert_array_equal(layer.apply(x).output, second)
+        np.testing.assert_array_equal(layer(x).output, second)
         assert packs == [0, 1, 2]
     assert not np.allclose(first, second)
 
@@ -206,9 +206,9 @@ def test_state_dict_is_a_copy_and_loads_into_a_twin(backend_name, rng):
     x = rng.standard_normal((5, 3, 2))
     x_seq = rng.standard_normal((5, 2, 3))
     for make, run in ((lambda: _lstm(backend_name, bidirectional=True),
-                       lambda layer: layer.apply(x_seq).output),
-                      (lambda: _norm(backend_name), lambda layer: layer.apply(x, phase="inference")),
-                      (lambda: _dense(backend_name), lambda layer: layer.apply(x[:, :, 0]))):
+                       lambda layer: layer(x_seq).output),
+                      (lambda: _norm(backend_name), lambda layer: layer(x)),
+                      (lambda: _dense(backend_name), lambda layer: layer(x[:, :, 0]))):
         with make() as source, make() as twin:
             for array in source.parameters().values():
                 array *= 1.5
@@ -276,3 +276,67 @@ def test_closed_layers_refuse_the_named_api(backend_name):
                  lambda: layer.layer_parameters):
         with pytest.raises(bf.FilterClosedError, match="after close"):
             call()
+
+
+# ------------------------------------------------------------------------------------------
+# Callable layers and unbatched inputs (PyTorch's rule).
+# ------------------------------------------------------------------------------------------
+def test_layers_are_callable_for_inference(backend_name, rng):
+    x = rng.standard_normal((5, 3, 2))
+    x_seq = rng.standard_normal((5, 2, 3))
+    with _lstm(backend_name) as lstm, _norm(backend_name) as norm, _dense(backend_name) as dense:
+        np.testing.assert_array_equal(lstm(x_seq).output, lstm.apply(x_seq).output)
+        moving = norm.moving_mean.copy()
+        np.testing.assert_array_equal(norm(x), norm.apply(x, phase="inference"))
+        np.testing.assert_array_equal(norm.moving_mean, moving)   # inference: statistics untouched
+        np.testing.assert_array_equal(dense(x[:, :, 0]), dense.apply(x[:, :, 0]))
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_an_unbatched_lstm_input_is_a_batch_of_one(backend_name, batch_first, rng):
+    params = LSTMParameters.random(input_size=3, hidden_size=4, num_layers=2, bidirectional=True, seed=3,
+                                   dtype=np.float64, batch_first=batch_first)
+    x = rng.standard_normal((6, 3))                          # (T, I) in either layout
+    h0, c0 = rng.standard_normal((2, 4, 4))                   # (L·D, H)
+    dy, dh = rng.standard_normal((6, 8)), rng.standard_normal((4, 4))
+    batched_x = x[None] if batch_first else x[:, None]
+    with LSTMLayer(params, _fp(backend_name)) as layer:
+        out = layer.apply(x, h0, c0, training=True)
+        ref = layer.apply(batched_x, h0[:, None], c0[:, None], training=True)
+        assert out.output.shape == (6, 8) and out.hidden.shape == (4, 4) and out.cell.shape == (4, 4)
+        np.testing.assert_array_equal(out.output, ref.output[0] if batch_first else ref.output[:, 0])
+        np.testing.assert_array_equal(out.hidden, ref.hidden[:, 0])
+        grads = layer.apply_backward(x, dy, h0, c0, hidden_gradient=dh, training_cache=out.training_cache)
+        ref_grads = layer.apply_backward(batched_x, dy[None] if batch_first else dy[:, None], h0[:, None],
+                                         c0[:, None], hidden_gradient=dh[:, None],
+                                         training_cache=ref.training_cache)
+        assert grads.input.shape == (6, 3) and grads.hidden.shape == (4, 4)
+        ref_input = ref_grads.input[0] if batch_first else ref_grads.input[:, 0]
+        np.testing.assert_array_equal(grads.input, ref_input)
+        np.testing.assert_array_equal(grads.cell, ref_grads.cell[:, 0])
+        for name, array in grads.parameters().items():
+            np.testing.assert_array_equal(array, ref_grads.parameters()[name])
+        np.testing.assert_array_equal(layer.apply(x, sequence_lengths=4).output[4:], 0.0)
+        with pytest.raises(bf.ShapeError, match=r"apply\(hidden\) must be of shape \(L·D, H\) = \(4, 4\) "
+                                                r"for an unbatched x"):
+            layer.apply(x, h0[:, None])
+
+
+def test_unbatched_normalization_and_dense_inputs(backend_name, rng):
+    x = rng.standard_normal((3, 2))
+    with _norm(backend_name) as norm, _dense(backend_name) as dense:
+        out = np.empty((3, 2))
+        assert norm.apply(x, phase="inference", output=out) is out
+        np.testing.assert_array_equal(out, norm.apply(x[None], phase="inference")[0])
+        dy = rng.standard_normal((3, 2))
+        grads = norm.apply_backward(x, dy, phase="inference")
+        ref = norm.apply_backward(x[None], dy[None], phase="inference")
+        assert grads.input.shape == (3, 2)
+        np.testing.assert_array_equal(grads.input, ref.input[0])
+        np.testing.assert_array_equal(grads.gamma, ref.gamma)
+        v = x[:, 0]
+        assert dense(v).shape == (2,)
+        np.testing.assert_array_equal(dense(v), dense(v[None])[0])
+        grads = dense.apply_backward(v, np.ones(2))
+        np.testing.assert_array_equal(grads.input, dense.apply_backward(v[None], np.ones((1, 2))).input[0])
+        assert grads.input.shape == (3,) and grads.weights.shape == (2, 3)

@@ -204,6 +204,11 @@ class FullyConnectedLayer(Filter):
         layer's dtype), so in-place updates to them are seen by the next call; without it
         (the default) the layer works on copies, which :meth:`parameters` hands out.
 
+    Notes
+    -----
+    ``layer(x)`` is ``layer.apply(x)``. An unbatched ``x`` of shape ``(input_size,)`` gives an
+    ``(output_size,)`` result (a batch axis is added and removed, as PyTorch does).
+
     Examples
     --------
     >>> import numpy as np
@@ -303,8 +308,8 @@ class FullyConnectedLayer(Filter):
 
         Parameters
         ----------
-        x : ndarray, shape (N, input_size) or (T, N, input_size), the layer's dtype
-            Not modified.
+        x : ndarray, shape (N, input_size), (T, N, input_size) or (input_size,), the layer's dtype
+            Not modified. An unbatched ``(input_size,)`` gives an ``(output_size,)`` result.
         output : ndarray, optional
             Buffer of shape ``x.shape[:-1] + (output_size,)`` to write into.
 
@@ -316,6 +321,9 @@ class FullyConnectedLayer(Filter):
         x = self._data("FullyConnectedLayer.apply(x)", x)
         shape = x.shape[:-1] + (self._output_size,)
         output = as_output("FullyConnectedLayer.apply(output)", output, self._dtype, shape)
+        if x.ndim == 1:  # unbatched: a batch of one, through views of the caller's arrays
+            result = self.apply(x[None], None if output is None else output[None])
+            return output if output is not None else result[0]
         with self._threads():
             x2d = x.reshape(-1, self._input_size)
             target = self._direct(output, (x, self._weights, self._bias))
@@ -344,7 +352,7 @@ class FullyConnectedLayer(Filter):
 
         Parameters
         ----------
-        x : ndarray, shape (N, input_size) or (T, N, input_size)
+        x : ndarray, shape (N, input_size), (T, N, input_size) or (input_size,)
             The forward input.
         dy : ndarray, shape ``x.shape[:-1] + (output_size,)``
             d loss / d output.
@@ -369,6 +377,15 @@ class FullyConnectedLayer(Filter):
         x = self._data(f"{where}(x)", x)
         shape = x.shape[:-1] + (self._output_size,)
         dy = as_input(f"{where}(dy)", dy, self._dtype, shape)
+        if x.ndim == 1:  # unbatched: a batch of one
+            output = None if output is None else as_input(f"{where}(output)", output, self._dtype, shape)
+            dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, self._dtype, x.shape)
+            grads = self.apply_backward(
+                x[None], dy[None], None if output is None else output[None],
+                input_gradient=None if dx_buffer is None else dx_buffer[None],
+                weights_gradient=weights_gradient, bias_gradient=bias_gradient, accumulate=accumulate)
+            return FullyConnectedGradients(input=dx_buffer if dx_buffer is not None else grads.input[0],
+                                           weights=grads.weights, bias=grads.bias)
         if output is None:
             if not self._activation.is_identity:
                 raise InvalidParameterError(must_be(
@@ -420,12 +437,17 @@ class FullyConnectedLayer(Filter):
                     np.copyto(buffer, result)
         return FullyConnectedGradients(input=dx, weights=dw, bias=db)
 
+    def __call__(self, x: object, output: np.ndarray | None = None) -> np.ndarray:
+        """``layer(x)`` is :meth:`apply`: ``act(x @ Wᵀ + b)``."""
+        return self.apply(x, output)
+
     # Helpers.
     def _data(self, where: str, value: object) -> np.ndarray:
         array = as_input(where, value, self._dtype)
-        if array.ndim not in (2, 3) or array.shape[-1] != self._input_size:
+        if array.ndim not in (1, 2, 3) or array.shape[-1] != self._input_size:
             n = self._input_size
-            raise ShapeError(must_be(where, f"of shape (N, {n}) or (T, N, {n})", describe(array)))
+            raise ShapeError(must_be(where, f"of shape (N, {n}), (T, N, {n}) or unbatched ({n},)",
+                                     describe(array)))
         return array
 
     def _affine(self, x2d: np.ndarray, out: np.ndarray | None) -> np.ndarray:

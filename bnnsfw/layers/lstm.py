@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import math
 import threading
+import warnings
 from typing import Any, Iterator, NamedTuple, cast
 
 import attrs
@@ -617,6 +618,10 @@ class LSTMLayer(Filter):
     compares them before each call with a copy taken when the backend last packed them and
     has them packed again when any element changed (``docs/conventions.md``).
 
+    ``layer(x)`` is ``layer.apply(x)`` (inference). An unbatched ``x`` of shape ``(T, I)``
+    (in either layout) is a batch of one: the states are then ``(L·D, H)`` and the output
+    ``(T, D·H)``, as in PyTorch. ``dropout`` with one layer has no effect and warns once.
+
     Examples
     --------
     >>> import numpy as np
@@ -637,6 +642,11 @@ class LSTMLayer(Filter):
             raise InvalidParameterError(
                 must_be("LSTMLayer(parameters)", "an LSTMParameters", type(parameters).__name__))
         super().__init__(filter_parameters)
+        if parameters.dropout > 0.0 and parameters.num_layers == 1:
+            warnings.warn(
+                f"LSTMParameters.dropout={parameters.dropout} has no effect with num_layers=1: dropout "
+                "applies to the inputs of layers 1…L−1, between stacked layers, never after the last one.",
+                UserWarning, stacklevel=2)
         client = self.filter_parameters.use_client_pointer
         public = parameters
         # The arrays to compare when the weights are watched (see _packed_weights).
@@ -702,6 +712,11 @@ class LSTMLayer(Filter):
     def _state_written(self) -> None:
         self._stale = True
 
+    def __call__(self, x: np.ndarray, hidden: np.ndarray | None = None, cell: np.ndarray | None = None,
+                 sequence_lengths: Any = None) -> LSTMOutput:
+        """``layer(x)`` is ``layer.apply(x)``: an inference forward."""
+        return self.apply(x, hidden, cell, sequence_lengths)
+
     def training_cache_capacity(self, batch_size: int, seq_len: int) -> int:
         """Bytes a training forward of ``batch_size`` sequences of ``seq_len`` steps writes.
 
@@ -727,8 +742,10 @@ class LSTMLayer(Filter):
 
         Parameters
         ----------
-        x : array (T, N, I), or (N, T, I) when batch-first
-        hidden, cell : array (L·D, N, H), optional
+        x : array (T, N, I), or (N, T, I) when batch-first; or unbatched (T, I)
+            An unbatched sequence is a batch of one: the output is then (T, D·H) and the
+            states (L·D, H).
+        hidden, cell : array (L·D, N, H), or (L·D, H) for an unbatched x, optional
             Initial states, layer-major then direction; zeros when omitted.
         sequence_lengths : N integers in [1, T], optional
             Steps at or past a sequence's length output zeros and keep its state; the reverse
@@ -743,10 +760,11 @@ class LSTMLayer(Filter):
         self._check_open("apply")
         if not isinstance(training, (bool, np.bool_)):
             raise InvalidParameterError(must_be("LSTMLayer.apply(training)", "True or False", training))
-        x_tm, seq_len, batch = self._check_x("LSTMLayer.apply(x)", x)
-        h0 = self._check_state("LSTMLayer.apply(hidden)", hidden, batch)
-        c0 = self._check_state("LSTMLayer.apply(cell)", cell, batch)
-        lengths = self._check_lengths("LSTMLayer.apply(sequence_lengths)", sequence_lengths, seq_len, batch)
+        x_tm, seq_len, batch, unbatched = self._check_x("LSTMLayer.apply(x)", x)
+        h0 = self._check_state("LSTMLayer.apply(hidden)", hidden, batch, unbatched)
+        c0 = self._check_state("LSTMLayer.apply(cell)", cell, batch, unbatched)
+        lengths = self._check_lengths("LSTMLayer.apply(sequence_lengths)", sequence_lengths, seq_len, batch,
+                                      unbatched)
         size = self._cache_size(seq_len, batch)
         cache_object = buffer = None
         if training:
@@ -782,6 +800,9 @@ class LSTMLayer(Filter):
                 write_header(buffer, fingerprint=self._fingerprint(size, seq_len, batch, lengths),
                              payload_bytes=size.payload, seq_len=seq_len, batch_size=batch,
                              itemsize=self._dtype.itemsize)
+        if unbatched:  # drop the batch axis of one that was added
+            output = output[0] if p.batch_first else output[:, 0]
+            h_out, c_out = h_out[:, 0], c_out[:, 0]
         return LSTMOutput(output=output, hidden=h_out, cell=c_out, training_cache=cache_object)
 
     def apply_backward(
@@ -811,21 +832,27 @@ class LSTMLayer(Filter):
             is refused when the layer has dropout (the masks live in the cache).
         """
         self._check_open("apply_backward")
-        x_tm, seq_len, batch = self._check_x("LSTMLayer.apply_backward(x)", x)
+        x_tm, seq_len, batch, unbatched = self._check_x("LSTMLayer.apply_backward(x)", x)
         p = self._params
         width = p.num_directions * p.hidden_size
         dy = None
         if output_gradient is not None:
-            shape = (batch, seq_len, width) if p.batch_first else (seq_len, batch, width)
-            dy = as_input("LSTMLayer.apply_backward(output_gradient)", output_gradient, self._dtype, shape)
-            if p.batch_first:
-                dy = dy.transpose(1, 0, 2)
-        h0 = self._check_state("LSTMLayer.apply_backward(hidden)", hidden, batch)
-        c0 = self._check_state("LSTMLayer.apply_backward(cell)", cell, batch)
-        dh_final = self._check_state("LSTMLayer.apply_backward(hidden_gradient)", hidden_gradient, batch)
-        dc_final = self._check_state("LSTMLayer.apply_backward(cell_gradient)", cell_gradient, batch)
+            where = "LSTMLayer.apply_backward(output_gradient)"
+            if unbatched:
+                dy = as_input(where, output_gradient, self._dtype, (seq_len, width))[:, None]
+            else:
+                shape = (batch, seq_len, width) if p.batch_first else (seq_len, batch, width)
+                dy = as_input(where, output_gradient, self._dtype, shape)
+                if p.batch_first:
+                    dy = dy.transpose(1, 0, 2)
+        h0 = self._check_state("LSTMLayer.apply_backward(hidden)", hidden, batch, unbatched)
+        c0 = self._check_state("LSTMLayer.apply_backward(cell)", cell, batch, unbatched)
+        dh_final = self._check_state("LSTMLayer.apply_backward(hidden_gradient)", hidden_gradient, batch,
+                                     unbatched)
+        dc_final = self._check_state("LSTMLayer.apply_backward(cell_gradient)", cell_gradient, batch,
+                                     unbatched)
         lengths = self._check_lengths("LSTMLayer.apply_backward(sequence_lengths)", sequence_lengths,
-                                      seq_len, batch)
+                                      seq_len, batch, unbatched)
         size = self._cache_size(seq_len, batch)
         where = "LSTMLayer.apply_backward(training_cache)"
         buffer = None
@@ -854,7 +881,7 @@ class LSTMLayer(Filter):
                     config=self._config, weights=weights, x=x_prepared, cache=payload, output_gradient=dy,
                     hidden_gradient=dh_final, cell_gradient=dc_final, sequence_lengths=lengths,
                     gradients=gradients, workspace=workspace, threads=self.filter_parameters.n_threads))
-        return self._gradients_result(gradients)
+        return self._gradients_result(gradients, unbatched)
 
     # ----------------------------------------------------------------------------------
     # Orchestration: the backend computes, the layer prepares and hands over.
@@ -973,10 +1000,14 @@ class LSTMLayer(Filter):
             cell=np.empty((size_l * size_d, batch, h), dtype),
             gates=(gates[0], gates[1], gates[2], gates[3]))
 
-    def _gradients_result(self, buffers: LSTMGradientBuffers) -> LSTMGradients:
+    def _gradients_result(self, buffers: LSTMGradientBuffers, unbatched: bool) -> LSTMGradients:
         gates = buffers.gates
         d_x = buffers.input.transpose(1, 0, 2) if self._params.batch_first else buffers.input
-        return LSTMGradients(input=d_x, hidden=buffers.hidden, cell=buffers.cell,
+        d_h, d_c = buffers.hidden, buffers.cell
+        if unbatched:
+            d_x = buffers.input[:, 0]
+            d_h, d_c = d_h[:, 0], d_c[:, 0]
+        return LSTMGradients(input=d_x, hidden=d_h, cell=d_c,
                              input_gate=cast(LSTMGateGradients, gates[0]),
                              forget_gate=cast(LSTMGateGradients, gates[1]),
                              candidate_gate=cast(LSTMGateGradients, gates[2]),
@@ -1070,28 +1101,43 @@ class LSTMLayer(Filter):
                 "the cache of a training forward with this layer configuration and these sequence_lengths",
                 "a cache written for another configuration or other sequence lengths"))
 
-    def _check_x(self, where: str, x: object) -> tuple[np.ndarray, int, int]:
+    def _check_x(self, where: str, x: object) -> tuple[np.ndarray, int, int, bool]:
+        """``x`` as a time-major (T, N, I) view, T, N, and whether it came unbatched ``(T, I)``."""
         p = self._params
-        text = f"(N, T, {p.input_size})" if p.batch_first else f"(T, N, {p.input_size})"
-        array = as_input(where, x, self._dtype, (None, None, p.input_size), shape_text=text)
-        if 0 in array.shape[:2]:
+        size_i = p.input_size
+        batched = f"(N, T, {size_i})" if p.batch_first else f"(T, N, {size_i})"
+        text = f"{batched} or unbatched (T, {size_i})"
+        array = as_input(where, x, self._dtype)
+        if array.ndim not in (2, 3) or array.shape[-1] != size_i:
+            raise ShapeError(must_be(where, f"of shape {text}", describe(array)))
+        if 0 in array.shape[:-1]:
             raise ShapeError(must_be(where, f"of shape {text} with T >= 1 and N >= 1", describe(array)))
-        if p.batch_first:
+        unbatched = array.ndim == 2
+        if unbatched:  # PyTorch's rule: a batch of one, in either layout
+            array = array[:, None]
+        elif p.batch_first:
             array = array.transpose(1, 0, 2)
-        return array, array.shape[0], array.shape[1]
+        return array, array.shape[0], array.shape[1], unbatched
 
-    def _check_state(self, where: str, value: object, batch: int) -> np.ndarray | None:
+    def _check_state(self, where: str, value: object, batch: int, unbatched: bool) -> np.ndarray | None:
         if value is None:
             return None
         p = self._params
-        shape = (p.num_layers * p.num_directions, batch, p.hidden_size)
+        size_ld, h = p.num_layers * p.num_directions, p.hidden_size
+        if unbatched:  # states of an unbatched input are unbatched too, as in PyTorch
+            text = f"(L·D, H) = {(size_ld, h)} for an unbatched x"
+            return as_input(where, value, self._dtype, (size_ld, h), shape_text=text)[:, None]
+        shape = (size_ld, batch, h)
         return as_input(where, value, self._dtype, shape, shape_text=f"(L·D, N, H) = {shape}")
 
     @staticmethod
-    def _check_lengths(where: str, value: object, seq_len: int, batch: int) -> np.ndarray | None:
+    def _check_lengths(where: str, value: object, seq_len: int, batch: int,
+                       unbatched: bool) -> np.ndarray | None:
         if value is None:
             return None
         lengths = np.asarray(value)
+        if unbatched and lengths.ndim == 0:  # the one sequence's length
+            lengths = lengths.reshape(1)
         if lengths.shape != (batch,):
             raise ShapeError(must_be(where, f"of shape ({batch},) (one length per sequence)",
                                      f"shape {tuple(lengths.shape)}"))

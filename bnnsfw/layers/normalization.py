@@ -458,6 +458,9 @@ class NormalizationLayer(Filter):
     :meth:`parameters` names the trainable ones (``gamma``, ``beta``); :meth:`state_dict`
     adds the moving statistics.
 
+    ``layer(x)`` is ``layer.apply(x, phase="inference")``. An unbatched ``x`` of shape
+    ``input_shape`` gives a result of that shape (a batch axis is added and removed).
+
     NaN or infinity in the weights is refused at creation; NaN in the input data is not
     checked (that would cost a pass over memory) and propagates to the outputs of the
     affected statistics set. ``epsilon = 0`` with a constant statistics set gives NaN
@@ -611,6 +614,10 @@ class NormalizationLayer(Filter):
             raise InvalidParameterError(must_be(f"{where}['moving_variance']", ">= 0 everywhere",
                                                 "an array with negative values"))
 
+    def __call__(self, x: Any, output: Array | None = None) -> Array:
+        """``layer(x)`` is ``layer.apply(x, phase="inference")``."""
+        return self.apply(x, phase=LearningPhase.inference, output=output)
+
     # Forward.
     def apply(self, x: Any, phase: LearningPhase | str = "training", output: Array | None = None) -> Array:
         """Normalize a batch (``BNNSNormalizationFilterApplyBatch``).
@@ -618,7 +625,9 @@ class NormalizationLayer(Filter):
         Parameters
         ----------
         x : ndarray, shape (N, *input_shape), the layer's dtype
-            The batch (N >= 1). Never modified, unless it is also ``output``.
+            The batch (N >= 1). Never modified, unless it is also ``output``. An unbatched
+            sample of shape ``input_shape`` is taken as a batch of one and gives a result of
+            its shape.
         phase : LearningPhase or {"training", "inference"}
             Training normalizes with the batch statistics and updates the moving statistics
             in place; inference uses the moving statistics when the layer has them.
@@ -634,6 +643,9 @@ class NormalizationLayer(Filter):
         phase = LearningPhase.parse(phase, "NormalizationLayer.apply(phase)")
         x = self._batch("NormalizationLayer.apply(x)", x)
         out = as_output("NormalizationLayer.apply(output)", output, self.dtype, x.shape)
+        if x.ndim == len(self.input_shape):  # unbatched: a batch of one, through views
+            result = self.apply(x[None], phase, None if out is None else out[None])
+            return out if out is not None else result[0]
         if out is not None and not _same_memory(out, x) and np.may_share_memory(out, x):
             raise InvalidParameterError(
                 must_be("NormalizationLayer.apply(output)", "x itself or an array that does not overlap x",
@@ -727,6 +739,13 @@ class NormalizationLayer(Filter):
                         "as in BNNS)",
                         None)
             )
+        if x.ndim == len(self.input_shape):  # unbatched: a batch of one, through views
+            dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
+            batched = self.apply_backward(
+                x[None], dy[None], None if output is None else output[None], phase,
+                None if dx_buffer is None else dx_buffer[None], beta_gradient, gamma_gradient, accumulate)
+            return NormalizationGradients(input=dx_buffer if dx_buffer is not None else batched.input[0],
+                                          beta=batched.beta, gamma=batched.gamma)
         affine = self._parameters.affine_shape
         dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
         dbeta_buffer = as_output(f"{where}(beta_gradient)", beta_gradient, dtype, affine)
@@ -764,9 +783,14 @@ class NormalizationLayer(Filter):
 
     # Helpers.
     def _batch(self, where: str, x: Any) -> Array:
+        """``x`` checked: ``(N, *input_shape)``, or one unbatched sample of ``input_shape``."""
         shape = self.input_shape
-        text = f"(N, {', '.join(map(str, shape))})"
-        array = as_input(where, x, self.dtype, (None, *shape), shape_text=text)
+        text = f"(N, {', '.join(map(str, shape))}) or unbatched {shape}"
+        array = as_input(where, x, self.dtype)
+        if array.shape == shape:
+            return array
+        if array.ndim != len(shape) + 1 or array.shape[1:] != shape:
+            raise ShapeError(must_be(where, f"of shape {text}", describe(array)))
         if array.shape[0] < 1:
             raise ShapeError(must_be(where, "a batch of at least one sample", describe(array)))
         return array
