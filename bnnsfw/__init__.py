@@ -52,6 +52,7 @@ from .layers.normalization import (
     NormalizationParameters,
     NormalizationType,
 )
+from .sequential import LastStep, Sequential, SequentialGradients
 from .serialization import load_weights, save_weights
 from . import losses, optimizers
 
@@ -87,6 +88,9 @@ __all__ = [
     "LSTMGateGradients",
     "FullyConnectedLayer",
     "FullyConnectedGradients",
+    "Sequential",
+    "LastStep",
+    "SequentialGradients",
     # training
     "IncompatibleKeys",
     "save_weights",
