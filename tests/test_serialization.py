@@ -1,3 +1,4 @@
+import io
 import json
 
 import numpy as np
@@ -174,3 +175,100 @@ def test_from_state_names_missing_and_unexpected_keys():
         bf.Activation.from_state([1, 0.0])
     with pytest.raises(bf.InvalidParameterError, match=r"must be a mapping from to_state\(\); got 'list'"):
         bf.NormalizationParameters.from_state([])
+
+
+# ------------------------------------------------------------------------------------------
+# A layer, a container or a mapping; the path rule.
+# ------------------------------------------------------------------------------------------
+def _model(backend_name, seed=0, head="head"):
+    fp = bf.FilterParameters(backend=backend_name)
+    lstm = bf.LSTMParameters.random(input_size=2, hidden_size=4, num_layers=2, seed=seed)
+    norm = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(4,))
+    dense = bf.FullyConnectedParameters.random(input_size=4, output_size=3, seed=seed + 1)
+    return bf.Sequential({"lstm": bf.LSTMLayer(lstm, fp), "last": bf.LastStep(),
+                          "norm": bf.NormalizationLayer(norm, fp), head: bf.FullyConnectedLayer(dense, fp)})
+
+
+def test_a_container_comes_back_as_a_container(tmp_path, rng, backend_name):
+    x = rng.standard_normal((6, 5, 2)).astype(np.float32)
+    model = _model(backend_name)
+    for array in model.parameters().values():   # trained: the live arrays are what is saved
+        array *= 1.25
+    save_weights(tmp_path / "model", model)
+    loaded = load_weights(tmp_path / "model", bf.FilterParameters(backend=backend_name))
+    assert isinstance(loaded, bf.Sequential)
+    assert [(name, type(layer)) for name, layer in loaded.layers.items()] == [
+        (name, type(layer)) for name, layer in model.layers.items()]
+    np.testing.assert_array_equal(loaded(x), model(x))
+    loaded.close()
+    model.close()
+
+
+def test_a_single_layer_comes_back_as_a_layer(tmp_path, rng):
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=3, output_size=2, seed=4))
+    save_weights(tmp_path / "head.npz", head)
+    loaded = load_weights(tmp_path / "head.npz")
+    assert isinstance(loaded, bf.FullyConnectedLayer)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_array_equal(loaded(x), head(x))
+
+
+@pytest.mark.parametrize("name", ["m2", "m2.npz", "dir.with.dots/m2", "m2.weights"])
+def test_the_path_rule_is_symmetric(tmp_path, name):
+    (tmp_path / "dir.with.dots").mkdir()
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=2, output_size=2))
+    save_weights(tmp_path / name, head)
+    assert (tmp_path / bf.serialization.weights_path(name)).is_file()
+    written = bf.serialization.weights_path(name).split("/")[-1]
+    assert sorted(p.name for p in tmp_path.rglob("*.npz")) == [written]
+    np.testing.assert_array_equal(load_weights(tmp_path / name).weights, head.weights)
+    np.testing.assert_array_equal(load_weights(str(tmp_path / name)).weights, head.weights)
+    if not name.endswith(".npz"):
+        np.testing.assert_array_equal(load_weights(tmp_path / (name + ".npz")).weights, head.weights)
+
+
+def test_open_files_are_read_and_written_as_they_are(rng):
+    buffer = io.BytesIO()
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=2, output_size=2))
+    save_weights(buffer, head)
+    buffer.seek(0)
+    np.testing.assert_array_equal(load_weights(buffer).weights, head.weights)
+
+
+def test_load_into_an_existing_model(tmp_path, rng, backend_name):
+    x = rng.standard_normal((6, 5, 2)).astype(np.float32)
+    trained, fresh = _model(backend_name, seed=0), _model(backend_name, seed=7)
+    save_weights(tmp_path / "trained", trained)
+    assert load_weights(tmp_path / "trained", into=fresh) is fresh
+    np.testing.assert_array_equal(fresh(x), trained(x))
+    # A mapping saved by name loads into a container whose layers have those names, and back.
+    layers = {name: layer for name, layer in trained.layers.items() if isinstance(layer, bf.Filter)}
+    save_weights(tmp_path / "layers", layers)
+    other = _model(backend_name, seed=9)
+    load_weights(tmp_path / "layers", into=other)
+    np.testing.assert_array_equal(other(x), trained(x))
+    target = {name: layer for name, layer in _model(backend_name, seed=3).layers.items()
+              if isinstance(layer, bf.Filter)}
+    load_weights(tmp_path / "trained", into=target)
+    np.testing.assert_array_equal(target["head"].weights, trained.layers["head"].weights)
+
+
+def test_load_into_refuses_a_model_with_other_names_or_shapes(tmp_path, backend_name):
+    save_weights(tmp_path / "trained", _model(backend_name))
+    renamed = _model(backend_name, head="dense")
+    with pytest.raises(bf.InvalidParameterError, match=r"missing names \['dense.weights', 'dense.bias'\], "
+                                                       r"unexpected names \['head.weights', 'head.bias'\]"):
+        load_weights(tmp_path / "trained", into=renamed)
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=4, output_size=5))
+    other = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=4, output_size=3))
+    save_weights(tmp_path / "head", other)
+    with pytest.raises(bf.ShapeError,
+                       match=r"load_state_dict\(state\)\['weights'\] must be of shape \(5, 4\)"):
+        load_weights(tmp_path / "head", into=head)
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"load_weights\(filter_parameters\) must be None when into"):
+        load_weights(tmp_path / "head", bf.FilterParameters(), into=head)
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"save_weights\(model\) must be a layer, a Sequential or a mapping of name to "
+                             r"layer; got 'int'"):
+        save_weights(tmp_path / "x", 3)
