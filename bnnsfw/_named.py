@@ -63,16 +63,17 @@ def describe_differences(keys: IncompatibleKeys) -> str:
     return f"missing names {keys.missing_keys}, unexpected names {keys.unexpected_keys}"
 
 
-def checked_state(owner: str, state: object, targets: Mapping[str, np.ndarray], *,
-                  strict: object) -> tuple[dict[str, np.ndarray], IncompatibleKeys]:
+def checked_state(owner: str, state: object, targets: Mapping[str, np.ndarray], *, strict: object,
+                  where: str | None = None) -> tuple[dict[str, np.ndarray], IncompatibleKeys]:
     """Match ``state`` against the live ``targets`` and check every value it brings.
 
     Returns the values to copy by name (each already of its target's dtype and shape, and
     finite) and the names left out. With ``strict`` any missing or unexpected name
     is an error listing them all. Values are converted to the layer's dtype, as a parameter
-    object converts weights. ``owner`` names the class in messages (``"LSTMLayer"``).
+    object converts weights. ``owner`` names the class in messages (``"LSTMLayer"``), or
+    ``where`` the whole call.
     """
-    where = f"{owner}.load_state_dict(state)"
+    where = where or f"{owner}.load_state_dict(state)"
     if not isinstance(strict, (bool, np.bool_)):
         raise InvalidParameterError(must_be(f"{owner}.load_state_dict(strict)", "True or False", strict))
     if not isinstance(state, Mapping):

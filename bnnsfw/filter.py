@@ -228,16 +228,17 @@ class Filter:
 
 
 def load_named_state(owner: str, members: Sequence[tuple[str, Filter]], state: object,
-                     strict: object) -> IncompatibleKeys:
+                     strict: object, where: str | None = None) -> IncompatibleKeys:
     """Load ``state`` into the layers ``members`` (name prefix, layer), checking all before writing.
 
-    ``owner`` names the class in messages. Used by :meth:`Filter.load_state_dict` (one member,
-    no prefix) and by containers (one member per layer, prefix ``"<name>."``).
+    ``owner`` names the class in messages (or ``where`` the whole call). Used by
+    :meth:`Filter.load_state_dict` (one member, no prefix) and by containers (one member per
+    layer, prefix ``"<name>."``).
     """
     live = [(prefix, layer, layer._state_targets()) for prefix, layer in members]
     targets = {prefix + name: array for prefix, _, arrays in live for name, array in arrays.items()}
-    values, keys = checked_state(owner, state, targets, strict=strict)
-    where = f"{owner}.load_state_dict(state)"
+    values, keys = checked_state(owner, state, targets, strict=strict, where=where)
+    where = where or f"{owner}.load_state_dict(state)"
     for prefix, layer, arrays in live:
         layer._check_state_values(where, {name: values[prefix + name] for name in arrays
                                           if prefix + name in values})

@@ -258,8 +258,9 @@ class Optimizer:
         for i, (label, p) in enumerate(zip(labels, params)):
             name = f"{where}(parameters[{label}])"
             if not isinstance(p, np.ndarray):
-                raise InvalidParameterError(must_be(
-                    name, "a NumPy array (updated in place)", type(p).__name__))
+                rule = ("a NumPy array (updated in place; layer.parameters() and grads.parameters() give "
+                        "every array of a layer and its gradient by name)")
+                raise InvalidParameterError(must_be(name, rule, type(p).__name__))
             if p.dtype not in SUPPORTED_DTYPES:
                 raise DTypeError(must_be(name, "a float32 or float64 array", p.dtype.name))
             if not p.flags.writeable:

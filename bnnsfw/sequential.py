@@ -286,7 +286,9 @@ class Sequential:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _check_open(self, method: str) -> None:
+    def check_open(self, method: str) -> None:
+        """Raise :class:`~bnnsfw.FilterClosedError` naming ``method`` if the container or one of its
+        layers is closed (as :meth:`bnnsfw.Filter.check_open` does for a layer)."""
         if self._closed:
             raise FilterClosedError(f"Sequential.{method}() was called after close(); "
                                     "create a new Sequential (and its layers) to compute again.")
@@ -294,6 +296,9 @@ class Sequential:
             if layer.closed:
                 raise FilterClosedError(f"Sequential.{method}(): the layer {name!r} was closed; "
                                         "a container needs all of its layers open.")
+
+    #: The spelling the container uses inside its own methods.
+    _check_open = check_open
 
     def _named_layers(self) -> Iterator[tuple[str, Filter]]:
         for name, layer in self._layers.items():

@@ -73,7 +73,7 @@ def _file(path: PathLike | IO[bytes]) -> str | IO[bytes]:
 def _elements(model: object) -> tuple[str, dict[str, Any]]:
     """The kind of ``model`` and its elements by name (checked: open layers, usable names)."""
     if isinstance(model, Sequential):
-        model.state_dict()  # checks the container and every layer are open
+        model.check_open("save_weights")
         return "sequential", dict(model.layers)
     if isinstance(model, Filter):
         return "layer", {"layer": model}
@@ -230,4 +230,5 @@ def _copy_into(into: object, state: dict[str, np.ndarray]) -> None:
         raise InvalidParameterError(must_be(where, rule, type(into).__name__))
     for layer in into.values():
         layer.check_open("load_weights")
-    load_named_state(where, [(f"{name}.", layer) for name, layer in into.items()], state, True)
+    members = [(f"{name}.", layer) for name, layer in into.items()]
+    load_named_state("dict", members, state, True, where="load_weights(into) with the saved arrays")

@@ -357,7 +357,7 @@ def test_step_argument_errors():
         opt.step([p], [np.ones(3, np.float32)])
     with pytest.raises(bf.DTypeError, match=r"step\(parameters\[0\]\) must be a float32 or float64 array"):
         opt.step([np.ones(3, np.int64)], [np.ones(3)])
-    match = r"step\(parameters\[0\]\) must be a NumPy array \(updated in place\)"
+    match = r"step\(parameters\[0\]\) must be a NumPy array \(updated in place; layer.parameters\(\) and"
     with pytest.raises(bf.InvalidParameterError, match=match):
         opt.step([[1.0, 2.0]], [[1.0, 1.0]])
     frozen = np.ones(3)

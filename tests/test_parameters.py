@@ -194,6 +194,9 @@ def test_a_name_mismatch_is_refused_before_anything_changes(backend_name, rng):
         with pytest.raises(bf.ShapeError, match=r"SGD.step\(gradients\['layer0.forward.output_gate.bias'\]\) "
                                                 r"must be of shape \(4,\)"):
             optimizer.step(lstm.parameters(), wrong_shape)
+        with pytest.raises(bf.InvalidParameterError,   # gate objects: the message says what to pass
+                           match=r"layer.parameters\(\) and grads.parameters\(\) give every array"):
+            optimizer.step(lstm.layer_parameters.gates, grads.gates)
         for name, array in lstm.state_dict().items():
             np.testing.assert_array_equal(array, before[name])
         assert optimizer.step_count == 0

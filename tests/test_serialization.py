@@ -259,6 +259,12 @@ def test_load_into_refuses_a_model_with_other_names_or_shapes(tmp_path, backend_
     with pytest.raises(bf.InvalidParameterError, match=r"missing names \['dense.weights', 'dense.bias'\], "
                                                        r"unexpected names \['head.weights', 'head.bias'\]"):
         load_weights(tmp_path / "trained", into=renamed)
+    layers = {name: layer for name, layer in _model(backend_name, head="dense").layers.items()
+              if isinstance(layer, bf.Filter)}
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"load_weights\(into\) with the saved arrays must be a state with exactly the "
+                             r"names of state_dict\(\); got \"missing names \['dense.weights'"):
+        load_weights(tmp_path / "trained", into=layers)
     head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=4, output_size=5))
     other = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=4, output_size=3))
     save_weights(tmp_path / "head", other)
