@@ -148,6 +148,10 @@ class Sequential:
                 raise InvalidParameterError(must_be(where, rule, type(element).__name__))
             if isinstance(element, Filter) and element.closed:
                 raise FilterClosedError(must_be(where, "an open layer", f"a closed {type(element).__name__}"))
+            others = [other for other, layer in named.items() if layer is element and other != name]
+            if isinstance(element, Filter) and others:
+                rule = "a layer of its own (an optimizer would step a shared one twice)"
+                raise InvalidParameterError(must_be(where, rule, f"the layer also named {others[0]!r}"))
         self._layers: dict[str, Element] = named
         self._dtype = self._check_chain()
         self._saved: tuple[list[Any], tuple[int, ...]] | None = None  # contexts, output shape

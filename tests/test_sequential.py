@@ -195,6 +195,9 @@ def test_construction_checks_that_the_layers_chain(backend_name):
         bf.Sequential({"a.b": lstm})
     with pytest.raises(bf.InvalidParameterError, match=r"must be at least one layer"):
         bf.Sequential()
+    with pytest.raises(bf.InvalidParameterError, match=r"layers\['0'\]\) must be a layer of its own .*; "
+                                                       r"got \"the layer also named '1'\""):
+        bf.Sequential(lstm, lstm)
     closed = _dense(backend_name, 3, 1)
     closed.close()
     with pytest.raises(bf.FilterClosedError, match=r"layers\['1'\]\) must be an open layer"):
