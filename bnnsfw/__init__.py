@@ -37,7 +37,7 @@ from .errors import (
     UnknownNameError,
     UnsupportedError,
 )
-from .filter import Filter, FilterParameters
+from .filter import Filter, FilterParameters, IncompatibleKeys
 from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import (
     LSTMGateDescriptor,
@@ -53,6 +53,7 @@ from .layers.normalization import (
     NormalizationParameters,
     NormalizationType,
 )
+from .sequential import LastStep, Sequential, SequentialGradients
 from .serialization import load_weights, save_weights
 from . import losses, optimizers
 
@@ -88,7 +89,11 @@ __all__ = [
     "LSTMGateGradients",
     "FullyConnectedLayer",
     "FullyConnectedGradients",
+    "Sequential",
+    "LastStep",
+    "SequentialGradients",
     # training
+    "IncompatibleKeys",
     "save_weights",
     "load_weights",
     "losses",

@@ -40,6 +40,11 @@ def describe(array: np.ndarray) -> str:
     return f"shape {tuple(array.shape)} {dtype_text(array.dtype)}"
 
 
+#: What arrays of kinds that do not hold real numbers are called in messages.
+_NOT_REAL = {"c": "complex numbers", "U": "text", "S": "bytes", "O": "objects that are not numbers",
+             "M": "dates", "m": "time spans", "V": "structured data"}
+
+
 def real_array(where: str, value: object, dtype: np.dtype, *, copy: bool = False,
                rule: str | None = None) -> np.ndarray:
     """``value`` as an array of ``dtype``, refusing what does not hold real numbers.
@@ -57,9 +62,7 @@ def real_array(where: str, value: object, dtype: np.dtype, *, copy: bool = False
         what = f"a ragged or unreadable {type(value).__name__}"
         raise InvalidParameterError(must_be(where, rule, what)) from None
     if raw.dtype.kind not in "biuf":
-        kinds = {"c": "complex numbers", "U": "text", "S": "bytes", "O": "objects that are not numbers",
-                 "M": "dates", "m": "time spans", "V": "structured data"}
-        what = kinds.get(raw.dtype.kind, dtype_text(raw.dtype))
+        what = _NOT_REAL.get(raw.dtype.kind, dtype_text(raw.dtype))
         error = DTypeError if isinstance(value, np.ndarray) else InvalidParameterError
         raise error(must_be(where, rule, what))
     return np.array(raw, dtype=dtype, copy=True) if copy else raw.astype(dtype, copy=False)
@@ -75,19 +78,26 @@ def as_input(
 ) -> np.ndarray:
     """Check an array argument and return it as an ndarray (never a copy of an ndarray).
 
-    Array-likes that are not ndarrays (lists, scalars) are converted to ``dtype``; ndarrays
-    must already have it, since a float64 array handed to a float32 layer is usually a bug.
+    One dtype rule for every kind of input: the value is read as NumPy reads it
+    (``numpy.asarray``, which keeps an ndarray and asks an array-like for its array) and
+    that array must already have ``dtype``. A float64 ndarray, a float64 array-like (anything
+    with ``__array__``) and a list of Python floats (float64 to NumPy) are all refused by a
+    float32 layer, with the same message: a silent cast hides a bug as often as it helps.
     ``shape`` entries of ``None`` match any extent.
     """
     if value is None:
         raise InvalidParameterError(must_be(where, "an array", None))
-    if isinstance(value, np.ndarray):
-        array = value
-        if array.dtype != dtype:
-            rule = f"a {dtype.name} array (the layer's dtype)"
-            raise DTypeError(must_be(where, rule, dtype_text(array.dtype)))
-    else:
-        array = real_array(where, value, dtype)
+    try:
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(must_be(where, f"an array of {dtype.name}",
+                                            f"a ragged or unreadable {type(value).__name__}")) from None
+    if array.dtype != dtype:
+        given = _NOT_REAL.get(array.dtype.kind, dtype_text(array.dtype))
+        if not isinstance(value, np.ndarray):
+            given += f" from {type(value).__name__}"
+        rule = f"a {dtype.name} array (the layer's dtype)"
+        raise DTypeError(must_be(where, rule, given))
     if shape is not None and not shape_matches(array.shape, shape):
         expected = shape_text or format_shape(shape)
         raise ShapeError(must_be(where, f"of shape {expected}", describe(array)))

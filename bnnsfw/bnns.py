@@ -579,7 +579,7 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     if dy_desc is None or dy_desc.data is None:
         raise InvalidParameterError(must_be("out_delta", "a BNNSNDArrayDescriptor with data (dy)", None))
     y_desc = None if out is None else _batch_desc(f.o_desc, out)
-    affine = f.layer.parameters.affine_shape
+    affine = f.layer.layer_parameters.affine_shape
     parameters = {"beta_delta": beta_delta, "gamma_delta": gamma_delta}
     for name, desc in parameters.items():
         if desc is not None and not isinstance(desc, BNNSNDArrayDescriptor):

@@ -122,7 +122,7 @@ class _Exporter:
         self.lost.append(LostFeature(where, feature, detail))
 
     def lstm(self, layer: LSTMLayer, x: Any, where: str) -> Any:
-        mb, p = self.mb, layer.parameters
+        mb, p = self.mb, layer.layer_parameters
         h, d = p.hidden_size, p.num_directions
         for name, gate in zip(GATE_FIELDS, p.gates):
             if gate.peephole == "full":
@@ -184,7 +184,7 @@ class _Exporter:
         return x
 
     def normalization(self, layer: NormalizationLayer, x: Any, rank: int, where: str) -> Any:
-        mb, p = self.mb, layer.parameters
+        mb, p = self.mb, layer.layer_parameters
         kind, shape = p.type.kind, layer.input_shape
         gamma, beta = layer.gamma.astype(np.float32), layer.beta.astype(np.float32)
         eps = float(p.epsilon)
@@ -294,7 +294,7 @@ def export(model_or_layers: Any, path: str | os.PathLike[str], *,
     first = layers[0]
     dim = ct.RangeDim(1, max_extent)
     if isinstance(first, LSTMLayer):
-        shape: list[Any] = [dim, dim, first.parameters.input_size]
+        shape: list[Any] = [dim, dim, first.layer_parameters.input_size]
     elif isinstance(first, NormalizationLayer):
         shape = [dim, *first.input_shape]
     else:
@@ -303,7 +303,7 @@ def export(model_or_layers: Any, path: str | os.PathLike[str], *,
     lost: list[LostFeature] = [LostFeature("model", "training",
                                            "the program is inference only: apply_backward, "
                                            "training caches and optimizers stay in bnnsfw")]
-    if any(layer.parameters.dtype == np.float64 for layer in layers):  # type: ignore[attr-defined]
+    if any(layer.layer_parameters.dtype == np.float64 for layer in layers):  # type: ignore[attr-defined]
         lost.append(LostFeature("model", "float64", "the program computes in float32"))
     exporter = _Exporter(mb, lost)
     from coremltools.converters.mil.mil import get_new_symbol
@@ -316,9 +316,9 @@ def export(model_or_layers: Any, path: str | os.PathLike[str], *,
         for index, layer in enumerate(layers):
             where = f"layer[{index}] {type(layer).__name__}"
             if isinstance(layer, LSTMLayer):
-                _check(where, width, layer.parameters.input_size)
+                _check(where, width, layer.layer_parameters.input_size)
                 x = exporter.lstm(layer, x, where)
-                width = layer.parameters.num_directions * layer.parameters.hidden_size
+                width = layer.layer_parameters.num_directions * layer.layer_parameters.hidden_size
             elif isinstance(layer, NormalizationLayer):
                 _check(where, width, layer.input_shape[-1])
                 x = exporter.normalization(layer, x, len(shape), where)

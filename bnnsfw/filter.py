@@ -4,6 +4,10 @@ A layer is created from a parameter object and an optional :class:`FilterParamet
 any number of times, then closed. ``close()`` is idempotent; any use after it raises
 :class:`~bnnsfw.FilterClosedError`. Layers are context managers and release their buffers
 when garbage-collected.
+
+Every layer names its arrays: :meth:`Filter.parameters` hands out the live trainable arrays
+by stable name, :meth:`Filter.state_dict` copies of everything that defines its results, and
+:meth:`Filter.load_state_dict` writes such a state back, checked name by name.
 """
 
 from __future__ import annotations
@@ -11,17 +15,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
 import attrs
+import numpy as np
 
 from . import backends
 from ._threadpool import blas_limit
 from .backends import Backend, BackendSpec
 from .backends.contract import check_contract
+from ._named import IncompatibleKeys, checked_state
 from .errors import FilterClosedError, InvalidParameterError, must_be
 
-__all__ = ["FilterParameters", "Filter"]
+__all__ = ["FilterParameters", "Filter", "IncompatibleKeys"]
 
 _Layer = TypeVar("_Layer", bound="Filter")
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -87,11 +94,12 @@ def guarded(method: _Method) -> _Method:
 
 
 class Filter:
-    """Base class of every layer: backend, thread limit, lifecycle and ``repr``.
+    """Base class of every layer: backend, thread limit, lifecycle, arrays by name and ``repr``.
 
     Subclasses call ``super().__init__(filter_parameters)``, mark each public method that
     touches the layer's arrays with :func:`guarded` (and start it with
-    ``self.check_open("method")``), release their arrays in :meth:`_release`, and describe
+    ``self.check_open("method")``), name their arrays in :meth:`_named_parameters` (and
+    :meth:`_named_buffers`), release their arrays in :meth:`_release`, and describe
     themselves in :meth:`_describe`.
     """
 
@@ -185,6 +193,49 @@ class Filter:
     #: The spelling the layer modules use inside their own methods.
     _check_open = check_open
 
+    # Arrays by name.
+    @guarded
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The trainable arrays by stable name: the live arrays the layer computes with.
+
+        Updating one in place (an optimizer's step, ``array -= lr * grad``) changes what the
+        next call computes, whatever the filter parameters. The gradients of
+        ``apply_backward`` offer the same names (``grads.parameters()``), so
+        ``optimizer.step(layer.parameters(), grads.parameters())`` pairs them by name. A new
+        dict each call, in a fixed order; the arrays are never replaced.
+        """
+        self._check_open("parameters")
+        self._share_arrays()
+        return dict(self._named_parameters())
+
+    @guarded
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of every array that defines the layer's results, by name.
+
+        The names of :meth:`parameters`, plus the arrays that are not trained but still
+        determine the results (a normalization's moving statistics). The copies do not change
+        when the layer trains; :meth:`load_state_dict` writes them back.
+        """
+        self._check_open("state_dict")
+        return {name: array.copy() for name, array in self._state_targets().items()}
+
+    @guarded
+    def load_state_dict(self, state: Mapping[str, object], strict: bool = True) -> IncompatibleKeys:
+        """Copy the arrays of ``state`` (name → array, as :meth:`state_dict` returns) into the layer.
+
+        With ``strict`` (the default) the names must be exactly those of :meth:`state_dict`;
+        otherwise :class:`~bnnsfw.InvalidParameterError` lists the missing and the
+        unexpected names. Each array must have the shape of the layer's and finite values; it
+        is converted to the layer's dtype. Everything is checked before anything is written.
+        With ``strict=False`` the names in common are loaded and the others reported.
+        """
+        self._check_open("load_state_dict")
+        return load_named_state(type(self).__name__, [("", self)], state, strict)
+
+    def _state_targets(self) -> dict[str, np.ndarray]:
+        """The live arrays :meth:`state_dict` copies and :meth:`load_state_dict` writes."""
+        return {**self._named_parameters(), **self._named_buffers()}
+
     def _threads(self) -> contextlib.AbstractContextManager[None]:
         """Context manager applying this layer's BLAS thread limit."""
         return blas_limit(self._filter_parameters.n_threads)
@@ -192,6 +243,24 @@ class Filter:
     # Hooks for subclasses.
     def _release(self) -> None:
         """Drop every array the layer holds (weights, workspaces)."""
+
+    def _named_parameters(self) -> dict[str, np.ndarray]:
+        """The live trainable arrays by name (without side effects)."""
+        return {}
+
+    def _named_buffers(self) -> dict[str, np.ndarray]:
+        """Live arrays of the state that are not trained (moving statistics)."""
+        return {}
+
+    def _share_arrays(self) -> None:
+        """Called before live arrays leave the layer: from now on they may change outside it."""
+
+    def _check_state_values(self, where: str, values: Mapping[str, np.ndarray]) -> None:
+        """Refuse loaded values (by the layer's own names) that break a rule beyond shape and
+        finiteness; ``where`` names the call in messages."""
+
+    def _state_written(self) -> None:
+        """Called after :meth:`load_state_dict` wrote into the live arrays."""
 
     def _describe(self) -> str:
         """Shapes and options for :func:`repr`, e.g. ``"input_shape=(3, 4), dtype=float32"``."""
@@ -202,3 +271,26 @@ class Filter:
         details = "" if self._closed else self._describe()
         parts = [p for p in (details, f"backend={self._backend.name!r}", state) if p]
         return f"<{type(self).__name__} {', '.join(parts)}>"
+
+
+def load_named_state(owner: str, members: Sequence[tuple[str, Filter]], state: object,
+                     strict: object, where: str | None = None) -> IncompatibleKeys:
+    """Load ``state`` into the layers ``members`` (name prefix, layer), checking all before writing.
+
+    ``owner`` names the class in messages (or ``where`` the whole call). Used by
+    :meth:`Filter.load_state_dict` (one member, no prefix) and by containers (one member per
+    layer, prefix ``"<name>."``).
+    """
+    live = [(prefix, layer, layer._state_targets()) for prefix, layer in members]
+    targets = {prefix + name: array for prefix, _, arrays in live for name, array in arrays.items()}
+    values, keys = checked_state(owner, state, targets, strict=strict, where=where)
+    where = where or f"{owner}.load_state_dict(state)"
+    for prefix, layer, arrays in live:
+        layer._check_state_values(where, {name: values[prefix + name] for name in arrays
+                                          if prefix + name in values})
+    for prefix, layer, arrays in live:
+        for name, array in arrays.items():
+            if prefix + name in values:
+                np.copyto(array, values[prefix + name])
+        layer._state_written()
+    return keys

@@ -363,7 +363,7 @@ def _norm_from_state_dict(module_type: str, state: Mapping[str, Any], options: M
 
 
 def _norm_to_state_dict(layer: Filter | NormalizationParameters) -> TorchState:
-    params = layer.parameters if isinstance(layer, NormalizationLayer) else layer
+    params = layer.layer_parameters if isinstance(layer, NormalizationLayer) else layer
     assert isinstance(params, NormalizationParameters)
     gamma, beta = _live(layer, "gamma", params.gamma), _live(layer, "beta", params.beta)
     kind, shape = params.type.kind, params.input_shape
@@ -419,7 +419,7 @@ def _linear_from_state_dict(state: Mapping[str, Any], options: Mapping[str, Any]
 
 
 def _linear_to_state_dict(layer: Filter | FullyConnectedParameters) -> TorchState:
-    params = layer.parameters if isinstance(layer, FullyConnectedLayer) else layer
+    params = layer.layer_parameters if isinstance(layer, FullyConnectedLayer) else layer
     assert isinstance(params, FullyConnectedParameters)
     if not params.activation.is_identity:
         raise _unsupported("to_state_dict(fully connected).activation",
@@ -507,13 +507,13 @@ def to_state_dict(layer: Any) -> TorchState:
     """
     if isinstance(layer, LSTMLayer):
         layer.check_open("to_state_dict")
-        return _lstm_to_state_dict(layer.parameters)
+        return _lstm_to_state_dict(layer.layer_parameters)
     if isinstance(layer, LSTMParameters):
         return _lstm_to_state_dict(layer)
     if isinstance(layer, (NormalizationLayer, NormalizationParameters)):
         if isinstance(layer, Filter):
             layer.check_open("to_state_dict")
-        params = layer.parameters if isinstance(layer, NormalizationLayer) else layer
+        params = layer.layer_parameters if isinstance(layer, NormalizationLayer) else layer
         if not params.activation.is_identity:
             raise _unsupported("to_state_dict(normalization).activation",
                                "PyTorch's norms have no fused activation", params.activation.function.name)

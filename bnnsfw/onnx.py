@@ -656,7 +656,7 @@ class _LSTMNode(_LayerNode):
         if layer is None:
             layer = self._build(dtype, [w, r, b, p])
         assert isinstance(layer, LSTMLayer)
-        params = layer.parameters
+        params = layer.layer_parameters
         batch_first = params.batch_first
         if x.ndim != 3:
             raise ShapeError(must_be(f"ONNX node {node.name!r} (LSTM) input X", "3-D", f"shape {x.shape}"))
@@ -1062,7 +1062,7 @@ class Session:
         """The bnnsfw layer that runs node ``name``: fine-tune it, and later runs see it.
 
         Layers are created with ``use_client_pointer=True`` over arrays the session owns,
-        so an optimizer updating ``layer.parameters``' arrays (LSTM) or ``layer.gamma`` …
+        so an optimizer updating ``layer.layer_parameters``' arrays (LSTM) or ``layer.gamma`` …
         (normalization) in place changes what :meth:`run` computes. An LSTM node with
         ``direction="reverse"`` runs its (forward) layer on time-reversed sequences.
         A normalization node whose input shape is not fixed in the graph gets its layer on
@@ -1201,7 +1201,7 @@ def _export_activation(writer: _GraphWriter, activation: Activation, x: str, whe
 def _export_lstm(writer: _GraphWriter, layer: LSTMLayer, x: str, where: str) -> tuple[str, str, str]:
     """LSTM nodes (one per layer of the stack) reading x (T, N, I) or (N, T, I); returns
     the output (same layout as bnnsfw's) and the final states (L·D, N, H)."""
-    p = layer.parameters
+    p = layer.layer_parameters
     h, d = p.hidden_size, p.num_directions
     for name, gate in zip(GATE_FIELDS, p.gates):
         if gate.peephole == "full":
@@ -1284,7 +1284,7 @@ def _split_alpha_beta(names: list[str], activations: list[Activation]) -> tuple[
 
 def _export_normalization(writer: _GraphWriter, layer: NormalizationLayer, x: str, where: str) -> str:
     """Normalization nodes for the layer's inference phase, on (…, *input_shape) data."""
-    p = layer.parameters
+    p = layer.layer_parameters
     kind, shape = p.type.kind, layer.input_shape
     gamma, beta = layer.gamma, layer.beta
     rank = len(shape)
@@ -1392,7 +1392,7 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
     if not isinstance(opset, int) or not _MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
         raise InvalidParameterError(must_be("export(opset)", f"an int in [{_MIN_OPSET}, "
                                             f"{onnx.defs.onnx_opset_version()}]", opset))
-    dtypes = {layer.parameters.dtype for layer in layers if hasattr(layer, "parameters")}
+    dtypes = {layer.layer_parameters.dtype for layer in layers if hasattr(layer, "layer_parameters")}
     if len(dtypes) != 1:
         raise InvalidParameterError(must_be("export(model_or_layers)", "layers of one dtype",
                                             sorted(map(str, dtypes))))
@@ -1401,8 +1401,8 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
     x = "input"
     first = layers[0]
     if isinstance(first, LSTMLayer):
-        in_shape: list[Any] = (["N", "T", first.parameters.input_size] if first.parameters.batch_first
-                               else ["T", "N", first.parameters.input_size])
+        size = first.layer_parameters.input_size
+        in_shape: list[Any] = ["N", "T", size] if first.layer_parameters.batch_first else ["T", "N", size]
     elif isinstance(first, NormalizationLayer):
         in_shape = ["N", *first.input_shape]
     elif isinstance(first, FullyConnectedLayer):
@@ -1419,7 +1419,7 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
             raise InvalidParameterError(must_be(where, "a bnnsfw layer", type(layer).__name__))
         layer.check_open("export")
         if isinstance(layer, LSTMLayer):
-            p = layer.parameters
+            p = layer.layer_parameters
             _check_width(where, shape, p.input_size)
             x, hidden, cell = _export_lstm(writer, layer, x, where)
             states = (hidden, cell)

@@ -1,11 +1,12 @@
 """Optimizers that update parameter arrays in place: SGD (with momentum), Adam and RMSProp.
 
 These correspond to BNNS's ``BNNSOptimizerStep`` with ``BNNSOptimizerFunctionSGDMomentum``,
-``…Adam`` and ``…RMSProp``. As in BNNS, one call updates several parameters at once: the
-caller passes a list of parameter arrays and a list of their gradients, and every parameter
-array is updated **in place** (the array object is never replaced), so a layer created with
-``FilterParameters(use_client_pointer=True)``, or a layer whose live ``weights`` array was
-passed, sees the new values at its next ``apply``. Gradients are never modified.
+``…Adam`` and ``…RMSProp``. As in BNNS, one call updates several parameters at once. The
+caller passes the parameters and their gradients either **by name**, as two mappings —
+``optimizer.step(model.parameters(), grads.parameters())``, paired by name, so no order
+has to be kept by hand — or as two lists in the same order. Every parameter array is updated
+**in place** (the array object is never replaced), so the layer that handed it out by
+``parameters()`` sees the new values at its next ``apply``. Gradients are never modified.
 
 Each step, for the gradients ``g`` of all parameters ``p``, in this order:
 
@@ -22,9 +23,10 @@ inside ``BNNSOptimizerStep``, so results correspond to BNNS's options without a 
 bit-exact equality.
 
 The state each rule needs (momentum buffers, moment estimates: BNNS's *accumulators*, which
-BNNS callers allocate) is kept by the optimizer, one entry per parameter position, created
-at the first step. Later steps must pass the same number of parameters, in the same order,
-with the same shapes and dtypes. :meth:`Optimizer.state_dict` returns that state as a flat
+BNNS callers allocate) is kept by the optimizer, one entry per parameter, created at the
+first step. Later steps must pass the same parameters with the same shapes and dtypes: the
+same names (in any order) when the first step passed mappings, else the same number of
+arrays in the same order. :meth:`Optimizer.state_dict` returns that state as a flat
 dict of NumPy arrays and integers (``np.savez(path, **state)`` saves it) and
 :meth:`Optimizer.load_state_dict` restores it, so a resumed run continues exactly as an
 uninterrupted one. Hyperparameters are not part of the state: create the optimizer with the
@@ -62,6 +64,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ._named import describe_differences, name_differences
 from ._validation import SUPPORTED_DTYPES, as_input, describe, finite_float
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
@@ -164,6 +167,7 @@ class Optimizer:
     _shapes: list[tuple[int, ...]] | None = attrs.field(default=None, init=False)
     _dtypes: list[np.dtype | None] = attrs.field(factory=list, init=False)
     _state: list[dict[str, np.ndarray]] = attrs.field(factory=list, init=False)
+    _names: list[str] | None = attrs.field(default=None, init=False)  # when stepped by name
 
     def __attrs_post_init__(self) -> None:
         """Check every hyperparameter, in the order :func:`repr` lists them."""
@@ -189,17 +193,29 @@ class Optimizer:
         return f"{type(self).__name__}({options}; step_count={self._step_count})"
 
     # The step.
-    def step(self, parameters: Sequence[np.ndarray], gradients: Sequence[object]) -> None:
+    def step(self, parameters: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+             gradients: Mapping[str, object] | Sequence[object]) -> None:
         """Update every parameter array in place from its gradient.
 
         Parameters
         ----------
-        parameters : list or tuple of ndarray (float32 or float64, writable)
-            Updated in place; never replaced.
-        gradients : list or tuple of ndarray
-            One per parameter, of its shape and dtype. Not modified.
+        parameters : mapping of name to ndarray, or list or tuple of ndarray
+            Float32 or float64, writable; updated in place, never replaced. A mapping such as
+            ``layer.parameters()`` pairs each array with the gradient of the same name.
+        gradients : mapping of name to ndarray, or list or tuple of ndarray
+            One per parameter, of its shape and dtype (by name: exactly the parameters'
+            names, as ``grads.parameters()`` gives them; by position: in the same order).
+            Not modified.
+
+        Raises
+        ------
+        InvalidParameterError
+            Names that do not match (all the missing and unexpected ones are listed), counts
+            that differ, or parameters other than those of the earlier steps.
+        ShapeError, DTypeError
+            A gradient unlike its parameter, or a parameter unlike the earlier steps'.
         """
-        params, grads = self._check_step(parameters, gradients)
+        params, grads, names = self._check_step(parameters, gradients)
         work = self._prepare(params, grads)
         if self._shapes is None:
             self._shapes = [p.shape for p in params]
@@ -207,18 +223,30 @@ class Optimizer:
             self._state = [
                 {name: np.zeros(p.shape, dtype=p.dtype) for name in self._state_names()} for p in params
             ]
+            self._names = names
         else:
             self._dtypes = [p.dtype for p in params]
         self._step_count += 1
         for parameter, gradient, state in zip(params, work, self._state):
             self._update(parameter, gradient, state)
 
-    def _check_step(self, parameters: object, gradients: object) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def _check_step(self, parameters: object, gradients: object
+                    ) -> tuple[list[np.ndarray], list[np.ndarray], list[str] | None]:
         where = f"{type(self).__name__}.step"
-        params = self._sequence(f"{where}(parameters)", parameters)
-        grads = self._sequence(f"{where}(gradients)", gradients)
+        names: list[str] | None = None
+        if isinstance(parameters, Mapping):
+            params, grads, names = self._by_name(where, parameters, gradients)
+            labels = [repr(name) for name in names]
+        else:
+            if self._names is not None:
+                raise InvalidParameterError(must_be(
+                    f"{where}(parameters)", "a mapping of name to array, as in the earlier steps",
+                    type(parameters).__name__))
+            params = self._sequence(f"{where}(parameters)", parameters)
+            grads = self._sequence(f"{where}(gradients)", gradients)
+            labels = [str(i) for i in range(len(params))]
         if not params:
-            raise InvalidParameterError(must_be(f"{where}(parameters)", "at least one array", []))
+            raise InvalidParameterError(must_be(f"{where}(parameters)", "at least one array", parameters))
         if len(grads) != len(params):
             raise InvalidParameterError(must_be(
                 f"{where}(gradients)", f"{len(params)} arrays, one per parameter", f"{len(grads)} arrays"))
@@ -227,11 +255,12 @@ class Optimizer:
                 f"{where}(parameters)",
                 f"the {len(self._shapes)} arrays of the earlier steps (same count, order and shapes)",
                 f"{len(params)} arrays"))
-        for i, p in enumerate(params):
-            name = f"{where}(parameters[{i}])"
+        for i, (label, p) in enumerate(zip(labels, params)):
+            name = f"{where}(parameters[{label}])"
             if not isinstance(p, np.ndarray):
-                raise InvalidParameterError(must_be(
-                    name, "a NumPy array (updated in place)", type(p).__name__))
+                rule = ("a NumPy array (updated in place; layer.parameters() and grads.parameters() give "
+                        "every array of a layer and its gradient by name)")
+                raise InvalidParameterError(must_be(name, rule, type(p).__name__))
             if p.dtype not in SUPPORTED_DTYPES:
                 raise DTypeError(must_be(name, "a float32 or float64 array", p.dtype.name))
             if not p.flags.writeable:
@@ -243,9 +272,36 @@ class Optimizer:
                 known = self._dtypes[i]
                 if known is not None and p.dtype != known:
                     raise DTypeError(must_be(name, f"{known.name}, as in the earlier steps", p.dtype.name))
-        checked = [as_input(f"{where}(gradients[{i}])", g, p.dtype, p.shape)
-                   for i, (p, g) in enumerate(zip(params, grads))]
-        return params, checked
+        checked = [as_input(f"{where}(gradients[{label}])", g, p.dtype, p.shape)
+                   for label, p, g in zip(labels, params, grads)]
+        return params, checked, names
+
+    def _by_name(self, where: str, parameters: Mapping[Any, Any], gradients: object
+                 ) -> tuple[list[Any], list[Any], list[str]]:
+        """The parameters and gradients paired by name, in the order of the first step."""
+        if not isinstance(gradients, Mapping):
+            raise InvalidParameterError(must_be(
+                f"{where}(gradients)", "a mapping of name to gradient, like parameters (grads.parameters())",
+                type(gradients).__name__))
+        for name in parameters:
+            if not isinstance(name, str):
+                raise InvalidParameterError(must_be(f"{where}(parameters)", "a mapping with str names", name))
+        if self._shapes is not None and self._names is None:
+            rule = "a list or tuple, as in the earlier steps (their state is by position)"
+            raise InvalidParameterError(must_be(f"{where}(parameters)", rule, type(parameters).__name__))
+        keys = name_differences(parameters, gradients)
+        if keys.missing_keys or keys.unexpected_keys:
+            rule = "the gradients of exactly the parameters' names"
+            raise InvalidParameterError(must_be(f"{where}(gradients)", rule, describe_differences(keys)))
+        names = list(parameters)
+        if self._names is not None:
+            known = name_differences(dict.fromkeys(self._names), parameters)
+            if known.missing_keys or known.unexpected_keys:
+                raise InvalidParameterError(must_be(
+                    f"{where}(parameters)", "the parameters of the earlier steps, by name",
+                    describe_differences(known)))
+            names = self._names
+        return [parameters[n] for n in names], [gradients[n] for n in names], list(names)
 
     @staticmethod
     def _sequence(where: str, value: object) -> list:
@@ -287,13 +343,17 @@ class Optimizer:
 
         Keys: ``step_count``, ``parameter_count``, and per parameter position ``i``:
         ``shape.i`` (the parameter's shape, int64) and one array per state name, e.g.
-        ``exp_avg.i``. The arrays are copies. ``np.savez(file, **optimizer.state_dict())``
-        saves it; ``optimizer.load_state_dict(np.load(file))`` restores it.
+        ``exp_avg.i``; when the steps passed parameters by name, ``parameter_names`` (a string
+        array, position ``i`` holding the name of parameter ``i``). The arrays are copies.
+        ``np.savez(file, **optimizer.state_dict())`` saves it;
+        ``optimizer.load_state_dict(np.load(file))`` restores it.
         """
         state: dict[str, object] = {
             "step_count": self._step_count,
             "parameter_count": 0 if self._shapes is None else len(self._shapes),
         }
+        if self._names is not None:
+            state["parameter_names"] = np.array(self._names, dtype=str)
         for i, shape in enumerate(self._shapes or []):
             state[f"shape.{i}"] = np.array(shape, dtype=np.int64)
             for name, array in self._state[i].items():
@@ -326,6 +386,15 @@ class Optimizer:
         for i in range(count):
             expected.add(f"shape.{i}")
             expected.update(f"{name}.{i}" for name in names)
+        parameter_names = None
+        if "parameter_names" in state and count:
+            expected.add("parameter_names")
+            raw_names = np.asarray(state["parameter_names"])
+            distinct = len(set(raw_names.tolist())) if raw_names.ndim == 1 else 0
+            if raw_names.shape != (count,) or raw_names.dtype.kind != "U" or distinct != count:
+                raise InvalidParameterError(must_be(
+                    f"{where}['parameter_names']", f"{count} distinct names (parameter_count)", raw_names))
+            parameter_names = [str(name) for name in raw_names]
         keys = set(state.keys())
         if keys != expected:
             missing, unexpected = sorted(expected - keys), sorted(keys - expected)
@@ -363,6 +432,7 @@ class Optimizer:
         self._shapes = shapes if count else None
         self._dtypes = dtypes
         self._state = arrays
+        self._names = parameter_names
 
 
 @attrs.define(eq=False, repr=False)

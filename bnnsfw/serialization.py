@@ -1,16 +1,21 @@
 """Saving and loading a model's layers as one safetensors (or ``.npz``) file.
 
-``save_weights(path, {"lstm": lstm, "norm": norm, "head": head})`` writes every layer's
-configuration (as JSON) and arrays — LSTM gate descriptors, normalization gamma/beta and
-moving statistics, fully connected weights and bias — and ``load_weights(path)`` rebuilds
-the same layers, which then compute exactly what the saved ones computed.
+``save_weights(path, model)`` writes every layer's configuration (as JSON) and arrays — LSTM
+gate descriptors, normalization gamma/beta and moving statistics, fully connected weights
+and bias — for a model that is one layer, a :class:`~bnnsfw.Sequential`, or a mapping of
+name to layer. ``load_weights(path)`` rebuilds the same kind of object, whose layers then
+compute exactly what the saved ones computed; ``load_weights(path, into=model)`` instead
+copies the saved arrays into an existing model (strictly, by the names of ``state_dict()``).
+Both read and write :func:`weights_path` of the path they are given, so what
+``save_weights(p, …)`` writes is what ``load_weights(p)`` reads.
 
 What a layer holds is its parameter object's plain state (``to_state()`` /
 ``from_state()``); this module only lays that state out in the file. For a layer named
 ``name``, each array of the state is the entry ``name/<key>`` and every other value goes
-into the JSON metadata, beside the layer's ``type``. A path ending in ``.npz`` gets a NumPy
-archive with that JSON in its ``__meta__`` entry; any other path a safetensors file with it in
-the header (:mod:`bnnsfw._safetensors`). :func:`load_weights` reads both, whatever the name.
+into the JSON metadata, beside the layer's ``type``. A path ending in ``.npz`` (or an open
+binary file) gets a NumPy archive with that JSON in its ``__meta__`` entry; any other a
+safetensors file with it in the header (:mod:`bnnsfw._safetensors`). :func:`load_weights`
+reads both, whatever the name, and treats every file as untrusted input.
 """
 
 from __future__ import annotations
@@ -20,20 +25,27 @@ import math
 import os
 import zipfile
 import zlib
-from typing import Any, Mapping, NoReturn
+from typing import IO, Any, Mapping, NoReturn, Union
 
 import numpy as np
 
 from . import _safetensors
 from .errors import BNNSError, InvalidParameterError, must_be
-from .filter import Filter, FilterParameters
+from .filter import Filter, FilterParameters, load_named_state
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import LSTMLayer, LSTMParameters
 from .layers.normalization import NormalizationLayer, NormalizationParameters
+from .sequential import LastStep, Sequential
 
-__all__ = ["save_weights", "load_weights"]
+__all__ = ["save_weights", "load_weights", "weights_path"]
+
+#: What :func:`save_weights` takes and :func:`load_weights` gives back.
+Model = Union[Filter, Sequential, Mapping[str, Filter]]
+PathLike = Union[str, "os.PathLike[str]"]
 
 _FORMAT = "bnnsfw-weights-1"
+#: The file name endings of the two forms; a path without either gets the first.
+_SUFFIXES = (".safetensors", ".npz")
 
 #: The layers a file holds, by the ``type`` written for them: (layer class, parameter class).
 _LAYER_TYPES: dict[str, tuple[type[Any], type[Any]]] = {
@@ -41,6 +53,58 @@ _LAYER_TYPES: dict[str, tuple[type[Any], type[Any]]] = {
     "normalization": (NormalizationLayer, NormalizationParameters),
     "fully_connected": (FullyConnectedLayer, FullyConnectedParameters),
 }
+
+#: What a file holds, by the ``kind`` its metadata records (files without one hold a mapping).
+_KINDS = ("layers", "layer", "sequential")
+_LAST_STEP = "last_step"
+
+
+def weights_path(path: PathLike) -> str:
+    """The file :func:`save_weights` writes and :func:`load_weights` reads for ``path``.
+
+    ``path`` itself when it ends in ``.safetensors`` or ``.npz`` (the form is then the one its
+    name says), else ``path + ".safetensors"`` — applied by both functions, so
+    ``save_weights("model", …)`` writes ``model.safetensors`` and ``load_weights("model")``
+    reads it (or, for files an earlier version wrote, ``model.npz`` when only that exists).
+
+    >>> weights_path("runs/model"), weights_path("model.npz")
+    ('runs/model.safetensors', 'model.npz')
+    """
+    text = os.fspath(path)
+    return text if text.endswith(_SUFFIXES) else text + _SUFFIXES[0]
+
+
+def _readable_path(path: PathLike) -> str:
+    """The file :func:`load_weights` reads: :func:`weights_path`, or for a bare name whose
+    ``.safetensors`` file does not exist, the ``.npz`` one an earlier version wrote."""
+    text = weights_path(path)
+    legacy = os.fspath(path) + ".npz"
+    if text != os.fspath(path) and not os.path.exists(text) and os.path.exists(legacy):
+        return legacy
+    return text
+
+
+def _elements(model: object) -> tuple[str, dict[str, Any]]:
+    """The kind of ``model`` and its elements by name (checked: open layers, usable names)."""
+    if isinstance(model, Sequential):
+        model.check_open("save_weights")
+        return "sequential", dict(model.layers)
+    if isinstance(model, Filter):
+        return "layer", {"layer": model}
+    if not isinstance(model, Mapping):
+        rule = "a layer, a Sequential or a mapping of name to layer"
+        raise InvalidParameterError(must_be("save_weights(model)", rule, type(model).__name__))
+    if not model:
+        rule = "a non-empty mapping of name to layer"
+        raise InvalidParameterError(must_be("save_weights(layers)", rule, model))
+    for name, layer in model.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            rule = "non-empty names without '/'"
+            raise InvalidParameterError(must_be("save_weights(layers) keys", rule, name))
+        if not isinstance(layer, Filter):
+            raise InvalidParameterError(must_be(f"save_weights(layers[{name!r}])", "a bnnsfw layer",
+                                                type(layer).__name__))
+    return "layers", dict(model)
 
 
 def _type_names() -> str:
@@ -50,42 +114,36 @@ def _type_names() -> str:
 
 
 def _live_state(name: str, layer: Filter) -> tuple[str, dict[str, Any]]:
-    """The layer's type name and state, holding the arrays the layer computes with now.
-
-    A layer that copied its arrays at creation (the default, without client pointers) trains
-    those copies, and exposes them as properties named like the state's entries
-    (``NormalizationLayer.gamma``, ``FullyConnectedLayer.weights`` …): those are saved.
-    """
+    """The layer's type name and state, holding the arrays the layer computes with now
+    (``layer_parameters`` holds the live arrays, whatever the filter parameters)."""
     for type_name, (layer_class, _) in _LAYER_TYPES.items():
         if isinstance(layer, layer_class):
-            state: dict[str, Any] = layer.parameters.to_state()
-            for key, value in state.items():
-                live = getattr(layer_class, key, None)
-                if (value is None or isinstance(value, np.ndarray)) and isinstance(live, property):
-                    array = getattr(layer, key)
-                    if isinstance(array, np.ndarray):
-                        state[key] = array
+            state: dict[str, Any] = layer.layer_parameters.to_state()
             return type_name, state
     classes = ", ".join(layer_class.__name__ for layer_class, _ in _LAYER_TYPES.values())
     where = f"save_weights(layers[{name!r}])"
     raise InvalidParameterError(must_be(where, f"one of {classes}", type(layer).__name__))
 
 
-def save_weights(path: str | os.PathLike[str], layers: Mapping[str, Filter]) -> None:
-    """Write ``layers`` (name → open layer) to ``path``: a safetensors file, or a NumPy
-    ``.npz`` archive when the name ends in ``.npz``."""
-    if not layers:
-        rule = "a non-empty mapping of name to layer"
-        raise InvalidParameterError(must_be("save_weights(layers)", rule, layers))
+def save_weights(path: PathLike | IO[bytes], model: Model) -> None:
+    """Write ``model`` to the file :func:`weights_path` gives for ``path``.
+
+    Parameters
+    ----------
+    path : str, path-like or binary file
+        ``.safetensors`` is appended when the name ends in neither ``.safetensors`` nor
+        ``.npz`` (:func:`weights_path`); a name ending in ``.npz`` gets a NumPy archive, as
+        does an open binary file (written as it is).
+    model : layer, Sequential, or mapping of name to layer
+        Open layers. :func:`load_weights` gives back the same kind of object.
+    """
+    kind, layers = _elements(model)
     arrays: dict[str, Any] = {}
     meta: dict[str, Any] = {}
     for name, layer in layers.items():
-        if not isinstance(name, str) or not name or "/" in name:
-            rule = "non-empty names without '/'"
-            raise InvalidParameterError(must_be("save_weights(layers) keys", rule, name))
-        if not isinstance(layer, Filter):
-            raise InvalidParameterError(must_be(f"save_weights(layers[{name!r}])", "a bnnsfw layer",
-                                                type(layer).__name__))
+        if isinstance(layer, LastStep):
+            meta[name] = {"type": _LAST_STEP}
+            continue
         layer.check_open("save_weights")
         type_name, state = _live_state(name, layer)
         meta[name] = {"type": type_name}
@@ -94,17 +152,20 @@ def save_weights(path: str | os.PathLike[str], layers: Mapping[str, Filter]) -> 
                 arrays[f"{name}/{key}"] = value
             else:
                 meta[name][key] = value
-    if not os.fspath(path).endswith(".npz"):
-        _safetensors.write(path, arrays, {"format": _FORMAT, "layers": meta})
+    header = {"format": _FORMAT, "kind": kind, "layers": meta}
+    if isinstance(path, (str, os.PathLike)) and not weights_path(path).endswith(".npz"):
+        _safetensors.write(weights_path(path), arrays, header)
         return
-    arrays["__meta__"] = np.array(json.dumps({"format": _FORMAT, "layers": meta}))
-    np.savez(path, **arrays)
+    arrays["__meta__"] = np.array(json.dumps(header))
+    np.savez(weights_path(path) if isinstance(path, (str, os.PathLike)) else path, **arrays)
 
 
-def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | None) -> Filter:
+def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | None) -> Filter | LastStep:
     """Rebuild the layer ``name`` from its JSON entry and its arrays."""
     state = dict(meta)
     type_name = state.pop("type", None)
+    if type_name == _LAST_STEP:
+        return LastStep()
     if type_name not in _LAYER_TYPES:
         raise InvalidParameterError(must_be("type", _type_names(), type_name))
     prefix = f"{name}/"
@@ -129,19 +190,27 @@ def _refuse(where: str, rule: str, got: object) -> NoReturn:
     raise _Refusal(must_be(where, rule, got))
 
 
-def _check_archive(where: str, path: str | os.PathLike[str]) -> dict[str, np.dtype]:
+def _check_archive(where: str, path: str | IO[bytes]) -> dict[str, np.dtype]:
     """Refuse, before NumPy reads any array, what is not an archive of sound ``.npy`` members.
 
     Each member's header is read (a few hundred bytes) and must describe numbers (no pickled
     objects) whose size is exactly the data the member holds, and the member's sizes must be
     ones the file can hold: a header declaring terabytes is refused before any allocation.
-    Returns each array's dtype, by entry name.
+    Returns each array's dtype, by entry name. ``path`` may be an open binary file, read from
+    where it stands and left there.
     """
-    size = os.path.getsize(path)
+    if isinstance(path, str):
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            magic = handle.read(6)
+    else:
+        start = path.tell()
+        size = path.seek(0, os.SEEK_END) - start
+        path.seek(start)
+        magic = path.read(6)
+        path.seek(start)
     if size == 0:
         _refuse(where, "a weights file written by save_weights", "an empty file")
-    with open(path, "rb") as handle:
-        magic = handle.read(6)
     if magic == b"\x93NUMPY":
         _refuse(where, "a weights file written by save_weights (an .npz archive)", "an .npy file (one array)")
     if not zipfile.is_zipfile(path):
@@ -191,11 +260,11 @@ def _check_member(where: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo, s
     return np.dtype(dtype)
 
 
-def _metadata(where: str, data: Any) -> dict[str, Any]:
-    """The layers of an ``.npz`` file's ``__meta__`` entry (:func:`_layers`)."""
+def _metadata(where: str, data: Any) -> Any:
+    """The JSON of an ``.npz`` file's ``__meta__`` entry."""
     if "__meta__" not in data.files:
         _refuse(where, "a file written by save_weights", "no __meta__ entry")
-    return _layers(where, parse_metadata(where, str(data["__meta__"])))
+    return parse_metadata(where, str(data["__meta__"]))
 
 
 def parse_metadata(where: str, text: str) -> Any:
@@ -225,10 +294,30 @@ def _layers(where: str, meta: Any) -> dict[str, Any]:
     return layers
 
 
-def load_weights(path: str | os.PathLike[str],
-                 filter_parameters: FilterParameters | None = None) -> dict[str, Filter]:
-    """Rebuild the layers saved by :func:`save_weights` (name → new open layer), from either
-    form it writes (safetensors, or ``.npz``), whatever the file is called.
+def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters | None = None, *,
+                 into: Model | None = None) -> Any:
+    """Read a file written by :func:`save_weights`, in either form, whatever it is called.
+
+    Parameters
+    ----------
+    path : str, path-like or binary file
+        Read from :func:`weights_path` of it, as :func:`save_weights` wrote it (for a name
+        without a suffix whose ``.safetensors`` file does not exist, the ``.npz`` file an
+        earlier version wrote).
+    filter_parameters : FilterParameters, optional
+        Backend, threads and client-pointer flag of the rebuilt layers.
+    into : layer, Sequential, or mapping of name to layer, optional
+        Copy the saved arrays into this model instead of building new layers: its
+        ``state_dict()`` names (``"<layer name>.<name>"`` for a container or a mapping) must
+        be exactly the saved ones, with the same shapes; the configuration (activations,
+        options) is the model's own.
+
+    Returns
+    -------
+    layer, Sequential or dict of name to layer
+        What was saved, rebuilt as new open layers: a layer for a layer, a
+        :class:`~bnnsfw.Sequential` for a container, a dict for a mapping. With ``into``,
+        ``into`` itself.
 
     The file is untrusted input: anything but a sound file written by :func:`save_weights`
     raises a bnnsfw error naming the file and the problem — random bytes, an empty, truncated
@@ -237,27 +326,61 @@ def load_weights(path: str | os.PathLike[str],
     is nested too deeply, missing or unexpected keys, unknown layer types, invalid values.
     A path that does not exist raises ``FileNotFoundError``.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise InvalidParameterError(must_be("load_weights(path)", "a file path (str or os.PathLike)",
+    if into is not None and filter_parameters is not None:
+        raise InvalidParameterError(must_be("load_weights(filter_parameters)",
+                                            "None when into= is given (the model's layers keep theirs)",
+                                            filter_parameters))
+    if isinstance(path, (str, os.PathLike)):
+        source: str | IO[bytes] = _readable_path(path)
+        where = f"load_weights({source!r})"
+    elif hasattr(path, "read") and hasattr(path, "seek"):
+        source, where, start = path, f"load_weights({type(path).__name__})", path.tell()
+    else:
+        raise InvalidParameterError(must_be("load_weights(path)", "a file path or an open binary file",
                                             type(path).__name__))
-    where = f"load_weights({os.fspath(path)!r})"
-    if _safetensors.is_safetensors(path):
-        arrays, meta = _safetensors.read(path)
-        return _rebuild(where, _layers(where, meta), arrays, {key: a.dtype for key, a in arrays.items()},
-                        filter_parameters)
-    dtypes = _check_archive(where, path)
+    if isinstance(source, str) and _safetensors.is_safetensors(source):
+        arrays, meta = _safetensors.read(source)
+        kind, layers = _contents(where, meta)
+        dtypes = {key: array.dtype for key, array in arrays.items()}
+        loaded = _rebuild(where, layers, arrays, dtypes, filter_parameters)
+    else:
+        dtypes = _check_archive(where, source)
+        if not isinstance(source, str):  # the checks moved an open file: back to where it was
+            source.seek(start)
+        try:
+            with np.load(source, allow_pickle=False) as data:
+                kind, layers = _contents(where, _metadata(where, data))
+                loaded = _rebuild(where, layers, data, dtypes, filter_parameters)
+        except (zipfile.BadZipFile, EOFError, zlib.error) as error:  # damaged after the check
+            _refuse(where, "a readable .npz archive", f"a damaged one ({type(error).__name__}: {error})")
+    model: Any = loaded
+    if kind != "layers":
+        model = loaded["layer"] if kind == "layer" else Sequential(loaded)
+    if into is None:
+        return model
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return _rebuild(where, _metadata(where, data), data, dtypes, filter_parameters)
-    except (zipfile.BadZipFile, EOFError, zlib.error) as error:  # damaged after the check
-        _refuse(where, "a readable .npz archive", f"a damaged one ({type(error).__name__}: {error})")
+        _copy_into(into, _flat_state(model))
+    finally:
+        for layer in loaded.values():
+            if isinstance(layer, Filter):
+                layer.close()
+    return into
+
+
+def _contents(where: str, meta: Any) -> tuple[str, dict[str, Any]]:
+    """The kind and the checked ``layers`` object of a file's metadata."""
+    layers = _layers(where, meta)
+    kind = meta.get("kind", "layers")
+    if kind not in _KINDS or (kind == "layer" and list(layers) != ["layer"]):
+        _refuse(f"{where}: kind", " or ".join(_KINDS) + " (a single layer named 'layer')", kind)
+    return kind, layers
 
 
 def _rebuild(where: str, layers: dict[str, Any], data: Any, dtypes: Mapping[str, np.dtype],
-             fp: FilterParameters | None) -> dict[str, Filter]:
+             fp: FilterParameters | None) -> dict[str, Any]:
     """Every layer of the file's metadata, built from its arrays; each array must be floats of
     the layer's dtype, and any problem names the file and the layer."""
-    loaded: dict[str, Filter] = {}
+    loaded: dict[str, Any] = {}  # layers, and LastStep elements of a container
     for name, entry in layers.items():
         declared = entry.get("dtype") if entry.get("dtype") in ("float32", "float64") else None
         for key, dtype in dtypes.items():
@@ -273,3 +396,27 @@ def _rebuild(where: str, layers: dict[str, Any], data: Any, dtypes: Mapping[str,
             raise _Refusal(must_be(f"{where}: layer {name!r}", rule,
                                    f"{type(error).__name__}: {error}")) from error
     return loaded
+
+
+def _flat_state(model: Any) -> dict[str, np.ndarray]:
+    """One state dict for any model: a mapping's layers named like a container's."""
+    if isinstance(model, (Filter, Sequential)):
+        return model.state_dict()
+    return {f"{name}.{key}": array for name, layer in model.items()
+            for key, array in layer.state_dict().items()}
+
+
+def _copy_into(into: object, state: dict[str, np.ndarray]) -> None:
+    """Load ``state`` into ``into`` strictly (names, shapes, finite values), all checked first."""
+    if isinstance(into, (Filter, Sequential)):
+        into.load_state_dict(state)
+        return
+    where = "load_weights(into)"
+    if not isinstance(into, Mapping) or not into or not all(
+            isinstance(name, str) and isinstance(layer, Filter) for name, layer in into.items()):
+        rule = "a layer, a Sequential or a non-empty mapping of name to layer"
+        raise InvalidParameterError(must_be(where, rule, type(into).__name__))
+    for layer in into.values():
+        layer.check_open("load_weights")
+    members = [(f"{name}.", layer) for name, layer in into.items()]
+    load_named_state("dict", members, state, True, where="load_weights(into) with the saved arrays")

@@ -2,6 +2,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import bnnsfw
 from bnnsfw import cli
 
@@ -67,3 +69,34 @@ def test_deprecation_main_is_still_the_deprecations_command():
     from bnnsfw.cli import deprecations
 
     assert deprecation.main is deprecations.main
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"bnnsfw {bnnsfw.__version__}\n"
+
+
+def test_a_misuse_from_the_shell_is_one_line_and_status_2():
+    done = subprocess.run([sys.executable, "-m", "bnnsfw", "demo", "--backend", "nope"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("bnnsfw demo: error: argument --backend: invalid choice: 'nope' (choose from ")
+    assert all(f"'{name}'" in last for name in bnnsfw.available_backends())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--repeats", "0"], "argument --repeats: must be an integer >= 1; got 0"),
+    (["--threads", "-1"], "argument --threads: must be an integer >= 0; got -1"),
+    (["--backend", "fast"], "argument --backend: invalid choice: 'fast'"),
+    (["--json", "/no/such/folder/b.json"], "argument --json: the folder '/no/such/folder' does not exist"),
+])
+def test_bench_misuse_is_a_usage_error_before_any_timing(argv, message, capsys):
+    from bnnsfw.cli import bench
+
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and captured.out == ""
+    assert message in captured.err and "Traceback" not in captured.err

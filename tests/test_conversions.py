@@ -96,7 +96,7 @@ def test_pytorch_lstm_outputs_and_gradients_match_in_float64(rng, backend_name, 
     net = torch.nn.LSTM(i, h, num_layers=num_layers, bidirectional=bidirectional, batch_first=batch_first,
                         bias=bias).double()
     layer = interop.from_torch(net, filter_parameters=bf.FilterParameters(backend=backend_name))
-    assert isinstance(layer, bf.LSTMLayer) and layer.parameters.batch_first == batch_first
+    assert isinstance(layer, bf.LSTMLayer) and layer.layer_parameters.batch_first == batch_first
     x = rng.standard_normal((n, t, i) if batch_first else (t, n, i))
     h0, c0 = rng.standard_normal((2, num_layers * d, n, h))
     dy = rng.standard_normal((n, t, d * h) if batch_first else (t, n, d * h))
@@ -131,13 +131,13 @@ def test_pytorch_lstm_round_trip_is_bit_identical(dtype):
         for p in net.parameters():
             p.uniform_(-1, 1)
     layer = interop.from_torch(net)
-    assert layer.parameters.dtype == np.dtype(dtype)
+    assert layer.layer_parameters.dtype == np.dtype(dtype)
     back = interop.to_torch(layer)
     assert type(back) is torch.nn.LSTM and back.bidirectional and back.num_layers == 2
     for key, value in net.state_dict().items():
         assert torch.equal(value, back.state_dict()[key]), key
     # Through a saved and reloaded copy of the layer too (the split is found by the bias's bytes).
-    copy = bf.LSTMLayer(layer.parameters)
+    copy = bf.LSTMLayer(layer.layer_parameters)
     for key, value in net.state_dict().items():
         assert torch.equal(value, interop.to_torch(copy).state_dict()[key]), key
 

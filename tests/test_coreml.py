@@ -71,7 +71,7 @@ def test_the_program_has_the_layers_ops_shapes_and_weights(tmp_path):
     assert report.operations == tuple(k for k in kinds if k != "identity")
 
     # LSTM weights, in Core ML's gate order i, f, o, z and with the backward direction apart.
-    p = lstm.parameters
+    p = lstm.layer_parameters
     order = (p.input_gate, p.forget_gate, p.output_gate, p.candidate_gate)
     for index, op in enumerate(_ops(program, "lstm")):
         assert str(_value(op, "direction")) == "bidirectional"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import bnnsfw
@@ -80,3 +81,31 @@ def test_docs_build_with_warnings_as_errors(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"the docs build failed:\n{result.stderr[-6000:]}"
     assert (tmp_path / "html" / "api.html").is_file()
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+def test_readme_examples_run(tmp_path, monkeypatch):
+    """The README's layer example, then its six-line model and training loop (2 epochs here)."""
+    from bnnsfw.cli.demo import make_sine_task
+
+    monkeypatch.chdir(tmp_path)
+    first, model = _python_blocks(DOCS.parent / "README.md")
+    namespace: dict = {}
+    exec(compile(first, "README.md", "exec"), namespace)
+    task = make_sine_task(n_series=8, seed=0)
+    namespace.update(x=task.x_train, y=task.y_train)
+    assert "range(30)" in model
+    exec(compile(model.replace("range(30)", "range(2)"), "README.md", "exec"), namespace)
+    loaded = bnnsfw.load_weights("forecaster")
+    assert isinstance(loaded, bnnsfw.Sequential)
+    np.testing.assert_array_equal(loaded(task.x_val), namespace["model"](task.x_val))
+
+
+def test_training_page_example_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(_python_blocks(DOCS / "training.md")[0], "docs/training.md", "exec"), namespace)
+    assert isinstance(namespace["same"], bnnsfw.Sequential) and (tmp_path / "forecaster.safetensors").is_file()

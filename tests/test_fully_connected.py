@@ -331,11 +331,12 @@ def test_layer_needs_parameters():
 # Errors when applying.
 def test_apply_errors(backend_name):
     layer = make_layer(backend_name, dtype=np.float32)
-    match = r"apply\(x\) must be of shape \(N, 3\) or \(T, N, 3\); got 'shape \(2, 4\) float32'"
+    match = (r"apply\(x\) must be of shape \(N, 3\), \(T, N, 3\) or unbatched \(3,\); "
+             r"got 'shape \(2, 4\) float32'")
     with pytest.raises(bf.ShapeError, match=match):
         layer.apply(np.ones((2, 4), np.float32))
     with pytest.raises(bf.ShapeError, match="apply\\(x\\) must be of shape"):
-        layer.apply(np.ones(IN, np.float32))
+        layer.apply(np.ones(IN + 1, np.float32))
     with pytest.raises(bf.ShapeError):
         layer.apply(np.ones((1, 2, 3, IN), np.float32))
     with pytest.raises(bf.DTypeError, match="apply\\(x\\) must be a float32 array"):
@@ -398,7 +399,7 @@ def test_repr_and_properties(backend_name):
     assert f"backend={backend_name!r}" in text and "open" in text
     assert (layer.input_size, layer.output_size, layer.dtype) == (IN, OUT, np.float32)
     assert layer.activation == Activation.tanh() and layer.backend.name == backend_name
-    assert layer.parameters.input_size == IN
+    assert layer.layer_parameters.input_size == IN
 
 
 # Optional cross-check with PyTorch.

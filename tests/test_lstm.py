@@ -382,7 +382,10 @@ def test_dropout_needs_a_cache_for_backward(backend_name, rng):
 def test_dropout_on_a_single_layer_changes_nothing(backend_name, rng):
     params = LSTMParameters.random(input_size=2, hidden_size=2, seed=0, dtype=np.float64, dropout=0.9)
     x = rng.standard_normal((3, 2, 2))
-    with layer_for(params, backend_name) as layer:
+    with pytest.warns(UserWarning, match=r"dropout=0.9 has no effect with num_layers=1") as record:
+        layer = layer_for(params, backend_name)
+    assert len(record) == 1 and record[0].filename == __file__  # once, pointing at the caller's line
+    with layer:
         np.testing.assert_array_equal(layer.apply(x, training=True).output, layer.apply(x).output)
         layer.apply_backward(x, np.ones((3, 2, 2)))  # no masks, so no cache needed
 
@@ -924,11 +927,11 @@ def test_apply_errors(backend_name, rng):
     x = rng.standard_normal((4, 2, 3)).astype(np.float32)
     state = np.zeros((4, 2, 2), np.float32)
     with layer_for(params, backend_name) as layer:
-        with pytest.raises(bf.ShapeError,
-                           match=r"apply\(x\) must be of shape \(T, N, 3\); got 'shape \(4, 2, 2\)"):
+        with pytest.raises(bf.ShapeError, match=r"apply\(x\) must be of shape \(T, N, 3\) or unbatched "
+                                                r"\(T, 3\); got 'shape \(4, 2, 2\)"):
             layer.apply(x[:, :, :2])
         with pytest.raises(bf.ShapeError, match=r"apply\(x\) must be of shape \(T, N, 3\)"):
-            layer.apply(x[0])
+            layer.apply(x[0, 0])
         with pytest.raises(bf.ShapeError, match="T >= 1 and N >= 1"):
             layer.apply(x[:0])
         with pytest.raises(bf.DTypeError, match=r"apply\(x\) must be a float32 array .*float64"):

@@ -548,7 +548,10 @@ def test_repr_and_properties(backend_name, rng):
     layer = make_layer(params, backend_name)
     assert repr(layer) == (f"<NormalizationLayer type=group_norm, group_count=2, input_shape=(4, 3), "
                            f"dtype=float64, activation=identity, backend={layer.backend.name!r}, open>")
-    assert layer.parameters is params and layer.input_shape == (4, 3) and layer.dtype == np.float64
+    live = layer.layer_parameters
+    assert attrs.evolve(live, gamma=params.gamma, beta=params.beta) == params
+    assert live.gamma is not None and not live.gamma.flags.writeable  # views of the layer's own copies
+    assert layer.input_shape == (4, 3) and layer.dtype == np.float64
 
 
 def _params(**changes):
@@ -639,7 +642,8 @@ def test_invalid_calls(backend_name, rng):
     params = make_params("batch", (4, 3), rng, activation=Activation.sigmoid(), dtype=np.float32)
     layer = make_layer(params, backend_name)
     x = rng.standard_normal((2, 4, 3)).astype(np.float32)
-    with pytest.raises(bf.ShapeError, match=r"NormalizationLayer.apply\(x\) must be of shape \(N, 4, 3\); "
+    with pytest.raises(bf.ShapeError, match=r"NormalizationLayer.apply\(x\) must be of shape \(N, 4, 3\) "
+                                            r"or unbatched \(4, 3\); "
                                             r"got 'shape \(2, 3, 4\) float32'\."):
         layer.apply(x.reshape(2, 3, 4))
     with pytest.raises(bf.ShapeError, match=r"at least one sample"):

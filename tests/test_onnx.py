@@ -436,7 +436,7 @@ def test_a_loaded_layer_fine_tunes_and_the_session_sees_it(rng):
     out = lstm.apply(x, training=True)
     grads = lstm.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
     opt = bf.optimizers.SGD(learning_rate=0.1)
-    arrays = [lstm.parameters.forget_gate.hidden_weights, lstm.parameters.forget_gate.bias]
+    arrays = [lstm.layer_parameters.forget_gate.hidden_weights, lstm.layer_parameters.forget_gate.bias]
     opt.step(arrays, [grads.forget_gate.hidden_weights, grads.forget_gate.bias])
     after = session.run(None, {"input": x})[0]
     assert not np.allclose(before, after)

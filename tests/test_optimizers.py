@@ -357,7 +357,7 @@ def test_step_argument_errors():
         opt.step([p], [np.ones(3, np.float32)])
     with pytest.raises(bf.DTypeError, match=r"step\(parameters\[0\]\) must be a float32 or float64 array"):
         opt.step([np.ones(3, np.int64)], [np.ones(3)])
-    match = r"step\(parameters\[0\]\) must be a NumPy array \(updated in place\)"
+    match = r"step\(parameters\[0\]\) must be a NumPy array \(updated in place; layer.parameters\(\) and"
     with pytest.raises(bf.InvalidParameterError, match=match):
         opt.step([[1.0, 2.0]], [[1.0, 1.0]])
     frozen = np.ones(3)
@@ -385,6 +385,49 @@ def test_later_steps_must_match_the_first():
     # Gradients may be plain sequences.
     opt.step([a, b], [[1.0, 1.0, 1.0], np.ones((2, 2))])
     assert opt.step_count == 2
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_steps_by_name_pair_arrays_by_name_whatever_the_order(rng, name):
+    shapes = {"w": (3, 2), "b": (2,), "v": (4,)}
+    start = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    grads = [{n: rng.standard_normal(s) for n, s in shapes.items()} for _ in range(4)]
+    by_position, listed = CONFIGS[name](), [a.copy() for a in start.values()]
+    by_name, named = CONFIGS[name](), {n: a.copy() for n, a in start.items()}
+    for step, g in enumerate(grads):
+        by_position.step(listed, list(g.values()))
+        shuffled = dict(reversed(g.items())) if step % 2 else g   # the order of the names does not matter
+        by_name.step(named, shuffled)
+    for a, b in zip(listed, named.values()):
+        np.testing.assert_array_equal(a, b)
+    state = by_name.state_dict()
+    assert state["parameter_names"].tolist() == ["w", "b", "v"]
+    resumed = CONFIGS[name]()
+    resumed.load_state_dict(state)
+    with pytest.raises(bf.InvalidParameterError, match=r"missing names \['v'\], unexpected names \['u'\]"):
+        resumed.step({"w": named["w"], "b": named["b"], "u": named["v"]},
+                     {"w": grads[0]["w"], "b": grads[0]["b"], "u": grads[0]["v"]})
+    resumed.step(dict(reversed(named.items())), grads[0])
+    assert resumed.step_count == 5
+
+
+def test_by_name_and_by_position_do_not_mix():
+    named = SGD(0.1)
+    named.step({"a": np.ones(2)}, {"a": np.ones(2)})
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"SGD.step\(parameters\) must be a mapping of name to array, as in the earlier"):
+        named.step([np.ones(2)], [np.ones(2)])
+    positional = SGD(0.1)
+    positional.step([np.ones(2)], [np.ones(2)])
+    with pytest.raises(bf.InvalidParameterError, match=r"must be a list or tuple, as in the earlier steps"):
+        positional.step({"a": np.ones(2)}, {"a": np.ones(2)})
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"SGD.step\(gradients\) must be a mapping of name to gradient, like parameters"):
+        SGD(0.1).step({"a": np.ones(2)}, [np.ones(2)])
+    with pytest.raises(bf.InvalidParameterError, match=r"must be a mapping with str names; got 0"):
+        SGD(0.1).step({0: np.ones(2)}, {0: np.ones(2)})
+    with pytest.raises(bf.InvalidParameterError, match=r"parameter_names'\] must be 1 distinct names"):
+        SGD(0.1).load_state_dict({**named.state_dict(), "parameter_names": np.array(["a", "b"])})
 
 
 def test_load_state_dict_errors():

@@ -1,3 +1,4 @@
+import io
 import json
 
 import numpy as np
@@ -32,7 +33,7 @@ def test_round_trip_reproduces_outputs_exactly(tmp_path, rng, backend_name):
     assert {k: type(v) for k, v in loaded.items()} == {k: type(v) for k, v in original.items()}
     np.testing.assert_array_equal(predict(loaded), predict(original))
     np.testing.assert_array_equal(loaded["norm"].moving_mean, norm.moving_mean)
-    assert loaded["lstm"].parameters.input_gate.cell_weights.shape == (2, 2, 4)
+    assert loaded["lstm"].layer_parameters.input_gate.cell_weights.shape == (2, 2, 4)
 
 
 def test_save_refuses_bad_input(tmp_path):
@@ -58,14 +59,15 @@ def test_saved_arrays_are_the_live_ones_the_layers_train(tmp_path):
     """Without client pointers a layer trains its own copies; those are what is saved."""
     norm_parameters = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(3,))
     norm = bf.NormalizationLayer(norm_parameters)
-    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=3, output_size=2, seed=0))
+    head_parameters = bf.FullyConnectedParameters.random(input_size=3, output_size=2, seed=0)
+    head = bf.FullyConnectedLayer(head_parameters)
     norm.gamma -= 0.5                                  # the parameters held no gamma at all
     head.weights[...] += 1.0                           # as an optimizer updates it, in place
     save_weights(tmp_path / "m.npz", {"norm": norm, "head": head})
     loaded = load_weights(tmp_path / "m.npz")
     np.testing.assert_array_equal(loaded["norm"].gamma, [0.5, 0.5, 0.5])
     np.testing.assert_array_equal(loaded["head"].weights, head.weights)
-    assert not np.array_equal(loaded["head"].weights, head.parameters.weights)
+    assert not np.array_equal(loaded["head"].weights, head_parameters.weights)
 
 
 def _first_format_file(path):
@@ -103,7 +105,7 @@ def _first_format_file(path):
 def test_a_file_in_the_first_format_loads_and_is_written_back_the_same(tmp_path):
     arrays = _first_format_file(tmp_path / "old.npz")
     layers = load_weights(tmp_path / "old.npz")
-    lstm = layers["lstm"].parameters
+    lstm = layers["lstm"].layer_parameters
     assert (lstm.input_size, lstm.hidden_size, lstm.seed) == (3, 4, 7)
     assert lstm.hidden_activation == bf.Activation.scaled_tanh(1.5, 0.5)
     assert lstm.forget_gate.activation == bf.Activation.hard_sigmoid(0.2, 0.5)
@@ -114,8 +116,8 @@ def test_a_file_in_the_first_format_loads_and_is_written_back_the_same(tmp_path)
         np.testing.assert_array_equal(gate.bias, arrays[f"lstm/{name}/bias"])
     np.testing.assert_array_equal(lstm.forget_gate.cell_weights, arrays["lstm/forget_gate/cell_weights"])
     norm = layers["norm"]
-    assert norm.parameters.type.kind is bf.FilterType.batch_norm
-    assert norm.parameters.epsilon == 0.001
+    assert norm.layer_parameters.type.kind is bf.FilterType.batch_norm
+    assert norm.layer_parameters.epsilon == 0.001
     for key in ("gamma", "beta", "moving_mean", "moving_variance"):
         np.testing.assert_array_equal(getattr(norm, key), arrays[f"norm/{key}"])
     head = layers["head"]
@@ -173,3 +175,114 @@ def test_from_state_names_missing_and_unexpected_keys():
         bf.Activation.from_state([1, 0.0])
     with pytest.raises(bf.InvalidParameterError, match=r"must be a mapping from to_state\(\); got 'list'"):
         bf.NormalizationParameters.from_state([])
+
+
+# ------------------------------------------------------------------------------------------
+# A layer, a container or a mapping; the path rule.
+# ------------------------------------------------------------------------------------------
+def _model(backend_name, seed=0, head="head"):
+    fp = bf.FilterParameters(backend=backend_name)
+    lstm = bf.LSTMParameters.random(input_size=2, hidden_size=4, num_layers=2, seed=seed)
+    norm = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(4,))
+    dense = bf.FullyConnectedParameters.random(input_size=4, output_size=3, seed=seed + 1)
+    return bf.Sequential({"lstm": bf.LSTMLayer(lstm, fp), "last": bf.LastStep(),
+                          "norm": bf.NormalizationLayer(norm, fp), head: bf.FullyConnectedLayer(dense, fp)})
+
+
+def test_a_container_comes_back_as_a_container(tmp_path, rng, backend_name):
+    x = rng.standard_normal((6, 5, 2)).astype(np.float32)
+    model = _model(backend_name)
+    for array in model.parameters().values():   # trained: the live arrays are what is saved
+        array *= 1.25
+    save_weights(tmp_path / "model", model)
+    loaded = load_weights(tmp_path / "model", bf.FilterParameters(backend=backend_name))
+    assert isinstance(loaded, bf.Sequential)
+    assert [(name, type(layer)) for name, layer in loaded.layers.items()] == [
+        (name, type(layer)) for name, layer in model.layers.items()]
+    np.testing.assert_array_equal(loaded(x), model(x))
+    loaded.close()
+    model.close()
+
+
+def test_a_single_layer_comes_back_as_a_layer(tmp_path, rng):
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=3, output_size=2, seed=4))
+    save_weights(tmp_path / "head.npz", head)
+    loaded = load_weights(tmp_path / "head.npz")
+    assert isinstance(loaded, bf.FullyConnectedLayer)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_array_equal(loaded(x), head(x))
+
+
+@pytest.mark.parametrize("name", ["m2", "m2.npz", "m2.safetensors", "dir.with.dots/m2", "m2.weights"])
+def test_the_path_rule_is_symmetric(tmp_path, name):
+    (tmp_path / "dir.with.dots").mkdir()
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=2, output_size=2))
+    save_weights(tmp_path / name, head)
+    written = bf.serialization.weights_path(name)
+    assert written == (name if name.endswith((".npz", ".safetensors")) else name + ".safetensors")
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.*") if p.is_file())
+    assert files == [written]
+    np.testing.assert_array_equal(load_weights(tmp_path / name).weights, head.weights)
+    np.testing.assert_array_equal(load_weights(str(tmp_path / name)).weights, head.weights)
+    np.testing.assert_array_equal(load_weights(tmp_path / written).weights, head.weights)
+
+
+def test_a_bare_name_finds_the_npz_file_an_earlier_version_wrote(tmp_path):
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=2, output_size=2))
+    save_weights(tmp_path / "old.npz", head)  # what save_weights(tmp_path / "old") used to write
+    np.testing.assert_array_equal(load_weights(tmp_path / "old").weights, head.weights)
+    with pytest.raises(FileNotFoundError, match=r"missing\.safetensors"):
+        load_weights(tmp_path / "missing")
+
+
+def test_open_files_are_read_and_written_as_they_are(rng):
+    buffer = io.BytesIO()
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=2, output_size=2))
+    save_weights(buffer, head)
+    buffer.seek(0)
+    np.testing.assert_array_equal(load_weights(buffer).weights, head.weights)
+
+
+def test_load_into_an_existing_model(tmp_path, rng, backend_name):
+    x = rng.standard_normal((6, 5, 2)).astype(np.float32)
+    trained, fresh = _model(backend_name, seed=0), _model(backend_name, seed=7)
+    save_weights(tmp_path / "trained", trained)
+    assert load_weights(tmp_path / "trained", into=fresh) is fresh
+    np.testing.assert_array_equal(fresh(x), trained(x))
+    # A mapping saved by name loads into a container whose layers have those names, and back.
+    layers = {name: layer for name, layer in trained.layers.items() if isinstance(layer, bf.Filter)}
+    save_weights(tmp_path / "layers", layers)
+    other = _model(backend_name, seed=9)
+    load_weights(tmp_path / "layers", into=other)
+    np.testing.assert_array_equal(other(x), trained(x))
+    target = {name: layer for name, layer in _model(backend_name, seed=3).layers.items()
+              if isinstance(layer, bf.Filter)}
+    load_weights(tmp_path / "trained", into=target)
+    np.testing.assert_array_equal(target["head"].weights, trained.layers["head"].weights)
+
+
+def test_load_into_refuses_a_model_with_other_names_or_shapes(tmp_path, backend_name):
+    save_weights(tmp_path / "trained", _model(backend_name))
+    renamed = _model(backend_name, head="dense")
+    with pytest.raises(bf.InvalidParameterError, match=r"missing names \['dense.weights', 'dense.bias'\], "
+                                                       r"unexpected names \['head.weights', 'head.bias'\]"):
+        load_weights(tmp_path / "trained", into=renamed)
+    layers = {name: layer for name, layer in _model(backend_name, head="dense").layers.items()
+              if isinstance(layer, bf.Filter)}
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"load_weights\(into\) with the saved arrays must be a state with exactly the "
+                             r"names of state_dict\(\); got \"missing names \['dense.weights'"):
+        load_weights(tmp_path / "trained", into=layers)
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=4, output_size=5))
+    other = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=4, output_size=3))
+    save_weights(tmp_path / "head", other)
+    with pytest.raises(bf.ShapeError,
+                       match=r"load_state_dict\(state\)\['weights'\] must be of shape \(5, 4\)"):
+        load_weights(tmp_path / "head", into=head)
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"load_weights\(filter_parameters\) must be None when into"):
+        load_weights(tmp_path / "head", bf.FilterParameters(), into=head)
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"save_weights\(model\) must be a layer, a Sequential or a mapping of name to "
+                             r"layer; got 'int'"):
+        save_weights(tmp_path / "x", 3)

@@ -61,10 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("command", nargs="?", choices=["demo", "bench", "deprecations"],
                         help="what to run; without one, print version, backends and a health check")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
     if not args:
         return _info()
     if args[0] in ("-h", "--help"):
         parser.print_help()
+        return 0
+    if args == ["--version"]:
+        import bnnsfw
+
+        print(f"bnnsfw {bnnsfw.__version__}")
         return 0
     command, rest = args[0], args[1:]
     if command == "deprecations":

@@ -30,6 +30,8 @@ from typing import Any, Callable, Sequence
 import attrs
 import numpy as np
 
+from ._options import backend_names, check_output_path, integer
+
 __all__ = ["main", "run", "BenchRow", "LSTM_CASES", "NORMALIZATION_CASES"]
 
 
@@ -496,23 +498,29 @@ def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bnnsfw bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="bnnsfw bench", description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 when the figures were printed, 2 for a usage error.")
     p.add_argument("--compare", choices=["torch"], help="also time PyTorch's CPU kernels and print ratios")
-    p.add_argument("--backend", default="auto", help="bnnsfw backend (default: auto)")
-    p.add_argument("--threads", type=int, default=0, help="BLAS (and PyTorch) threads; 0: library default")
+    p.add_argument("--backend", choices=backend_names(), default="auto",
+                   help="bnnsfw backend (default: auto)")
+    p.add_argument("--threads", type=integer(0), default=0,
+                   help="BLAS (and PyTorch) threads, an integer >= 0; 0: library default")
     p.add_argument("--quick", action="store_true", help="small shapes and few repeats (a few seconds)")
-    p.add_argument("--repeats", type=int, default=None, help="minimum timed repeats per row")
+    p.add_argument("--repeats", type=integer(1), default=None,
+                   help="minimum timed repeats per row, an integer >= 1 (default: 7, 2 with --quick)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    opts = parser().parse_args(argv)
+    """Run ``bnnsfw bench``; returns the exit status (usage errors exit with status 2)."""
+    p = parser()
+    opts = p.parse_args(argv)
+    if opts.json:
+        check_output_path(p, "--json", opts.json)
     if opts.repeats is None:
         opts.repeats = 2 if opts.quick else 7
     opts.budget = 0.0 if opts.quick else 1.0
-    if opts.threads < 0:
-        parser().error("--threads must be >= 0")
     figures = run(opts)
     if opts.json:
         with open(opts.json, "w", encoding="utf-8") as fh:

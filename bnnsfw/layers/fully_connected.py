@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .._named import read_only
 from .._validation import (
     as_input,
     as_output,
@@ -189,6 +190,14 @@ class FullyConnectedGradients:
     weights: np.ndarray
     bias: np.ndarray | None
 
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The weight gradients under the names of :meth:`FullyConnectedLayer.parameters`:
+        ``weights``, and ``bias`` when the layer has one (the arrays themselves)."""
+        named = {"weights": self.weights}
+        if self.bias is not None:
+            named["bias"] = self.bias
+        return named
+
 
 class FullyConnectedLayer(Filter):
     """A fully connected layer, ``y = act(x @ Wᵀ + b)``, with its backward pass.
@@ -201,7 +210,12 @@ class FullyConnectedLayer(Filter):
         Backend, thread count, and ``use_client_pointer``: with it the layer keeps the
         parameter object's weight and bias arrays (the caller's, when they already had the
         layer's dtype), so in-place updates to them are seen by the next call; without it
-        (the default) the layer works on copies.
+        (the default) the layer works on copies, which :meth:`parameters` hands out.
+
+    Notes
+    -----
+    ``layer(x)`` is ``layer.apply(x)``. An unbatched ``x`` of shape ``(input_size,)`` gives an
+    ``(output_size,)`` result (a batch axis is added and removed, as PyTorch does).
 
     Examples
     --------
@@ -236,16 +250,25 @@ class FullyConnectedLayer(Filter):
         if self.filter_parameters.use_client_pointer:
             self._weights: np.ndarray | None = parameters.weights
             self._bias: np.ndarray | None = parameters.bias
+            self._public = parameters
         else:
             self._weights = parameters.weights.copy()
             self._bias = None if parameters.bias is None else parameters.bias.copy()
+            self._public = attrs.evolve(parameters, weights=read_only(self._weights),
+                                        bias=read_only(self._bias))
         self._has_bias = parameters.bias is not None
 
     # Read-only description.
     @property
-    def parameters(self) -> FullyConnectedParameters:
-        """The parameter object the layer was created from."""
-        return self._parameters
+    def layer_parameters(self) -> FullyConnectedParameters:
+        """The parameters the layer computes with, holding its live arrays.
+
+        With ``use_client_pointer`` the parameter object it was created from; otherwise the
+        same with read-only views of the layer's own copies (they show the current values;
+        train through :meth:`parameters`).
+        """
+        self._check_open("layer_parameters")
+        return self._public
 
     @property
     def input_size(self) -> int:
@@ -282,6 +305,13 @@ class FullyConnectedLayer(Filter):
         self._check_open("bias")
         return self._bias
 
+    def _named_parameters(self) -> dict[str, np.ndarray]:
+        assert self._weights is not None  # released by close() only, and callers check the layer is open
+        named = {"weights": self._weights}
+        if self._bias is not None:
+            named["bias"] = self._bias
+        return named
+
     # Forward.
     @guarded
     def apply(self, x: object, output: np.ndarray | None = None) -> np.ndarray:
@@ -289,8 +319,8 @@ class FullyConnectedLayer(Filter):
 
         Parameters
         ----------
-        x : ndarray, shape (N, input_size) or (T, N, input_size), the layer's dtype
-            Not modified.
+        x : ndarray, shape (N, input_size), (T, N, input_size) or (input_size,), the layer's dtype
+            Not modified. An unbatched ``(input_size,)`` gives an ``(output_size,)`` result.
         output : ndarray, optional
             Buffer of shape ``x.shape[:-1] + (output_size,)`` to write into.
 
@@ -302,6 +332,9 @@ class FullyConnectedLayer(Filter):
         x = self._data("FullyConnectedLayer.apply(x)", x)
         shape = x.shape[:-1] + (self._output_size,)
         output = as_output("FullyConnectedLayer.apply(output)", output, self._dtype, shape)
+        if x.ndim == 1:  # unbatched: a batch of one, through views of the caller's arrays
+            result = self.apply(x[None], None if output is None else output[None])
+            return output if output is not None else result[0]
         with self._threads():
             x2d = x.reshape(-1, self._input_size)
             target = self._direct(output, (x, self._weights, self._bias))
@@ -331,7 +364,7 @@ class FullyConnectedLayer(Filter):
 
         Parameters
         ----------
-        x : ndarray, shape (N, input_size) or (T, N, input_size)
+        x : ndarray, shape (N, input_size), (T, N, input_size) or (input_size,)
             The forward input.
         dy : ndarray, shape ``x.shape[:-1] + (output_size,)``
             d loss / d output.
@@ -356,6 +389,15 @@ class FullyConnectedLayer(Filter):
         x = self._data(f"{where}(x)", x)
         shape = x.shape[:-1] + (self._output_size,)
         dy = as_input(f"{where}(dy)", dy, self._dtype, shape)
+        if x.ndim == 1:  # unbatched: a batch of one
+            output = None if output is None else as_input(f"{where}(output)", output, self._dtype, shape)
+            dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, self._dtype, x.shape)
+            grads = self.apply_backward(
+                x[None], dy[None], None if output is None else output[None],
+                input_gradient=None if dx_buffer is None else dx_buffer[None],
+                weights_gradient=weights_gradient, bias_gradient=bias_gradient, accumulate=accumulate)
+            return FullyConnectedGradients(input=dx_buffer if dx_buffer is not None else grads.input[0],
+                                           weights=grads.weights, bias=grads.bias)
         if output is None:
             if not self._activation.is_identity:
                 raise InvalidParameterError(must_be(
@@ -409,12 +451,17 @@ class FullyConnectedLayer(Filter):
                     np.copyto(buffer, result)
         return FullyConnectedGradients(input=dx, weights=dw, bias=db)
 
+    def __call__(self, x: object, output: np.ndarray | None = None) -> np.ndarray:
+        """``layer(x)`` is :meth:`apply`: ``act(x @ Wᵀ + b)``."""
+        return self.apply(x, output)
+
     # Helpers.
     def _data(self, where: str, value: object) -> np.ndarray:
         array = as_input(where, value, self._dtype)
-        if array.ndim not in (2, 3) or array.shape[-1] != self._input_size:
+        if array.ndim not in (1, 2, 3) or array.shape[-1] != self._input_size:
             n = self._input_size
-            raise ShapeError(must_be(where, f"of shape (N, {n}) or (T, N, {n})", describe(array)))
+            raise ShapeError(must_be(where, f"of shape (N, {n}), (T, N, {n}) or unbatched ({n},)",
+                                     describe(array)))
         return array
 
     def _affine(self, x2d: np.ndarray, out: np.ndarray | None) -> np.ndarray:

@@ -22,11 +22,13 @@ import contextlib
 import hashlib
 import math
 import threading
+import warnings
 from typing import Any, Iterator, NamedTuple, cast
 
 import attrs
 import numpy as np
 
+from .._named import read_only
 from .._validation import (
     as_input,
     describe,
@@ -70,6 +72,8 @@ __all__ = [
 ]
 
 GATE_FIELDS = ("input_gate", "forget_gate", "candidate_gate", "output_gate")
+#: How the names of :meth:`LSTMLayer.parameters` call the two directions.
+DIRECTION_NAMES = ("forward", "reverse")
 _DEFAULT_GATE_ACTIVATIONS = (
     Activation.sigmoid(), Activation.sigmoid(), Activation.tanh(), Activation.sigmoid())
 _DEFAULT_HIDDEN_ACTIVATION = Activation.tanh()
@@ -513,6 +517,11 @@ class LSTMGradients:
         """The four gate gradients in the order input, forget, candidate, output."""
         return (self.input_gate, self.forget_gate, self.candidate_gate, self.output_gate)
 
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The weight gradients under the names of :meth:`LSTMLayer.parameters` (views of the
+        arrays above, one per layer, direction, gate and field)."""
+        return _named_layer_arrays(self.gates)
+
 
 # --------------------------------------------------------------------------------------
 # The layer.
@@ -571,13 +580,63 @@ def _gate_arrays(gate: LSTMGateDescriptor) -> list[np.ndarray]:
     return [a for a in arrays if a is not None]
 
 
-def _copied_gate(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
-    def copy(a: Any) -> Any:
-        return None if a is None else np.array(a, copy=True)
+def _named_layer_arrays(gates: tuple[Any, Any, Any, Any]) -> dict[str, np.ndarray]:
+    """Per layer, direction, gate and field, the view of that slice of the stacked arrays.
 
-    return LSTMGateDescriptor(input_weights=(copy(gate.input_weights[0]), copy(gate.input_weights[1])),
-                              hidden_weights=copy(gate.hidden_weights), cell_weights=copy(gate.cell_weights),
-                              bias=copy(gate.bias), activation=gate.activation)
+    Names are ``"layer<l>.<forward|reverse>.<gate>.<field>"`` (field ``input_weights``,
+    ``hidden_weights``, then ``cell_weights`` and ``bias`` where the gate has them); layer 0's
+    input weights are ``(H, I)``, the upper layers' ``(H, D·H)``, the others ``(H, H)`` or
+    ``(H,)``. ``gates`` are gate descriptors or gate gradients (the same fields).
+    """
+    size_l, size_d = np.shape(gates[0].hidden_weights)[:2]
+    named: dict[str, np.ndarray] = {}
+    for layer in range(size_l):
+        for direction in range(size_d):
+            prefix = f"layer{layer}.{DIRECTION_NAMES[direction]}"
+            for name, gate in zip(GATE_FIELDS, gates):
+                iw0, iw1 = gate.input_weights
+                iw = iw0[direction] if layer == 0 else iw1[layer - 1, direction]
+                named[f"{prefix}.{name}.input_weights"] = iw
+                named[f"{prefix}.{name}.hidden_weights"] = gate.hidden_weights[layer, direction]
+                for field in ("cell_weights", "bias"):
+                    array = getattr(gate, field)
+                    if array is not None:
+                        named[f"{prefix}.{name}.{field}"] = array[layer, direction]
+    return named
+
+
+def _read_only_gate(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
+    iw0, iw1 = gate.input_weights
+    return LSTMGateDescriptor(input_weights=(read_only(iw0), read_only(iw1)),
+                              hidden_weights=read_only(gate.hidden_weights),
+                              cell_weights=read_only(gate.cell_weights), bias=read_only(gate.bias),
+                              activation=gate.activation)
+
+
+def _copied_gates(parameters: LSTMParameters) -> tuple[LSTMParameters, np.ndarray]:
+    """``parameters`` with copies of every gate's arrays, all views of one flat buffer, which is
+    also returned (the layer compares it as one array when it watches its weights)."""
+    flat = np.empty(sum(a.size for g in parameters.gates for a in _gate_arrays(g)), parameters.dtype)
+    offset = 0
+
+    def copy(a: Any) -> Any:
+        nonlocal offset
+        if a is None:
+            return None
+        view = flat[offset:offset + a.size].reshape(a.shape)
+        np.copyto(view, a)
+        offset += a.size
+        return view
+
+    def copied(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
+        iw0, iw1, hw = *gate.input_weights, gate.hidden_weights
+        return LSTMGateDescriptor(input_weights=(copy(iw0), copy(iw1)), hidden_weights=copy(hw),
+                                  cell_weights=copy(gate.cell_weights), bias=copy(gate.bias),
+                                  activation=gate.activation)
+
+    p = parameters
+    return attrs.evolve(p, input_gate=copied(p.input_gate), forget_gate=copied(p.forget_gate),
+                        candidate_gate=copied(p.candidate_gate), output_gate=copied(p.output_gate)), flat
 
 
 class LSTMLayer(Filter):
@@ -589,6 +648,19 @@ class LSTMLayer(Filter):
     filter_parameters : FilterParameters, optional
         Backend, BLAS thread limit, and ``use_client_pointer`` (keep the weight arrays held
         by ``parameters`` and see in-place updates to them, instead of copying them once).
+
+    Notes
+    -----
+    Training: :meth:`parameters` names the live weight arrays (copies made at creation, or
+    the caller's with ``use_client_pointer``) and :meth:`LSTMGradients.parameters` their
+    gradients, so ``optimizer.step(layer.parameters(), grads.parameters())`` trains the
+    layer whatever the filter parameters. Once its arrays have been handed out, the layer
+    compares them before each call with a copy taken when the backend last packed them and
+    has them packed again when any element changed (``docs/conventions.md``).
+
+    ``layer(x)`` is ``layer.apply(x)`` (inference). An unbatched ``x`` of shape ``(T, I)``
+    (in either layout) is a batch of one: the states are then ``(L·D, H)`` and the output
+    ``(T, D·H)``, as in PyTorch. ``dropout`` with one layer has no effect and warns once.
 
     Examples
     --------
@@ -610,14 +682,29 @@ class LSTMLayer(Filter):
             raise InvalidParameterError(
                 must_be("LSTMLayer(parameters)", "an LSTMParameters", type(parameters).__name__))
         super().__init__(filter_parameters)
-        self._client = self.filter_parameters.use_client_pointer
-        if not self._client:  # BNNS copies the weights at creation
-            parameters = attrs.evolve(
-                parameters, input_gate=_copied_gate(parameters.input_gate),
-                forget_gate=_copied_gate(parameters.forget_gate),
-                candidate_gate=_copied_gate(parameters.candidate_gate),
-                output_gate=_copied_gate(parameters.output_gate))
+        if parameters.dropout > 0.0 and parameters.num_layers == 1:
+            warnings.warn(
+                f"LSTMParameters.dropout={parameters.dropout} has no effect with num_layers=1: dropout "
+                "applies to the inputs of layers 1…L−1, between stacked layers, never after the last one.",
+                UserWarning, stacklevel=2)
+        client = self.filter_parameters.use_client_pointer
+        public = parameters
+        # The arrays to compare when the weights are watched (see _packed_weights).
+        self._watched_arrays = [a for g in parameters.gates for a in _gate_arrays(g)]
+        if not client:  # BNNS copies the weights at creation
+            parameters, flat = _copied_gates(parameters)
+            self._watched_arrays = [flat]
+            public = attrs.evolve(
+                parameters, input_gate=_read_only_gate(parameters.input_gate),
+                forget_gate=_read_only_gate(parameters.forget_gate),
+                candidate_gate=_read_only_gate(parameters.candidate_gate),
+                output_gate=_read_only_gate(parameters.output_gate))
         self._params = parameters
+        self._public = public
+        # Whether the weight arrays may change outside the layer: the caller's (client
+        # pointers) from the start, the layer's own copies once parameters() handed them out.
+        self._watched = client
+        self._stale = False  # the layer itself wrote new weights (load_state_dict)
         self._dtype = parameters.dtype
         p = parameters
         self._config = LSTMConfig(
@@ -631,7 +718,7 @@ class LSTMLayer(Filter):
         self._pack_lock = threading.Lock()
         self._weights_digests: dict[int, int] = {}  # by packed version
         self._packed: LSTMPackedWeights | None = None
-        self._snapshot: list[np.ndarray] = []  # client pointers: the weights as last packed
+        self._snapshot: list[np.ndarray] = []  # watched weights: their values as last packed
         self._packed_weights()
         self._rng: np.random.Generator | None = np.random.default_rng(parameters.seed)
         self._workspace: _Workspace | None = _Workspace()
@@ -645,10 +732,32 @@ class LSTMLayer(Filter):
     # Public API.
     # ----------------------------------------------------------------------------------
     @property
-    def parameters(self) -> LSTMParameters:
-        """The parameters the layer computes with: the caller's with ``use_client_pointer``,
-        else the copy made at creation."""
-        return self._params
+    def layer_parameters(self) -> LSTMParameters:
+        """The parameters the layer computes with, holding its live weight arrays.
+
+        With ``use_client_pointer`` the caller's parameter object; otherwise the copy made at
+        creation, with read-only views of the layer's arrays (they show the current values;
+        train through :meth:`parameters`).
+        """
+        self._check_open("layer_parameters")
+        return self._public
+
+    def _named_parameters(self) -> dict[str, np.ndarray]:
+        return _named_layer_arrays(self._params.gates)
+
+    def _share_arrays(self) -> None:
+        with self._pack_lock:
+            if not self._watched:
+                self._snapshot = [np.array(a, copy=True) for a in self._watched_arrays]
+                self._watched = True
+
+    def _state_written(self) -> None:
+        self._stale = True
+
+    def __call__(self, x: np.ndarray, hidden: np.ndarray | None = None, cell: np.ndarray | None = None,
+                 sequence_lengths: Any = None) -> LSTMOutput:
+        """``layer(x)`` is ``layer.apply(x)``: an inference forward."""
+        return self.apply(x, hidden, cell, sequence_lengths)
 
     @guarded
     def training_cache_capacity(self, batch_size: int, seq_len: int) -> int:
@@ -677,8 +786,10 @@ class LSTMLayer(Filter):
 
         Parameters
         ----------
-        x : array (T, N, I), or (N, T, I) when batch-first
-        hidden, cell : array (L·D, N, H), optional
+        x : array (T, N, I), or (N, T, I) when batch-first; or unbatched (T, I)
+            An unbatched sequence is a batch of one: the output is then (T, D·H) and the
+            states (L·D, H).
+        hidden, cell : array (L·D, N, H), or (L·D, H) for an unbatched x, optional
             Initial states, layer-major then direction; zeros when omitted.
         sequence_lengths : N integers in [1, T], optional
             Steps at or past a sequence's length output zeros and keep its state; the reverse
@@ -693,10 +804,11 @@ class LSTMLayer(Filter):
         self._check_open("apply")
         if not isinstance(training, (bool, np.bool_)):
             raise InvalidParameterError(must_be("LSTMLayer.apply(training)", "True or False", training))
-        x_tm, seq_len, batch = self._check_x("LSTMLayer.apply(x)", x)
-        h0 = self._check_state("LSTMLayer.apply(hidden)", hidden, batch)
-        c0 = self._check_state("LSTMLayer.apply(cell)", cell, batch)
-        lengths = self._check_lengths("LSTMLayer.apply(sequence_lengths)", sequence_lengths, seq_len, batch)
+        x_tm, seq_len, batch, unbatched = self._check_x("LSTMLayer.apply(x)", x)
+        h0 = self._check_state("LSTMLayer.apply(hidden)", hidden, batch, unbatched)
+        c0 = self._check_state("LSTMLayer.apply(cell)", cell, batch, unbatched)
+        lengths = self._check_lengths("LSTMLayer.apply(sequence_lengths)", sequence_lengths, seq_len, batch,
+                                      unbatched)
         size = self._cache_size(seq_len, batch)
         cache_object = buffer = None
         if training:
@@ -740,6 +852,9 @@ class LSTMLayer(Filter):
                              identity=CacheIdentity(self._weights_digests[weights.version],
                                                     weights.version & 0xFFFFFFFF, next_generation(),
                                                     digest(x_prepared), self._state_digest(h0, c0, batch)))
+        if unbatched:  # drop the batch axis of one that was added
+            output = output[0] if p.batch_first else output[:, 0]
+            h_out, c_out = h_out[:, 0], c_out[:, 0]
         return LSTMOutput(output=output, hidden=h_out, cell=c_out, training_cache=cache_object)
 
     @guarded
@@ -770,21 +885,27 @@ class LSTMLayer(Filter):
             is refused when the layer has dropout (the masks live in the cache).
         """
         self._check_open("apply_backward")
-        x_tm, seq_len, batch = self._check_x("LSTMLayer.apply_backward(x)", x)
+        x_tm, seq_len, batch, unbatched = self._check_x("LSTMLayer.apply_backward(x)", x)
         p = self._params
         width = p.num_directions * p.hidden_size
         dy = None
         if output_gradient is not None:
-            shape = (batch, seq_len, width) if p.batch_first else (seq_len, batch, width)
-            dy = as_input("LSTMLayer.apply_backward(output_gradient)", output_gradient, self._dtype, shape)
-            if p.batch_first:
-                dy = dy.transpose(1, 0, 2)
-        h0 = self._check_state("LSTMLayer.apply_backward(hidden)", hidden, batch)
-        c0 = self._check_state("LSTMLayer.apply_backward(cell)", cell, batch)
-        dh_final = self._check_state("LSTMLayer.apply_backward(hidden_gradient)", hidden_gradient, batch)
-        dc_final = self._check_state("LSTMLayer.apply_backward(cell_gradient)", cell_gradient, batch)
+            where = "LSTMLayer.apply_backward(output_gradient)"
+            if unbatched:
+                dy = as_input(where, output_gradient, self._dtype, (seq_len, width))[:, None]
+            else:
+                shape = (batch, seq_len, width) if p.batch_first else (seq_len, batch, width)
+                dy = as_input(where, output_gradient, self._dtype, shape)
+                if p.batch_first:
+                    dy = dy.transpose(1, 0, 2)
+        h0 = self._check_state("LSTMLayer.apply_backward(hidden)", hidden, batch, unbatched)
+        c0 = self._check_state("LSTMLayer.apply_backward(cell)", cell, batch, unbatched)
+        dh_final = self._check_state("LSTMLayer.apply_backward(hidden_gradient)", hidden_gradient, batch,
+                                     unbatched)
+        dc_final = self._check_state("LSTMLayer.apply_backward(cell_gradient)", cell_gradient, batch,
+                                     unbatched)
         lengths = self._check_lengths("LSTMLayer.apply_backward(sequence_lengths)", sequence_lengths,
-                                      seq_len, batch)
+                                      seq_len, batch, unbatched)
         size = self._cache_size(seq_len, batch)
         where = "LSTMLayer.apply_backward(training_cache)"
         buffer = header = None
@@ -819,7 +940,7 @@ class LSTMLayer(Filter):
             raise InvalidParameterError(must_be(
                 where, "left alone while apply_backward reads it",
                 "a cache overwritten by another forward during the backward"))
-        return self._gradients_result(gradients)
+        return self._gradients_result(gradients, unbatched)
 
     # ----------------------------------------------------------------------------------
     # Orchestration: the backend computes, the layer prepares and hands over.
@@ -881,26 +1002,29 @@ class LSTMLayer(Filter):
             np.copyto(payload, staged)
 
     def _packed_weights(self) -> LSTMPackedWeights:
-        """The backend's packed weights, packed again only when client-pointer weights changed.
+        """The backend's packed weights, packed again only when the weights changed.
 
-        With ``use_client_pointer`` the layer compares the caller's arrays with a copy taken
-        at the last packing (one read of the weights per call; packing also writes and
-        transposes them) and, when any differs, asks the backend for a new packing with the
-        next ``version``.
+        Weights that may change outside the layer (client pointers, or arrays handed out by
+        :meth:`parameters`) are compared with a copy taken at the last packing: one read of
+        the weights per call, stopping at the first array that differs (packing also writes
+        and transposes them). When any differs, or :meth:`load_state_dict` wrote new ones,
+        the backend packs them again with the next ``version``. A layer whose arrays never
+        left it pays nothing.
         """
         packed = self._packed
-        if packed is not None and not (self._client and self._weights_changed()):
+        if packed is not None and not self._stale and not (self._watched and self._weights_changed()):
             return packed
         with self._pack_lock:
             packed = self._packed
-            if packed is not None and not (self._client and self._weights_changed()):
+            if packed is not None and not self._stale and not (self._watched and self._weights_changed()):
                 return packed
             gates = self._params.gates
             version = 0 if packed is None else packed.version + 1
             packed = self.backend.lstm_pack_weights(LSTMPackRequest(config=self._config, gates=gates,
                                                                     version=version))
-            if self._client:
-                self._snapshot = [np.array(a, copy=True) for g in gates for a in _gate_arrays(g)]
+            if self._watched:
+                self._snapshot = [np.array(a, copy=True) for a in self._watched_arrays]
+            self._stale = False
             # What a training cache is stamped with: the weights it was computed from.
             self._weights_digests = {v: d for v, d in self._weights_digests.items() if v > version - 4}
             self._weights_digests[version] = digest(*(a for g in gates for a in _gate_arrays(g)), size=8)
@@ -908,8 +1032,15 @@ class LSTMLayer(Filter):
             return packed
 
     def _weights_changed(self) -> bool:
-        current = (a for g in self._params.gates for a in _gate_arrays(g))
-        return not all(np.array_equal(a, b) for a, b in zip(current, self._snapshot))
+        """Whether any bit of the watched weights differs from the copy taken at the last packing.
+
+        The arrays are compared as unsigned integers of their item size: bit for bit (a NaN
+        equals itself, −0.0 differs from 0.0, as packing would see them), and about twice as
+        fast as comparing floats. The layer's own copies live in one buffer, compared at once.
+        """
+        bits = np.dtype(f"u{self._dtype.itemsize}")
+        pairs = zip(self._watched_arrays, self._snapshot)
+        return not all(np.array_equal(a.view(bits), b.view(bits)) for a, b in pairs)
 
     def _gradient_buffers(self, seq_len: int, batch: int) -> LSTMGradientBuffers:
         """Gradients in the public structure (written by the backend), ``input`` time-major."""
@@ -931,10 +1062,14 @@ class LSTMLayer(Filter):
             cell=np.empty((size_l * size_d, batch, h), dtype),
             gates=(gates[0], gates[1], gates[2], gates[3]))
 
-    def _gradients_result(self, buffers: LSTMGradientBuffers) -> LSTMGradients:
+    def _gradients_result(self, buffers: LSTMGradientBuffers, unbatched: bool) -> LSTMGradients:
         gates = buffers.gates
         d_x = buffers.input.transpose(1, 0, 2) if self._params.batch_first else buffers.input
-        return LSTMGradients(input=d_x, hidden=buffers.hidden, cell=buffers.cell,
+        d_h, d_c = buffers.hidden, buffers.cell
+        if unbatched:
+            d_x = buffers.input[:, 0]
+            d_h, d_c = d_h[:, 0], d_c[:, 0]
+        return LSTMGradients(input=d_x, hidden=d_h, cell=d_c,
                              input_gate=cast(LSTMGateGradients, gates[0]),
                              forget_gate=cast(LSTMGateGradients, gates[1]),
                              candidate_gate=cast(LSTMGateGradients, gates[2]),
@@ -1065,28 +1200,43 @@ class LSTMLayer(Filter):
                 where, "the cache of the forward from these initial hidden and cell states",
                 "a cache written from other initial states"))
 
-    def _check_x(self, where: str, x: object) -> tuple[np.ndarray, int, int]:
+    def _check_x(self, where: str, x: object) -> tuple[np.ndarray, int, int, bool]:
+        """``x`` as a time-major (T, N, I) view, T, N, and whether it came unbatched ``(T, I)``."""
         p = self._params
-        text = f"(N, T, {p.input_size})" if p.batch_first else f"(T, N, {p.input_size})"
-        array = as_input(where, x, self._dtype, (None, None, p.input_size), shape_text=text)
-        if 0 in array.shape[:2]:
+        size_i = p.input_size
+        batched = f"(N, T, {size_i})" if p.batch_first else f"(T, N, {size_i})"
+        text = f"{batched} or unbatched (T, {size_i})"
+        array = as_input(where, x, self._dtype)
+        if array.ndim not in (2, 3) or array.shape[-1] != size_i:
+            raise ShapeError(must_be(where, f"of shape {text}", describe(array)))
+        if 0 in array.shape[:-1]:
             raise ShapeError(must_be(where, f"of shape {text} with T >= 1 and N >= 1", describe(array)))
-        if p.batch_first:
+        unbatched = array.ndim == 2
+        if unbatched:  # PyTorch's rule: a batch of one, in either layout
+            array = array[:, None]
+        elif p.batch_first:
             array = array.transpose(1, 0, 2)
-        return array, array.shape[0], array.shape[1]
+        return array, array.shape[0], array.shape[1], unbatched
 
-    def _check_state(self, where: str, value: object, batch: int) -> np.ndarray | None:
+    def _check_state(self, where: str, value: object, batch: int, unbatched: bool) -> np.ndarray | None:
         if value is None:
             return None
         p = self._params
-        shape = (p.num_layers * p.num_directions, batch, p.hidden_size)
+        size_ld, h = p.num_layers * p.num_directions, p.hidden_size
+        if unbatched:  # states of an unbatched input are unbatched too, as in PyTorch
+            text = f"(L·D, H) = {(size_ld, h)} for an unbatched x"
+            return as_input(where, value, self._dtype, (size_ld, h), shape_text=text)[:, None]
+        shape = (size_ld, batch, h)
         return as_input(where, value, self._dtype, shape, shape_text=f"(L·D, N, H) = {shape}")
 
     @staticmethod
-    def _check_lengths(where: str, value: object, seq_len: int, batch: int) -> np.ndarray | None:
+    def _check_lengths(where: str, value: object, seq_len: int, batch: int,
+                       unbatched: bool) -> np.ndarray | None:
         if value is None:
             return None
         lengths = np.asarray(value)
+        if unbatched and lengths.ndim == 0:  # the one sequence's length
+            lengths = lengths.reshape(1)
         if lengths.shape != (batch,):
             raise ShapeError(must_be(where, f"of shape ({batch},) (one length per sequence)",
                                      f"shape {tuple(lengths.shape)}"))
@@ -1102,6 +1252,7 @@ class LSTMLayer(Filter):
     def _release(self) -> None:
         self._packed = None
         self._snapshot = []
+        self._watched_arrays = []
         self._workspace = None
         self._rng = None
 

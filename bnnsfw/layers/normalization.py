@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .._named import read_only
 from .._validation import (
     as_input,
     as_output,
@@ -415,6 +416,10 @@ class NormalizationGradients:
     beta: Array
     gamma: Array
 
+    def parameters(self) -> dict[str, Array]:
+        """``gamma`` and ``beta`` gradients under the names of :meth:`NormalizationLayer.parameters`."""
+        return {"gamma": self.gamma, "beta": self.beta}
+
 
 # --- the layer -------------------------------------------------------------------------
 
@@ -448,6 +453,11 @@ class NormalizationLayer(Filter):
     The layer's :attr:`gamma`, :attr:`beta`, :attr:`moving_mean` and :attr:`moving_variance`
     are live arrays: an optimizer may update them in place between calls. Training forwards
     of batch and instance norm with moving statistics update those in place.
+    :meth:`parameters` names the trainable ones (``gamma``, ``beta``); :meth:`state_dict`
+    adds the moving statistics.
+
+    ``layer(x)`` is ``layer.apply(x, phase="inference")``. An unbatched ``x`` of shape
+    ``input_shape`` gives a result of that shape (a batch axis is added and removed).
 
     NaN or infinity in the weights is refused at creation; NaN in the input data is not
     checked (that would cost a pass over memory) and propagates to the outputs of the
@@ -505,6 +515,12 @@ class NormalizationLayer(Filter):
                     must_be(f"NormalizationType.{name}", "writable (training updates it in place)",
                             "a read-only array")
                 )
+        view = (lambda a: a) if client else read_only
+        kind = parameters.type
+        if kind.has_moving_statistics:
+            kind = attrs.evolve(kind, moving_mean=view(self._moving_mean),
+                                moving_variance=view(self._moving_variance))
+        self._public = attrs.evolve(parameters, type=kind, gamma=view(self._gamma), beta=view(self._beta))
         self._layout = _Layout.of(parameters)
         # Workspaces reused by apply_backward (two x-sized arrays at most); a call finding
         # them in use by another thread allocates its own.
@@ -514,9 +530,16 @@ class NormalizationLayer(Filter):
 
     # Properties.
     @property
-    def parameters(self) -> NormalizationParameters:
-        """The parameters this layer was created from."""
-        return self._parameters
+    def layer_parameters(self) -> NormalizationParameters:
+        """The parameters the layer computes with, holding its live arrays.
+
+        Gamma and beta are always arrays here (ones and zeros when none were given). With
+        ``use_client_pointer`` they are the arrays the layer uses; otherwise read-only views
+        of the layer's own copies (they show the current values; train through
+        :meth:`parameters`).
+        """
+        self._check_open("layer_parameters")
+        return self._public
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -580,6 +603,25 @@ class NormalizationLayer(Filter):
         array = parameter_array(f"NormalizationLayer.{name}", value, self.dtype, live.shape, copy=False)
         np.copyto(live, array)
 
+    def _named_parameters(self) -> dict[str, Array]:
+        assert self._gamma is not None and self._beta is not None  # released by close() only
+        return {"gamma": self._gamma, "beta": self._beta}
+
+    def _named_buffers(self) -> dict[str, Array]:
+        if self._moving_mean is None or self._moving_variance is None:
+            return {}
+        return {"moving_mean": self._moving_mean, "moving_variance": self._moving_variance}
+
+    def _check_state_values(self, where: str, values: Any) -> None:
+        variance = values.get("moving_variance")
+        if variance is not None and (variance < 0).any():
+            raise InvalidParameterError(must_be(f"{where}['moving_variance']", ">= 0 everywhere",
+                                                "an array with negative values"))
+
+    def __call__(self, x: Any, output: Array | None = None) -> Array:
+        """``layer(x)`` is ``layer.apply(x, phase="inference")``."""
+        return self.apply(x, phase=LearningPhase.inference, output=output)
+
     # Forward.
     @guarded
     def apply(self, x: Any, phase: LearningPhase | str = "training", output: Array | None = None) -> Array:
@@ -588,7 +630,9 @@ class NormalizationLayer(Filter):
         Parameters
         ----------
         x : ndarray, shape (N, *input_shape), the layer's dtype
-            The batch (N >= 1). Never modified, unless it is also ``output``.
+            The batch (N >= 1). Never modified, unless it is also ``output``. An unbatched
+            sample of shape ``input_shape`` is taken as a batch of one and gives a result of
+            its shape.
         phase : LearningPhase or {"training", "inference"}
             Training normalizes with the batch statistics and updates the moving statistics
             in place; inference uses the moving statistics when the layer has them.
@@ -604,6 +648,9 @@ class NormalizationLayer(Filter):
         phase = LearningPhase.parse(phase, "NormalizationLayer.apply(phase)")
         x = self._batch("NormalizationLayer.apply(x)", x)
         out = as_output("NormalizationLayer.apply(output)", output, self.dtype, x.shape)
+        if x.ndim == len(self.input_shape):  # unbatched: a batch of one, through views
+            result = self.apply(x[None], phase, None if out is None else out[None])
+            return out if out is not None else result[0]
         if out is not None and not _same_memory(out, x) and np.may_share_memory(out, x):
             raise InvalidParameterError(
                 must_be("NormalizationLayer.apply(output)", "x itself or an array that does not overlap x",
@@ -698,6 +745,13 @@ class NormalizationLayer(Filter):
                         "as in BNNS)",
                         None)
             )
+        if x.ndim == len(self.input_shape):  # unbatched: a batch of one, through views
+            dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
+            batched = self.apply_backward(
+                x[None], dy[None], None if output is None else output[None], phase,
+                None if dx_buffer is None else dx_buffer[None], beta_gradient, gamma_gradient, accumulate)
+            return NormalizationGradients(input=dx_buffer if dx_buffer is not None else batched.input[0],
+                                          beta=batched.beta, gamma=batched.gamma)
         affine = self._parameters.affine_shape
         dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
         dbeta_buffer = as_output(f"{where}(beta_gradient)", beta_gradient, dtype, affine)
@@ -737,9 +791,14 @@ class NormalizationLayer(Filter):
 
     # Helpers.
     def _batch(self, where: str, x: Any) -> Array:
+        """``x`` checked: ``(N, *input_shape)``, or one unbatched sample of ``input_shape``."""
         shape = self.input_shape
-        text = f"(N, {', '.join(map(str, shape))})"
-        array = as_input(where, x, self.dtype, (None, *shape), shape_text=text)
+        text = f"(N, {', '.join(map(str, shape))}) or unbatched {shape}"
+        array = as_input(where, x, self.dtype)
+        if array.shape == shape:
+            return array
+        if array.ndim != len(shape) + 1 or array.shape[1:] != shape:
+            raise ShapeError(must_be(where, f"of shape {text}", describe(array)))
         if array.shape[0] < 1:
             raise ShapeError(must_be(where, "a batch of at least one sample", describe(array)))
         return array

@@ -47,15 +47,14 @@ def arrays_like(shape: tuple[int, ...]) -> st.SearchStrategy[object]:
 
 def acceptable(value: object, shape: tuple[int | None, ...], dtype: Any,
                empty: bool = False) -> np.ndarray | None:
-    """The test's own rule: what the API documents accepting, converted; None otherwise."""
-    if isinstance(value, np.ndarray):
-        array = value if value.dtype == np.dtype(dtype) else None
-    else:
-        try:
-            raw = np.asarray(value)
-        except (TypeError, ValueError):
-            return None
-        array = raw.astype(dtype) if raw.dtype.kind in "biuf" else None
+    """The test's own rule, the one docs/conventions.md states: what NumPy reads from the value
+    (``numpy.asarray``) must already have the layer's dtype, whatever kind of value it is;
+    that array, or None."""
+    try:
+        raw = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (TypeError, ValueError):
+        return None
+    array = raw if raw.dtype == np.dtype(dtype) else None
     if array is None or array.ndim != len(shape):
         return None
     if any(e is not None and a != e for a, e in zip(array.shape, shape)) or (0 in array.shape and not empty):

@@ -199,14 +199,14 @@ def test_load_weights_on_damaged_files(tmp_path_factory: pytest.TempPathFactory,
         return
     if damage == "hostile value":  # a valid value, then: the layer must hold what the file says
         name, key, value = written
-        held = result[name].parameters.to_state().get(key, "absent")
+        held = result[name].layer_parameters.to_state().get(key, "absent")
         if not (held == value or (isinstance(held, list) and list(held) == value)):
             raise wrong("weights", f"{name}.{key} = {value!r} in the file was loaded as {held!r}")
         answered("weights")
         return
     if damage == "missing array":
         name, key = dropped[:-4].split("/", 1)
-        if result[name].parameters.to_state()[key] is not None:
+        if result[name].layer_parameters.to_state()[key] is not None:
             raise wrong("weights", f"{dropped} left out of the file but {key} loaded")
         answered("weights")
         return

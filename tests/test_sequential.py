@@ -1,0 +1,240 @@
+"""The Sequential container: forward in order, backward in reverse, parameters by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bnnsfw as bf
+from bnnsfw.losses import MeanSquaredError
+from bnnsfw.optimizers import Adam
+
+from gradcheck import assert_gradient_close, numerical_gradient
+
+
+def _fp(backend_name):
+    return bf.FilterParameters(backend=backend_name)
+
+
+def _lstm(backend_name, *, input_size=2, hidden_size=3, num_layers=2, dtype=np.float64, **options):
+    params = bf.LSTMParameters.random(input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
+                                      seed=4, dtype=dtype, **options)
+    return bf.LSTMLayer(params, _fp(backend_name))
+
+
+def _norm(backend_name, channels, kind=None, dtype=np.float64):
+    kind = kind or bf.NormalizationType.layer()
+    params = bf.NormalizationParameters(type=kind, input_shape=(channels,), dtype=dtype,
+                                        gamma=np.linspace(0.5, 1.5, channels),
+                                        beta=np.linspace(-0.2, 0.2, channels))
+    return bf.NormalizationLayer(params, _fp(backend_name))
+
+
+def _dense(backend_name, input_size, output_size, dtype=np.float64, activation=None):
+    params = bf.FullyConnectedParameters.random(input_size=input_size, output_size=output_size, seed=5,
+                                                dtype=dtype, activation=activation)
+    return bf.FullyConnectedLayer(params, _fp(backend_name))
+
+
+def _forecaster(backend_name, dtype=np.float64, **lstm_options):
+    """The demo's shape: LSTM → last step → layer norm → fully connected."""
+    return bf.Sequential({
+        "lstm": _lstm(backend_name, dtype=dtype, **lstm_options),
+        "last": bf.LastStep(),
+        "norm": _norm(backend_name, 3 * (2 if lstm_options.get("bidirectional") else 1), dtype=dtype),
+        "head": _dense(backend_name, 3 * (2 if lstm_options.get("bidirectional") else 1), 2, dtype=dtype),
+    })
+
+
+# ------------------------------------------------------------------------------------------
+# Forward: the chain the user would write by hand.
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_forward_is_the_hand_written_chain(backend_name, batch_first, rng):
+    model = _forecaster(backend_name, batch_first=batch_first, bidirectional=True)
+    x = rng.standard_normal((3, 5, 2) if batch_first else (5, 3, 2))
+    lstm, norm, head = (model.layers[name] for name in ("lstm", "norm", "head"))
+    output = lstm.apply(x).output
+    last = output[:, -1] if batch_first else output[-1]
+    expected = head.apply(norm.apply(np.ascontiguousarray(last), phase="inference"))
+    np.testing.assert_allclose(model(x), expected, rtol=1e-12, atol=1e-12)
+    assert model.apply(x, training=True).shape == (3, 2)
+    model.close()
+
+
+def test_all_steps_flow_through_normalization_and_the_head(backend_name, rng):
+    """Without LastStep every step reaches the normalization (each (t, n) a sample) and the head."""
+    kind = bf.NormalizationType.batch(moving_mean=np.zeros(3), moving_variance=np.ones(3))
+    layers = (_lstm(backend_name), _norm(backend_name, 3, kind), _dense(backend_name, 3, 1))
+    with bf.Sequential(*layers) as model:
+        x = rng.standard_normal((4, 2, 2))
+        y = model.apply(x, training=True)
+        assert y.shape == (4, 2, 1)
+        hidden = model.layers["0"].apply(x).output
+        # The training forward normalized the 8 steps together, as one batch of samples.
+        normed = (hidden - hidden.reshape(-1, 3).mean(0)) / np.sqrt(hidden.reshape(-1, 3).var(0) + 1e-5)
+        gamma, beta = model.layers["1"].gamma, model.layers["1"].beta
+        expected = model.layers["2"].apply(normed * gamma + beta)
+        np.testing.assert_allclose(y, expected, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------
+# Backward: finite differences in float64 through the whole chain.
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["last-step", "all-steps-batch-first"])
+def test_gradients_match_finite_differences(backend_name, case, rng):
+    if case == "last-step":
+        model = _forecaster(backend_name, bidirectional=True)
+        x = rng.standard_normal((4, 2, 2))
+    else:
+        model = bf.Sequential(_lstm(backend_name, batch_first=True),
+                              _norm(backend_name, 3, bf.NormalizationType.batch()),
+                              _dense(backend_name, 3, 2, activation=bf.Activation.tanh()))
+        x = rng.standard_normal((2, 4, 2))
+    weights = rng.standard_normal(model.apply(x).shape)
+
+    def loss() -> float:
+        return float(np.sum(weights * model.apply(x, training=True)))
+
+    model.apply(x, training=True)
+    grads = model.apply_backward(weights)
+    assert_gradient_close(grads.input, numerical_gradient(loss, x), rtol=1e-6, atol=1e-8, name="input")
+    named = grads.parameters()
+    parameters = model.parameters()
+    assert list(named) == list(parameters)
+    for name in ("lstm.layer1.forward.forget_gate.hidden_weights", "0.layer0.forward.input_gate.bias",
+                 "norm.gamma", "1.beta", "head.weights", "2.bias"):
+        if name in parameters:
+            numeric = numerical_gradient(loss, parameters[name])
+            assert_gradient_close(named[name], numeric, rtol=1e-6, atol=1e-8, name=name)
+    model.close()
+
+
+# ------------------------------------------------------------------------------------------
+# Training by name.
+# ------------------------------------------------------------------------------------------
+def test_parameters_are_the_union_of_the_layers_by_name(backend_name):
+    with _forecaster(backend_name) as model:
+        named = model.parameters()
+        lstm_names = list(model.layers["lstm"].parameters())
+        assert list(named) == ([f"lstm.{n}" for n in lstm_names]
+                               + ["norm.gamma", "norm.beta", "head.weights", "head.bias"])
+        assert named["head.weights"] is model.layers["head"].weights
+        assert list(model.state_dict()) == list(named)
+
+
+def test_a_forecaster_trains_with_default_options(backend_name):
+    rng = np.random.default_rng(1)
+    t = np.arange(12)[:, None] + rng.uniform(0, 6, size=(1, 32))
+    x = np.sin(t)[:, :, None].astype(np.float32)                         # (T, N, 1)
+    target = np.sin(t[-1] + np.array([[1.0], [2.0]])).T.astype(np.float32)   # the next two values
+    model = bf.Sequential(
+        bf.LSTMLayer(bf.LSTMParameters.random(input_size=1, hidden_size=8, seed=0), _fp(backend_name)),
+        bf.LastStep(),
+        bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=8, output_size=2, seed=1),
+                               _fp(backend_name)))
+    loss, optimizer = MeanSquaredError(), Adam(0.05)
+    losses = []
+    for _ in range(60):
+        result = loss.apply(model.apply(x, training=True), target)
+        optimizer.step(model.parameters(), model.apply_backward(result.gradient).parameters())
+        losses.append(result.loss)
+    assert losses[-1] < 0.2 * losses[0], losses
+    model.close()
+
+
+def test_state_dict_round_trip_between_twins(backend_name, rng):
+    x = rng.standard_normal((4, 3, 2))
+    with _forecaster(backend_name) as source, _forecaster(backend_name) as twin:
+        for array in source.parameters().values():
+            array *= 0.5
+        assert not np.allclose(source(x), twin(x))
+        twin.load_state_dict(source.state_dict())
+        np.testing.assert_array_equal(twin(x), source(x))
+        state = source.state_dict()
+        state["head.weight"] = state.pop("head.weights")
+        match = (r"Sequential.load_state_dict\(state\) must be a state with exactly the names of "
+                 r"state_dict\(\); got \"missing names \['head.weights'\], "
+                 r"unexpected names \['head.weight'\]\"")
+        with pytest.raises(bf.InvalidParameterError, match=match):
+            twin.load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------------------
+# Shapes, errors and lifecycle.
+# ------------------------------------------------------------------------------------------
+def test_unbatched_input_runs_through(backend_name, rng):
+    with _forecaster(backend_name) as model:
+        x = rng.standard_normal((5, 2))                     # (T, I)
+        batched = model(x[:, None])
+        y = model.apply(x, training=True)
+        assert y.shape == (2,)
+        np.testing.assert_allclose(y, batched[0], rtol=1e-12)
+        assert model.apply_backward(np.ones(2)).input.shape == (5, 2)
+
+
+def test_construction_checks_that_the_layers_chain(backend_name):
+    lstm = _lstm(backend_name)                                     # 2 → 3
+    with pytest.raises(bf.ShapeError, match=r"Sequential\(layers\['1'\]\) must be an input_size equal to "
+                                            r"what layer '0' gives \(3\); got 4"):
+        bf.Sequential(lstm, _dense(backend_name, 4, 1))
+    with pytest.raises(bf.ShapeError, match=r"layers\['2'\]\) must be a channel count equal to what "
+                                            r"layer '1' gives \(3\); got 5"):
+        bf.Sequential(lstm, bf.LastStep(), _norm(backend_name, 5))
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"layers\['2'\]\) must be given a sequence \(not after a LastStep\)"):
+        bf.Sequential(lstm, bf.LastStep(), _lstm(backend_name, input_size=3))
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"must be layers of one dtype; got '0: float64, 1: float32'"):
+        bf.Sequential(lstm, _dense(backend_name, 3, 1, dtype=np.float32))
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"layers\['x'\]\) must be an LSTMLayer, NormalizationLayer, FullyConnectedLayer "
+                             r"or LastStep"):
+        bf.Sequential({"x": object()})
+    with pytest.raises(bf.InvalidParameterError, match=r"names must be non-empty names without '.' or '/'"):
+        bf.Sequential({"a.b": lstm})
+    with pytest.raises(bf.InvalidParameterError, match=r"must be at least one layer"):
+        bf.Sequential()
+    with pytest.raises(bf.InvalidParameterError, match=r"layers\['0'\]\) must be a layer of its own .*; "
+                                                       r"got \"the layer also named '1'\""):
+        bf.Sequential(lstm, lstm)
+    closed = _dense(backend_name, 3, 1)
+    closed.close()
+    with pytest.raises(bf.FilterClosedError, match=r"layers\['1'\]\) must be an open layer"):
+        bf.Sequential(lstm, closed)
+
+
+def test_backward_needs_a_training_forward_and_a_matching_gradient(backend_name, rng):
+    x = rng.standard_normal((4, 3, 2))
+    with _forecaster(backend_name) as model:
+        with pytest.raises(bf.InvalidParameterError,
+                           match=r"apply_backward\(\) must be called after a training forward"):
+            model.apply_backward(np.ones((3, 2)))
+        model.apply(x, training=True)
+        model(x)                                                 # an inference forward forgets it
+        with pytest.raises(bf.InvalidParameterError, match="after a training forward"):
+            model.apply_backward(np.ones((3, 2)))
+        model.apply(x, training=True)
+        with pytest.raises(bf.ShapeError,
+                           match=r"apply_backward\(output_gradient\) must be of shape \(3, 2\)"):
+            model.apply_backward(np.ones((3, 1)))
+        with pytest.raises(bf.DTypeError, match=r"must be a float64 array"):
+            model.apply_backward(np.ones((3, 2), np.float32))
+        with pytest.raises(bf.InvalidParameterError, match=r"apply\(training\) must be True or False"):
+            model.apply(x, training="yes")
+
+
+def test_close_closes_every_layer(backend_name):
+    model = _forecaster(backend_name)
+    layers = [layer for layer in model if isinstance(layer, bf.Filter)]
+    assert len(model) == 4 and repr(model).startswith("<Sequential lstm=LSTMLayer, last=LastStep")
+    model.close()
+    model.close()
+    assert model.closed and all(layer.closed for layer in layers)
+    with pytest.raises(bf.FilterClosedError, match=r"Sequential.parameters\(\) was called after close"):
+        model.parameters()
+    other = _forecaster(backend_name)
+    other.layers["head"].close()
+    with pytest.raises(bf.FilterClosedError, match=r"the layer 'head' was closed"):
+        other.apply(np.ones((2, 1, 2)))
+    other.close()
