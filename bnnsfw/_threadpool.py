@@ -18,7 +18,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
-__all__ = ["blas_controller", "blas_limit", "one_blas_thread"]
+__all__ = ["blas_controller", "blas_limit"]
 
 _controller: Any = None
 _lock = threading.Lock()
@@ -77,8 +77,3 @@ def blas_limit(n_threads: int) -> Iterator[None]:
             elif n_threads < min(_active):
                 _apply(min(_active))
 
-
-def one_blas_thread() -> contextlib.AbstractContextManager[None]:
-    """BLAS held to one thread inside the block (:func:`blas_limit`): for code that calls BLAS
-    from several threads of its own, each of which should not start more."""
-    return blas_limit(1)

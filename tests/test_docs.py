@@ -108,4 +108,5 @@ def test_training_page_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(_python_blocks(DOCS / "training.md")[0], "docs/training.md", "exec"), namespace)
-    assert isinstance(namespace["same"], bnnsfw.Sequential) and (tmp_path / "forecaster.safetensors").is_file()
+    assert isinstance(namespace["same"], bnnsfw.Sequential)
+    assert (tmp_path / "forecaster.safetensors").is_file()

@@ -666,29 +666,21 @@ def test_numba_compiles_the_default_cell_with_diagonal_peepholes_and_lengths_and
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_numba_chunks_of_steps_and_lanes_of_sequences_agree_with_the_reference(dtype, lanes, monkeypatch,
-                                                                                rng):
+def test_numba_chunks_of_steps_agree_with_the_reference(dtype, monkeypatch, rng):
     """Long sequences run the input projection and the weight gradients a chunk of steps at a
-    time, and the sequences may walk the steps in lanes on threads of their own; with chunks of
-    6 columns (2 steps of 3 sequences, the last chunk shorter) and 1 or 2 lanes, every output
-    and gradient still agrees with the reference, with lengths, peepholes, both directions,
-    initial states and final-state gradients."""
+    time; with chunks of 6 columns (2 steps of 3 sequences, the last chunk shorter) every
+    output and gradient still agrees with the reference, with lengths, peepholes, both
+    directions, initial states and final-state gradients."""
     from bnnsfw.backends import _numba_lstm
-    from bnnsfw.backends import numba as numba_backend
 
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 6)
-    monkeypatch.setattr(numba_backend, "LANE_MIN_SEQUENCES", 1 if lanes > 1 else 100)
     params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, bidirectional=True,
                                    peepholes="diagonal", seed=2, dtype=dtype)
     x, dy = rng.standard_normal((7, 3, 3)).astype(dtype), rng.standard_normal((7, 3, 10)).astype(dtype)
     states = tuple(rng.standard_normal((4, 3, 5)).astype(dtype) for _ in range(2))
     final_grads = tuple(rng.standard_normal((4, 3, 5)).astype(dtype) for _ in range(2))
     lengths = np.array([7, 4, 1])
-    calls = []
-    monkeypatch.setattr(numba_backend, "_lanes", lambda *args, _real=numba_backend._lanes: calls.append(
-        _real(*args)) or calls[-1])
     results = []
     for name in ("numpy", "numba"):
         with layer_for(params, name) as layer:
@@ -704,7 +696,6 @@ def test_numba_chunks_of_steps_and_lanes_of_sequences_agree_with_the_reference(d
     rtol, atol = TOLERANCE[np.dtype(dtype)]
     for k, (got, want) in enumerate(zip(results[1], results[0])):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
-    assert calls and set(calls) == {lanes}
 
 
 @pytest.mark.skipif("scipy-blas" not in bf.available_backends(), reason="needs the scipy-blas backend")

@@ -285,8 +285,7 @@ class LSTMStack(LSTMKernels):
                         None if h0 is None else h0[index], None if c0 is None else c0[index],
                         views.steps[layer][d], views.pre[layer][d], views.hidden[layer][d],
                         target[:, :, d * h:(d + 1) * h], request.hidden_out[index], request.cell_out[index],
-                        reverse=d == 1, lengths=lengths, inactive=inactive, workspace=workspace,
-                        threads=request.threads)
+                        reverse=d == 1, lengths=lengths, inactive=inactive, workspace=workspace)
             if active is not None:
                 target[~active] = 0.0
             if not last:
@@ -331,7 +330,7 @@ class LSTMStack(LSTMKernels):
                          None if dh_final is None else dh_final[index],
                          None if dc_final is None else dc_final[index], grads.hidden[index],
                          grads.cell[index], d_input, grads.gates, lengths=lengths, active=active,
-                         inactive=inactive, workspace=workspace, threads=request.threads)
+                         inactive=inactive, workspace=workspace)
             if layer > 0:
                 mask = views.masks[layer]
                 if mask is not None:
@@ -356,7 +355,7 @@ class LSTMStack(LSTMKernels):
                           pre: np.ndarray | None, hidden: np.ndarray | None, output: np.ndarray,
                           h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool,
                           lengths: np.ndarray | None, inactive: Sequence[np.ndarray | None],
-                          workspace: Workspace, threads: int) -> None:
+                          workspace: Workspace) -> None:
         """One layer and direction forward through a per-sequence kernel."""
         kernel(plan, w, layer_input, h0, c0, steps, pre, hidden, output, h_final, c_final, reverse=reverse,
                inactive=inactive, scratch=workspace)
@@ -367,8 +366,7 @@ class LSTMStack(LSTMKernels):
                            dh_final: np.ndarray | None, dc_final: np.ndarray | None, dh_initial: np.ndarray,
                            dc_initial: np.ndarray, d_input: np.ndarray, gates: Sequence[LSTMGateArrays], *,
                            lengths: np.ndarray | None, active: np.ndarray | None,
-                           inactive: Sequence[np.ndarray | None], workspace: Workspace,
-                           threads: int) -> None:
+                           inactive: Sequence[np.ndarray | None], workspace: Workspace) -> None:
         """One layer and direction backward through a per-sequence kernel, which leaves the
         gate gradients of all steps ``(4H, T·N)``; then the weight and input gradients."""
         seq_len, _, batch = views.steps[layer][d].shape

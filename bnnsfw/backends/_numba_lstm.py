@@ -47,7 +47,6 @@ from numba.core import types
 from numba.extending import overload
 
 from ..enums import ActivationFunction as AF
-from .._threadpool import one_blas_thread
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
 
 __all__ = ["CHUNK_COLUMNS", "serves", "chunk_steps", "forward", "backward"]
@@ -182,12 +181,11 @@ def _gates(zg, zf, zi, zo, c_prev, pg, pf, pi, po, half):
 
 
 @_inline
-def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid, n0, n1):
+def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid):
     """The fused pass of one step over every unit and sequence: reads ``z`` (U h) and the
     projection columns (a single sequence's ``z`` holds both), writes the cache block's rows,
-    the new cell and hidden state, for the sequences ``n0 … n1 − 1`` (``z`` holds their columns
-    only). ``peep`` (4, H) holds the diagonal peepholes (zeros without them); ``cell`` and
-    ``hid`` (H,) are scratch.
+    the new cell and hidden state. ``peep`` (4, H) holds the diagonal peepholes (zeros
+    without them); ``cell`` and ``hid`` (H,) are scratch.
 
     The sequences are the unit-stride inner loop. A single sequence runs the units innermost
     instead, on one 1-D view per gate row: indexing one array at offsets ``r·H + j`` left the
@@ -216,12 +214,11 @@ def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hi
         return
     for j in range(h):
         pg, pf, pi, po = peep[0, j], peep[1, j], peep[2, j], peep[3, j]
-        for n in range(n0, n1):
+        for n in range(block.shape[1]):
             col = first + n
-            m = n - n0
-            g, f, i, o, c, a = _gates(z[j, m] + projection[j, col], z[h + j, m] + projection[h + j, col],
-                                      z[2 * h + j, m] + projection[2 * h + j, col],
-                                      z[3 * h + j, m] + projection[3 * h + j, col], block[j, n],
+            g, f, i, o, c, a = _gates(z[j, n] + projection[j, col], z[h + j, n] + projection[h + j, col],
+                                      z[2 * h + j, n] + projection[2 * h + j, col],
+                                      z[3 * h + j, n] + projection[3 * h + j, col], block[j, n],
                                       pg, pf, pi, po, half)
             block[h + j, n] = g
             block[2 * h + j, n] = f
@@ -237,10 +234,10 @@ def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hi
 # --------------------------------------------------------------------------------------
 @_kernel
 def _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
-           k_begin, k_end, n0, n1):
-    """The forward steps ``k_begin … k_end − 1`` (in walking order) of the sequences
-    ``n0 … n1 − 1``; ``projection`` holds ``W x + b`` of the chunk that starts at time step
-    ``chunk_first``. Arrays as in :func:`_forward`; ``peep`` is (4, H) (zeros without them)."""
+           k_begin, k_end):
+    """The forward steps ``k_begin … k_end − 1`` (in walking order); ``projection`` holds
+    ``W x + b`` of the chunk that starts at time step ``chunk_first``. Arrays as in
+    :func:`_forward`; ``peep`` is (4, H) (zeros without them)."""
     six_h, batch = steps.shape[1], steps.shape[2]
     seq_len = out.shape[0]
     h = six_h // 6
@@ -248,7 +245,7 @@ def _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out
     # U h lands in memory of the kernel's own, which the compiler knows aliases nothing else: the
     # fused pass then needs few enough run-time overlap checks to be vectorized (measured: with
     # z handed in, the pass stayed scalar and the step took 1.8× as long).
-    z = np.empty((4 * h, n1 - n0), steps.dtype)
+    z = np.empty((4 * h, batch), steps.dtype)
     cell = np.empty(h, steps.dtype)
     hid = np.empty(h, steps.dtype)
     for k in range(k_begin, k_end):
@@ -257,7 +254,7 @@ def _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out
         h_prev = hidden[t % blocks]
         if k == 0:
             for j in range(h):
-                for n in range(n0, n1):
+                for n in range(batch):
                     h_prev[j, n] = h0[j, n] if h0.size else 0.0
                     block[j, n] = c0[j, n] if c0.size else 0.0
         if k == seq_len - 1:
@@ -276,10 +273,10 @@ def _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out
         elif k == 0 and not h0.size:  # U @ 0 adds nothing
             z[:, :] = 0.0
         else:
-            _mm(u, False, h_prev[:, n0:n1], False, z, 0.0)
-        _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid, n0, n1)
+            _mm(u, False, h_prev, False, z, 0.0)
+        _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid)
         out_t = out[t]
-        for n in range(n0, n1):
+        for n in range(batch):
             if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
                 for j in range(h):
                     c_next[j, n] = block[j, n]
@@ -319,7 +316,7 @@ def _forward(x2, wx, bias, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, 
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
         _recur(projection, first_t, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
-               k_begin, k_end, 0, batch)
+               k_begin, k_end)
 
 
 @_kernel
@@ -332,17 +329,6 @@ def _project_chunk(wx, bias, x2, projection, first_t, count, batch):
     for r in range(wx.shape[0]):
         for column in range(width):
             projection[r, column] += bias[r]
-
-
-@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True, parallel=True)
-def _recur_lanes(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
-                 k_begin, k_end, lanes):
-    """:func:`_recur` for all sequences, split into ``lanes`` groups run on Numba's threads: the
-    sequences are independent, so each lane walks the steps alone, with no synchronisation."""
-    batch = steps.shape[2]
-    for lane in numba.prange(lanes):
-        _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
-               k_begin, k_end, batch * lane // lanes, batch * (lane + 1) // lanes)
 
 
 # --------------------------------------------------------------------------------------
@@ -362,11 +348,10 @@ def _cell_backward(c_prev, g, f, i, o, a, d, dc, pg, pf, pi, po, one):
 
 
 @_inline
-def _backward_step(h, block, dh, dc, d_gates, first, peep, dz, n0, n1):
+def _backward_step(h, block, dh, dc, d_gates, first, peep, dz):
     """The fused backward pass of one step: ``dz`` of the four gates into ``d_gates`` and the
     cell gradient carried to the step before (``dc`` in place). ``peep`` (4, H) as in
-    :func:`_forward_step`, loop nests too, for the same reasons; ``dz`` (4H,) is scratch; the
-    sequences ``n0 … n1 − 1``."""
+    :func:`_forward_step`, loop nests too, for the same reasons; ``dz`` (4H,) is scratch."""
     one = block.dtype.type(1.0)
     if dh.shape[1] == 1:
         c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * h), h, 6)
@@ -382,7 +367,7 @@ def _backward_step(h, block, dh, dc, d_gates, first, peep, dz, n0, n1):
         return
     for j in range(h):
         pg, pf, pi, po = peep[0, j], peep[1, j], peep[2, j], peep[3, j]
-        for n in range(n0, n1):
+        for n in range(dh.shape[1]):
             col = first + n
             dz_gj, dz_fj, dz_ij, dz_oj, dc_prev = _cell_backward(
                 block[j, n], block[h + j, n], block[2 * h + j, n], block[3 * h + j, n], block[4 * h + j, n],
@@ -396,9 +381,9 @@ def _backward_step(h, block, dh, dc, d_gates, first, peep, dz, n0, n1):
 
 @_kernel
 def _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
-              chunk_first, n0, n1):
+              chunk_first):
     """Backward through the walking steps ``k_end − 1`` down to ``k_begin`` (one chunk, whose
-    first time step is ``chunk_first``) for the sequences ``n0 … n1 − 1``: their ``dz`` into
+    first time step is ``chunk_first``): ``dz`` into
     ``d_gates``, ``dc`` and ``carried`` (the gradient for ``h`` from the step after) updated,
     ``dh_first`` written at walking step 0. A sequence past its length has ``dz = 0`` and passes
     ``dh`` and ``dc`` through."""
@@ -410,14 +395,14 @@ def _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first,
         block = steps[t]
         first = (t - chunk_first) * batch
         # dh: the gradient from later steps plus the output's (none past a length).
-        for n in range(n0, n1):
+        for n in range(batch):
             active = not lengths.size or t < lengths[n]
             for j in range(h):
                 dh[j, n] = carried[j, n] + dy[t, n, j] if dy.size and active else carried[j, n]
                 carried[j, n] = dc[j, n]  # kept for the sequences past their length
-        _backward_step(h, block, dh, dc, d_gates, first, peep, dz, n0, n1)
+        _backward_step(h, block, dh, dc, d_gates, first, peep, dz)
         some_inactive = False
-        for n in range(n0, n1):
+        for n in range(batch):
             if lengths.size and t >= lengths[n]:  # dz = 0; dh and dc pass through
                 some_inactive = True
                 for r in range(4 * h):
@@ -431,20 +416,10 @@ def _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first,
         target = dh_first if k == 0 else carried
         if k == 0:
             for j in range(h):
-                for n in range(n0, n1):
+                for n in range(batch):
                     dh_first[j, n] = carried[j, n]
         beta = 1.0 if some_inactive or k == 0 else 0.0
-        _mm(u_t, False, d_gates[:, first + n0:first + n1], False, target[:, n0:n1], beta)
-
-
-@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True, parallel=True)
-def _backprop_lanes(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin,
-                    k_end, chunk_first, lanes):
-    """:func:`_backprop` for all sequences, in ``lanes`` groups on Numba's threads."""
-    batch = steps.shape[2]
-    for lane in numba.prange(lanes):
-        _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
-                  chunk_first, batch * lane // lanes, batch * (lane + 1) // lanes)
+        _mm(u_t, False, d_gates[:, first:first + batch], False, target, beta)
 
 
 @_kernel
@@ -506,7 +481,7 @@ def _backward(x2, wx_t, u_t, peep, has_peep, lengths, steps, hidden, dy, dc, car
     for q in range(n_chunks - 1, -1, -1):  # backward walks the chunks, and their steps, in reverse
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
-                  first_t, 0, batch)
+                  first_t)
         _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
                         d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0)
 
@@ -534,11 +509,9 @@ def _diagonal(peepholes: tuple[np.ndarray | None, ...], h: int, dtype: np.dtype)
 
 def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
             lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None, output: np.ndarray,
-            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, lanes: int, scratch) -> None:
-    """One layer and direction forward; ``steps`` is (T, 6H, N), with a zero stride along T in
-    inference (then ``hidden`` is None). With ``lanes`` > 1 the sequences are split into that
-    many groups that walk the steps on their own threads, each with a one-thread BLAS; the
-    projection of each chunk stays one product on BLAS's threads."""
+            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch) -> None:
+    """One layer and direction forward (:func:`_forward`); ``steps`` is (T, 6H, N), with a
+    zero stride along T in inference (then ``hidden`` is None)."""
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -554,16 +527,8 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     peep = _diagonal(w.peepholes.diagonal, h, dtype)
     h0f, c0f = _feature_major(h0, dtype), _feature_major(c0, dtype)
     lengths = _NO_LENGTHS if lengths is None else lengths
-    if lanes <= 1:
-        _forward(x2, wx, bias, w.u, peep, h0f, c0f, lengths, steps, hidden, output, h_fin, c_fin, projection,
-                 reverse)
-    else:
-        for q in range((seq_len + chunk - 1) // chunk):
-            k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-            _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
-            with one_blas_thread():
-                _recur_lanes(projection, first_t, w.u, peep, h0f, c0f, lengths, steps, hidden, output, h_fin,
-                             c_fin, reverse, k_begin, k_end, lanes)
+    _forward(x2, wx, bias, w.u, peep, h0f, c0f, lengths, steps, hidden, output, h_fin, c_fin, projection,
+             reverse)
     np.copyto(h_final, h_fin.T)
     np.copyto(c_final, c_fin.T)
 
@@ -571,9 +536,9 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
 def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: np.ndarray,
              hidden: np.ndarray, dy: np.ndarray | None, dh_final: np.ndarray | None,
              dc_final: np.ndarray | None, dh_initial: np.ndarray, dc_initial: np.ndarray,
-             d_input: np.ndarray, *, accumulate_input: bool, reverse: bool, lanes: int,
+             d_input: np.ndarray, *, accumulate_input: bool, reverse: bool,
              scratch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """One layer and direction backward (``lanes`` as in :func:`forward`). Returns the stacked
+    """One layer and direction backward (:func:`_backward`). Returns the stacked
     internal-order gradients ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,) and the
     diagonal peepholes' (4, H) (None without peepholes); writes ``d_input`` (added to it with
     ``accumulate_input``) and the initial states' gradients."""
@@ -601,19 +566,8 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     dh = scratch.array("lstm_numba_dh", (h, batch), dtype)
     dy = _EMPTY3[dtype] if dy is None else dy
     lengths = _NO_LENGTHS if lengths is None else lengths
-    input_beta = 1.0 if accumulate_input else 0.0
-    if lanes <= 1:
-        _backward(x2, w.wx_t, w.u_t, peep, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u,
-                  d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, reverse)
-    else:
-        n_chunks = (seq_len + chunk - 1) // chunk
-        for q in range(n_chunks - 1, -1, -1):
-            k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-            with one_blas_thread():
-                _backprop_lanes(steps, dy, lengths, w.u_t, peep, dc, carried, dh, d_gates, dh_first, reverse,
-                                k_begin, k_end, first_t, lanes)
-            _chunk_products(x2, w.wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
-                            d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0)
+    _backward(x2, w.wx_t, w.u_t, peep, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u, d_bias,
+              d_peep, d_input, 1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, reverse)
     np.copyto(dh_initial, dh_first.T)
     np.copyto(dc_initial, dc.T)
     return d_wx, d_u, d_bias, (d_peep if has_peep else None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numba
 import numpy as np
 
 from . import _numba_lstm, _numba_normalization
@@ -33,32 +32,15 @@ from .scipy_blas import ScipyBlasBackend
 
 __all__ = ["NumbaBackend"]
 
-#: Sequences per lane at the least, and multiply-adds per step (4H·H·N) at the most, for the
-#: sequences to be split into lanes that walk the steps on threads of their own, each with a
-#: one-thread BLAS. Above it one product on BLAS's threads per step was faster (measured with
-#: ``bnnsfw bench``; see docs/performance.md).
-LANE_MIN_SEQUENCES = 4
-LANE_MAX_MULTIPLY_ADDS = 1 << 22
-
-
-def _lanes(plan: LSTMStepPlan, batch: int, threads: int) -> int:
-    """How many lanes a layer of ``batch`` sequences walks in (1: one thread, BLAS's own)."""
-    h = plan.hidden_size
-    available = numba.get_num_threads() if threads <= 0 else min(threads, numba.get_num_threads())
-    if available < 2 or batch < 2 * LANE_MIN_SEQUENCES or 4 * h * h * batch > LANE_MAX_MULTIPLY_ADDS:
-        return 1
-    return min(available, batch // LANE_MIN_SEQUENCES)
-
-
 def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarray, h0: np.ndarray | None,
                       c0: np.ndarray | None, steps: np.ndarray, pre: np.ndarray | None,
                       hidden: np.ndarray | None,
                       output: np.ndarray, h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool,
                       lengths: np.ndarray | None, inactive: Sequence[np.ndarray | None],
-                      workspace: Workspace, threads: int) -> None:
+                      workspace: Workspace) -> None:
     """One layer and direction forward, compiled (``DirectionKernels.forward``)."""
     _numba_lstm.forward(w, layer_input, h0, c0, lengths, steps, hidden, output, h_final, c_final,
-                        reverse=reverse, lanes=_lanes(plan, steps.shape[2], threads), scratch=workspace)
+                        reverse=reverse, scratch=workspace)
 
 
 def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
@@ -66,15 +48,14 @@ def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, l
                        dc_final: np.ndarray | None, dh_initial: np.ndarray, dc_initial: np.ndarray,
                        d_input: np.ndarray, gates: Sequence[LSTMGateArrays], *, lengths: np.ndarray | None,
                        active: np.ndarray | None, inactive: Sequence[np.ndarray | None],
-                       workspace: Workspace, threads: int) -> None:
+                       workspace: Workspace) -> None:
     """One layer and direction backward, compiled, weight gradients included
     (``DirectionKernels.backward``)."""
     hidden = views.hidden[layer][d]
     assert hidden is not None  # a training cache keeps the states
     d_wx, d_u, d_bias, d_peep = _numba_lstm.backward(
         w, layer_input, lengths, views.steps[layer][d], hidden, dy, dh_final, dc_final, dh_initial,
-        dc_initial, d_input, accumulate_input=d > 0, reverse=d == 1,
-        lanes=_lanes(plan, hidden.shape[2], threads), scratch=workspace)
+        dc_initial, d_input, accumulate_input=d > 0, reverse=d == 1, scratch=workspace)
     scatter_gradients(layer, d, d_wx, d_u, d_bias, [None] * 4 if d_peep is None else list(d_peep), gates)
 
 
