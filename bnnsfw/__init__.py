@@ -39,10 +39,13 @@ from .errors import (
 from .filter import Filter, FilterParameters
 from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import (
+    LSTMActivations,
     LSTMGateDescriptor,
     LSTMGateGradients,
     LSTMGradients,
     LSTMLayer,
+    LSTMLayerNorm,
+    LSTMLayerNormGradients,
     LSTMOutput,
     LSTMParameters,
 )
@@ -76,6 +79,8 @@ __all__ = [
     "NormalizationParameters",
     "NormalizationType",
     "LSTMGateDescriptor",
+    "LSTMActivations",
+    "LSTMLayerNorm",
     "LSTMParameters",
     # layers and their results
     "Filter",
@@ -85,6 +90,7 @@ __all__ = [
     "LSTMOutput",
     "LSTMGradients",
     "LSTMGateGradients",
+    "LSTMLayerNormGradients",
     "FullyConnectedLayer",
     "FullyConnectedGradients",
     # training
