@@ -317,7 +317,10 @@ class LSTMActivations:
         alphas, betas = [float(a) for a in activation_alpha], [float(b) for b in activation_beta]
         made = []
         for name in names:
-            takes_alpha, takes_beta = Activation.onnx_takes(name)
+            try:
+                takes_alpha, takes_beta = Activation.onnx_takes(name)
+            except InvalidParameterError as error:
+                raise InvalidParameterError(f"{where}(activations): {error}") from None
             alpha = alphas.pop(0) if takes_alpha and alphas else None
             beta = betas.pop(0) if takes_beta and betas else None
             made.append(Activation.onnx(name, alpha, beta))
@@ -665,6 +668,9 @@ class LSTMParameters:
         if peepholes not in (None, "full", "diagonal"):
             raise InvalidParameterError(
                 must_be("LSTMParameters.random(peepholes)", "None, 'full' or 'diagonal'", peepholes))
+        if not isinstance(layer_norm, (bool, np.bool_)):
+            where = "LSTMParameters.random(layer_norm)"
+            raise InvalidParameterError(must_be(where, "True or False", layer_norm))
         size_i = positive_int("LSTMParameters.input_size", input_size)
         h = positive_int("LSTMParameters.hidden_size", hidden_size)
         size_l = positive_int("LSTMParameters.num_layers", num_layers)
