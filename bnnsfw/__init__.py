@@ -52,6 +52,7 @@ from .layers.lstm import (
 from .layers.normalization import (
     NormalizationGradients,
     NormalizationLayer,
+    NormalizationOutput,
     NormalizationParameters,
     NormalizationType,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "Filter",
     "NormalizationLayer",
     "NormalizationGradients",
+    "NormalizationOutput",
     "LSTMLayer",
     "LSTMOutput",
     "LSTMGradients",

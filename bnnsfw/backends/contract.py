@@ -443,7 +443,9 @@ class NormalizationForwardRequest:
 
     Every normalization type is one view ``(N, G, K, S)`` of its ``(N, C, *spatial)`` data
     (``docs/backends.md`` lists them): statistics are constant over ``K`` and ``S``, gamma
-    and beta over ``N`` and ``S``.
+    and beta over ``N`` and ``S``. With ``centered=False`` (RMSNorm, SPEC §4.1) the mean is
+    0: ``variance`` is the mean of the squares, ``out = act(gamma · x / sqrt(mean(x²) +
+    epsilon) + beta)`` (the layer passes a zero beta), and the result's mean is zeros.
 
     Attributes
     ----------
@@ -460,6 +462,8 @@ class NormalizationForwardRequest:
         Statistics to use instead of computing them (moving statistics in inference).
     threads : int
         Threads the backend may use (0: its default).
+    centered : bool
+        False for RMS normalization (no mean subtracted; never with given statistics).
     """
 
     x: Array
@@ -472,12 +476,14 @@ class NormalizationForwardRequest:
     mean: Array | None = None
     variance: Array | None = None
     threads: int = 0
+    centered: bool = True
 
 
 @attrs.frozen(kw_only=True, eq=False)
 class NormalizationForwardResult:
     """The output (the request's ``out``) and the statistics used, ``(1 or N, G, 1, 1)``;
-    the variance is the biased one."""
+    the variance is the biased one (the mean of the squares, and a zero mean, when not
+    ``centered``)."""
 
     output: Array
     mean: Array
@@ -493,7 +499,8 @@ class NormalizationBackwardRequest:
     the identity), ``out`` (receives ``dx``; may be ``dy`` itself, never ``x`` or
     ``output``; ``None``: a new array) and ``scratch`` (arrays shaped like ``x`` the backend
     may overwrite). With ``mean`` and ``variance`` given the statistics are constants;
-    otherwise the gradient flows through them too.
+    otherwise the gradient flows through them too (with ``centered=False``, RMS
+    normalization, through the mean of the squares only).
     """
 
     x: Array
@@ -509,6 +516,7 @@ class NormalizationBackwardRequest:
     variance: Array | None = None
     scratch: tuple[Array, ...] = ()
     threads: int = 0
+    centered: bool = True
 
 
 @attrs.frozen(kw_only=True, eq=False)

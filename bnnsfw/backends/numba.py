@@ -51,9 +51,11 @@ class NumbaBackend(ScipyBlasBackend):
         return super()._lstm_sequence_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
-        """Compiled for the statistics of the batch and the identity activation."""
+        """Compiled for the statistics of the batch and the identity activation (not for RMS
+        normalization)."""
         r = request
-        if not _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None):
+        compiled = _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        if not (r.centered and compiled):
             return super().normalization_forward(request)
         out, mean, variance = _numba_normalization.forward(
             r.x, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics, out=r.out,
@@ -61,9 +63,11 @@ class NumbaBackend(ScipyBlasBackend):
         return NormalizationForwardResult(output=out, mean=mean, variance=variance)
 
     def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
-        """Compiled for the statistics of the batch and the identity activation."""
+        """Compiled for the statistics of the batch and the identity activation (not for RMS
+        normalization)."""
         r = request
-        if not _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None):
+        compiled = _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        if not (r.centered and compiled):
             return super().normalization_backward(request)
         dx, d_gamma, d_beta = _numba_normalization.backward(
             r.x, r.dy, r.gamma, epsilon=r.epsilon, batch_statistics=r.batch_statistics, out=r.out,

@@ -159,6 +159,7 @@ class SequenceModel:
                 if array is not None:
                     assert grad is not None, "the LSTM returns a gradient for every weight it has"
                     grads.append(grad)
+        assert g_norm.beta is not None, "a layer norm has a beta"
         grads += [g_norm.gamma, g_norm.beta, g_head.weights]
         if g_head.bias is not None:
             grads.append(g_head.bias)
