@@ -355,8 +355,8 @@ class LSTMLayerNorm:
     """Gains and biases of the layer-normalized LSTM (Ba, Kiros & Hinton 2016; SPEC §4.1).
 
     ``z = LN(W x; α_x, β_x) + LN(U h; α_h, β_h) + b`` over all 4H pre-activation units, and
-    ``h = o ⊙ act_h(LN(c; α_c, β_c))``; ``LN(a; α, β) = α ⊙ (a − mean(a)) / sqrt(var(a) + ε)
-    + β`` with the biased variance.
+    ``h = o ⊙ act_h(LN(c; α_c, β_c))``, where
+    ``LN(a; α, β) = α ⊙ (a − mean(a)) / sqrt(var(a) + ε) + β`` with the biased variance.
 
     Parameters
     ----------
@@ -369,6 +369,8 @@ class LSTMLayerNorm:
     epsilon : float
         ``ε`` >= 0 (default 1e-5, PyTorch's; TF-Addons' ``LayerNormLSTMCell`` uses 1e-3).
 
+    Notes
+    -----
     Shapes are checked against the sizes by :class:`LSTMParameters`, which also casts the
     arrays to the layer's dtype.
     """
@@ -425,12 +427,10 @@ class LSTMParameters:
     dtype : float32 or float64
         The layer's dtype; weights are cast to it (without a copy when they already have it,
         so a layer created with ``use_client_pointer`` sees later in-place updates).
-
-    The variants of SPEC §4.1 (``docs/lstm.md``), all off by default:
-
     reverse : bool
-        With one direction, read the sequence from its last step to its first (ONNX
-        ``direction="reverse"``); :attr:`direction` names the three cases.
+        The fields from here on are the variants of SPEC §4.1 (``docs/lstm.md``), all off by
+        default. ``reverse``: with one direction, read the sequence from its last step to
+        its first (ONNX ``direction="reverse"``); :attr:`direction` names the three cases.
     direction_activations : sequence of LSTMActivations, or None
         One set of activations per direction (D of them), instead of the gates'
         ``activation``, ``hidden_activation`` and ``default_activations`` (which must then
