@@ -45,7 +45,9 @@ class NumbaBackend(ScipyBlasBackend):
     def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
                                batch: int) -> tuple[ForwardKernel, BackwardKernel]:
         """The compiled kernels for the default cell over full-length sequences of at most
-        :attr:`lstm_max_units` units per step; otherwise what ``scipy-blas`` picks."""
+        :attr:`lstm_max_units` units per step; otherwise what ``scipy-blas`` picks. (A
+        configuration with a SPEC §4.1 variant never gets here: ``_lstm_general_serves``
+        sends it to the general reference kernels first.)"""
         if _numba_lstm.serves(plan, lengths) and plan.hidden_size * batch <= self.lstm_max_units:
             return _numba_lstm.forward_sequence, _numba_lstm.backward_sequence
         return super()._lstm_sequence_kernels(plan, lengths, batch)

@@ -83,7 +83,9 @@ class ScipyBlasBackend(BlockedNormalizationKernels, NumpyBackend):
     def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
                                batch: int) -> tuple[ForwardKernel, BackwardKernel]:
         """The direct-BLAS kernels for the default cell over full-length sequences; the
-        reference kernels for every other cell and for variable lengths."""
+        reference kernels for every other cell and for variable lengths. (A configuration
+        with a SPEC §4.1 variant never gets here: ``_lstm_general_serves`` sends it to the
+        general reference kernels first.)"""
         if _fast_lstm.serves(plan, lengths):
             return _fast_lstm.forward_sequence, _fast_lstm.backward_sequence
         return super()._lstm_sequence_kernels(plan, lengths, batch)
