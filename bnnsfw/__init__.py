@@ -40,16 +40,20 @@ from .errors import (
 from .filter import Filter, FilterParameters, IncompatibleKeys
 from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import (
+    LSTMActivations,
     LSTMGateDescriptor,
     LSTMGateGradients,
     LSTMGradients,
     LSTMLayer,
+    LSTMLayerNorm,
+    LSTMLayerNormGradients,
     LSTMOutput,
     LSTMParameters,
 )
 from .layers.normalization import (
     NormalizationGradients,
     NormalizationLayer,
+    NormalizationOutput,
     NormalizationParameters,
     NormalizationType,
 )
@@ -78,15 +82,19 @@ __all__ = [
     "NormalizationParameters",
     "NormalizationType",
     "LSTMGateDescriptor",
+    "LSTMActivations",
+    "LSTMLayerNorm",
     "LSTMParameters",
     # layers and their results
     "Filter",
     "NormalizationLayer",
     "NormalizationGradients",
+    "NormalizationOutput",
     "LSTMLayer",
     "LSTMOutput",
     "LSTMGradients",
     "LSTMGateGradients",
+    "LSTMLayerNormGradients",
     "FullyConnectedLayer",
     "FullyConnectedGradients",
     "Sequential",

@@ -208,6 +208,35 @@ _KERNELS: dict[AF, _Kernel] = {
 }
 
 
+class _OnnxFunction(NamedTuple):
+    """How an ONNX RNN activation maps onto a BNNS one: the function, and the defaults of the
+    parameters it takes (``None``: it takes none)."""
+
+    function: AF
+    alpha: float | None = None
+    beta: float | None = None
+
+
+#: The activations an ONNX ``LSTM`` / ``GRU`` / ``RNN`` node may name, by lower-case name.
+#: Defaults are those of the ONNX operators of the same name (``Affine`` and ``ScaledTanh``,
+#: operators no longer in ONNX, get the identity's 1 and 0, and 1 and 1).
+_ONNX_FUNCTIONS: dict[str, _OnnxFunction] = {
+    "relu": _OnnxFunction(AF.relu),
+    "tanh": _OnnxFunction(AF.tanh),
+    "sigmoid": _OnnxFunction(AF.sigmoid),
+    "affine": _OnnxFunction(AF.linear_with_bias, 1.0, 0.0),
+    "leakyrelu": _OnnxFunction(AF.leaky_relu, 0.01),
+    "thresholdedrelu": _OnnxFunction(AF.threshold, 1.0),
+    "scaledtanh": _OnnxFunction(AF.scaled_tanh, 1.0, 1.0),
+    "hardsigmoid": _OnnxFunction(AF.hard_sigmoid, 0.2, 0.5),
+    "elu": _OnnxFunction(AF.elu, 1.0),
+    "softsign": _OnnxFunction(AF.softsign),
+    "softplus": _OnnxFunction(AF.softplus),
+}
+_ONNX_NAMES = ("Relu", "Tanh", "Sigmoid", "Affine", "LeakyRelu", "ThresholdedRelu", "ScaledTanh",
+               "HardSigmoid", "Elu", "Softsign", "Softplus")
+
+
 def _to_function(value: object) -> AF:
     return AF.parse(value, "Activation.function")
 
@@ -417,6 +446,64 @@ class Activation:
     def gelu_approximation_sigmoid(cls) -> "Activation":
         """``x·sigmoid(1.702·x)``."""
         return cls(AF.gelu_approximation_sigmoid)
+
+    @classmethod
+    def onnx(cls, name: str, alpha: float | None = None, beta: float | None = None) -> "Activation":
+        """The activation an ONNX recurrent node names (``"Sigmoid"``, ``"LeakyRelu"``, …).
+
+        ``alpha`` and ``beta`` are used by the functions that take them (``Affine``,
+        ``LeakyRelu``, ``ThresholdedRelu``, ``ScaledTanh``, ``HardSigmoid``, ``Elu``) and
+        default to the ONNX operators' values; giving one to a function that takes none is
+        an error. Names are matched without regard to case.
+
+        ==================  ======================================  =================
+        ONNX                bnnsfw                                  defaults
+        ==================  ======================================  =================
+        Relu                ``relu()``
+        Tanh                ``tanh()``
+        Sigmoid             ``sigmoid()``
+        Affine              ``linear_with_bias(α, β)``: α·x + β     α = 1, β = 0
+        LeakyRelu           ``leaky_relu(α)``                       α = 0.01
+        ThresholdedRelu     ``threshold(α, 0)``: x if x > α else 0  α = 1
+        ScaledTanh          ``scaled_tanh(α, β)``: α·tanh(β·x)      α = 1, β = 1
+        HardSigmoid         ``hard_sigmoid(α, β)``                  α = 0.2, β = 0.5
+        Elu                 ``elu(α)``                              α = 1
+        Softsign            ``softsign()``
+        Softplus            ``softplus(1, 1)``: log(1 + eˣ)
+        ==================  ======================================  =================
+
+        >>> Activation.onnx("HardSigmoid")
+        Activation(function=<ActivationFunction.hard_sigmoid: 15>, alpha=0.2, beta=0.5)
+        >>> Activation.onnx("LeakyRelu", alpha=0.1).alpha
+        0.1
+        """
+        where = "Activation.onnx(name)"
+        entry = _ONNX_FUNCTIONS.get(name.lower()) if isinstance(name, str) else None
+        if entry is None:
+            raise InvalidParameterError(must_be(where, "one of " + ", ".join(_ONNX_NAMES), name))
+        for label, given, default in (("alpha", alpha, entry.alpha), ("beta", beta, entry.beta)):
+            if given is not None and default is None:
+                raise InvalidParameterError(must_be(
+                    f"Activation.onnx({label})", f"None for {name} (it takes no {label})", given))
+        if entry.function is AF.softplus:  # ONNX's Softplus is log(1 + eˣ): BNNS's with α = β = 1
+            return cls(AF.softplus, alpha=1.0, beta=1.0)
+
+        def parameter(given: float | None, default: float | None) -> float:
+            if default is None:
+                return 0.0
+            return default if given is None else given
+
+        return cls(entry.function, alpha=parameter(alpha, entry.alpha), beta=parameter(beta, entry.beta))
+
+    @staticmethod
+    def onnx_takes(name: str) -> tuple[bool, bool]:
+        """Whether the ONNX activation ``name`` takes an ``alpha`` and a ``beta``: what decides
+        which values of a node's ``activation_alpha`` / ``activation_beta`` it consumes."""
+        entry = _ONNX_FUNCTIONS.get(name.lower()) if isinstance(name, str) else None
+        if entry is None:
+            rule = "one of " + ", ".join(_ONNX_NAMES)
+            raise InvalidParameterError(must_be("Activation.onnx_takes(name)", rule, name))
+        return entry.alpha is not None, entry.beta is not None
 
     # Properties.
     @property

@@ -1,9 +1,10 @@
 """The backend conformance kit: run every layer configuration on a backend and on the reference.
 
 :func:`check_backend` builds each supported configuration of every layer (LSTM: layers,
-directions, peepholes, variable lengths, layouts, activations, dropout, states, dtypes;
-normalization: every type, fused activations, moving statistics, both phases, sizes the
-fast paths take; fully connected: bias, activation, 2-D and 3-D inputs), runs it forward and
+directions, peepholes, variable lengths, layouts, activations, dropout, states, dtypes, and
+the variants of SPEC §4.1; normalization: every type including RMS, fused activations,
+moving statistics, both phases, the forward's statistics, sizes the fast paths take; fully
+connected: bias, activation, 2-D and 3-D inputs), runs it forward and
 backward on the backend under test and on the reference backend (``numpy``), and compares
 every output and gradient within the contract's tolerance (:data:`TOLERANCE`). It reports
 every disagreement with the configuration that produced it.
@@ -27,7 +28,7 @@ from .activation import Activation
 from .backends.contract import TOLERANCE, GemmRequest
 from .filter import FilterParameters
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
-from .layers.lstm import LSTMLayer, LSTMParameters
+from .layers.lstm import LSTMActivations, LSTMLayer, LSTMParameters
 from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
 
 __all__ = ["check_backend", "ConformanceReport", "ConformanceError"]
@@ -120,6 +121,33 @@ def _lstm_cases(quick: bool) -> Iterator[dict[str, Any]]:
                    variable_lengths=varied, variant=variant)
     yield dict(dtype=np.float32, num_layers=1, bidirectional=False, peepholes=None, variable_lengths=False,
                variant="long")  # a sequence long and wide enough for a fast path's blocking
+    # The variants of SPEC §4.1, each in both dtypes (one in quick mode), with a sequence of length 0.
+    for variant, layers, bidirectional, peephole in _VARIANT_CASES:
+        for dtype in dtypes:
+            yield dict(dtype=dtype, num_layers=layers, bidirectional=bidirectional, peepholes=peephole,
+                       variable_lengths=True, variant=variant)
+
+
+#: SPEC §4.1 variants the kit runs: (variant, layers, bidirectional, peepholes).
+_VARIANT_CASES = (
+    ("clip", 2, True, "diagonal"),
+    ("cell_clip_input_forget", 2, False, "full"),
+    ("reverse", 2, False, None),
+    ("direction_activations", 1, True, None),
+    ("projection_clip", 2, True, None),
+    ("layer_norm", 2, True, "diagonal"),
+)
+_VARIANT_OPTIONS: dict[str, dict[str, Any]] = {
+    "clip": dict(clip=0.5),
+    "cell_clip_input_forget": dict(cell_clip=0.4, input_forget=True),
+    "reverse": dict(reverse=True),
+    "direction_activations": dict(direction_activations=(
+        LSTMActivations(), LSTMActivations(input_gate=Activation.hard_sigmoid(0.3, 0.45),
+                                           candidate_gate=Activation.softsign(),
+                                           hidden_activation=Activation.elu()))),
+    "projection_clip": dict(projection_size=2, projection_clip=0.2),
+    "layer_norm": dict(layer_norm=True),
+}
 
 
 def _lstm_parameters(case: dict[str, Any]) -> LSTMParameters:
@@ -132,6 +160,7 @@ def _lstm_parameters(case: dict[str, Any]) -> LSTMParameters:
         options["dropout"] = 0.3
     if variant == "custom":
         options["hidden_activation"] = Activation.softsign()
+    options.update(_VARIANT_OPTIONS.get(variant, {}))
     params = LSTMParameters.random(input_size=size_i, hidden_size=hidden, num_layers=case["num_layers"],
                                    bidirectional=case["bidirectional"], peepholes=case["peepholes"],
                                    bias=variant != "no_bias", seed=7, dtype=case["dtype"], **options)
@@ -147,18 +176,21 @@ def _check_lstm(compare: _Comparison, backend: Any, reference: Any, case: dict[s
     rng = np.random.default_rng(3)
     dtype = np.dtype(case["dtype"])
     seq_len, batch = (40, 3) if case["variant"] == "long" else (5, 3)
-    d, h = params.num_directions, params.hidden_size
+    d, h, p = params.num_directions, params.hidden_size, params.output_size
     size_i = params.input_size
     x_shape = (batch, seq_len, size_i) if params.batch_first else (seq_len, batch, size_i)
-    y_shape = (batch, seq_len, d * h) if params.batch_first else (seq_len, batch, d * h)
-    state_shape = (params.num_layers * d, batch, h)
+    y_shape = (batch, seq_len, d * p) if params.batch_first else (seq_len, batch, d * p)
+    hidden_shape, cell_shape = (params.num_layers * d, batch, p), (params.num_layers * d, batch, h)
     x, dy = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(y_shape).astype(dtype)
-    states = case["variant"] in ("states", "custom")
-    h0 = rng.standard_normal(state_shape).astype(dtype) if states else None
-    c0 = rng.standard_normal(state_shape).astype(dtype) if states else None
-    dh = rng.standard_normal(state_shape).astype(dtype)
-    dc = rng.standard_normal(state_shape).astype(dtype)
-    lengths = np.array([seq_len, 2, seq_len - 1][:batch]) if case["variable_lengths"] else None
+    variant = case["variant"]
+    states = variant in ("states", "custom") or variant in _VARIANT_OPTIONS
+    h0 = rng.standard_normal(hidden_shape).astype(dtype) if states else None
+    c0 = rng.standard_normal(cell_shape).astype(dtype) if states else None
+    dh = rng.standard_normal(hidden_shape).astype(dtype)
+    dc = rng.standard_normal(cell_shape).astype(dtype)
+    lengths = None
+    if case["variable_lengths"]:  # a sequence of length 0 for the variants (SPEC §4.1)
+        lengths = np.array([seq_len, 0 if variant in _VARIANT_OPTIONS else 2, seq_len - 1][:batch])
 
     def results(spec: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -177,6 +209,9 @@ def _check_lstm(compare: _Comparison, backend: Any, reference: Any, case: dict[s
                             f"d_{name}_gate.hidden": g.hidden_weights,
                             f"d_{name}_gate.cell": g.cell_weights,
                             f"d_{name}_gate.bias": g.bias})
+            out["d_projection_weights"] = grads.projection_weights
+            if grads.layer_norm is not None:
+                out.update({f"d_layer_norm.{k}": a for k, a in enumerate(grads.layer_norm.arrays)})
             if params.dropout == 0.0:  # backward without a cache recomputes the forward
                 again = layer.apply_backward(x, dy, h0, c0, dh, dc, lengths)
                 out.update(recomputed_d_input=again.input,
@@ -195,7 +230,7 @@ _NORMALIZATION_SHAPES = {"small": (3, 4, 3, 5), "large": (4, 8, 40, 40)}
 
 
 def _normalization_cases(quick: bool) -> Iterator[dict[str, Any]]:
-    kinds = ("batch", "instance", "layer", "group")
+    kinds = ("batch", "instance", "layer", "group", "rms")
     activations = ("identity", "relu", "gelu")
     sizes = ("small",) if quick else ("small", "large")
     dtypes = (np.float64,) if quick else (np.float32, np.float64)
@@ -215,14 +250,16 @@ def _normalization_parameters(case: dict[str, Any], rng: np.random.Generator) ->
         ntype = NormalizationType.instance(rng.standard_normal(channels), rng.uniform(0.5, 2.0, channels))
     elif kind == "layer":
         ntype = NormalizationType.layer(normalization_axis=1)
+    elif kind == "rms":
+        ntype = NormalizationType.rms(normalization_axis=1)
     else:
         ntype = NormalizationType.group(group_count=2)
-    affine = shape[2:] if kind == "layer" else (channels,)
+    affine = shape[2:] if kind in ("layer", "rms") else (channels,)
     activations = {"identity": Activation.identity(), "relu": Activation.relu(), "gelu": Activation.gelu()}
     act = activations[case["activation"]]
     return NormalizationParameters(type=ntype, input_shape=shape[1:], gamma=rng.uniform(0.5, 1.5, affine),
-                                   beta=rng.standard_normal(affine), momentum=0.9, activation=act,
-                                   dtype=case["dtype"])
+                                   beta=None if kind == "rms" else rng.standard_normal(affine), momentum=0.9,
+                                   activation=act, dtype=case["dtype"])
 
 
 def _check_normalization(compare: _Comparison, backend: Any, reference: Any, case: dict[str, Any]) -> None:
@@ -235,10 +272,12 @@ def _check_normalization(compare: _Comparison, backend: Any, reference: Any, cas
 
     def results(spec: Any) -> dict[str, Any]:
         with NormalizationLayer(params, FilterParameters(backend=spec)) as layer:
-            y = layer.apply(x, phase=case["phase"])
+            forward = layer.apply_with_statistics(x, phase=case["phase"])
+            y = forward.output
             grads = layer.apply_backward(x, dy, output=y, phase=case["phase"])
-            return dict(output=y, d_input=grads.input, d_gamma=grads.gamma, d_beta=grads.beta,
-                        moving_mean=layer.moving_mean, moving_variance=layer.moving_variance)
+            return dict(output=y, mean=forward.mean, inv_std_dev=forward.inv_std_dev, d_input=grads.input,
+                        d_gamma=grads.gamma, d_beta=grads.beta, moving_mean=layer.moving_mean,
+                        moving_variance=layer.moving_variance)
 
     def check() -> None:
         want, got = results(reference), results(backend)

@@ -59,13 +59,25 @@ def make_elu(a):
 
 def reference_lstm(x, gates, *, hidden_size, num_layers=1, bidirectional=False, batch_first=False,
                    activations=(sigmoid, sigmoid, tanh, sigmoid), hidden_activation=tanh,
-                   hidden=None, cell=None, lengths=None, dropout_scales=None):
+                   hidden=None, cell=None, lengths=None, dropout_scales=None, reverse=False,
+                   direction_activations=None, clip=None, cell_clip=None, proj_clip=None, input_forget=False,
+                   projection=None, layer_norm=None):
     """Run a stacked LSTM the slow way.
 
     ``gates`` is four dicts (input, forget, candidate, output) with keys ``iw0`` (D, H, I),
-    ``iw1`` (L-1, D, H, D*H) or None, ``hw`` (L, D, H, H), ``cw`` None / (L, D, H, H) /
-    (L, D, H) and ``b`` None / (L, D, H). ``dropout_scales[l]`` (T, N, D*H), for l >= 1,
+    ``iw1`` (L-1, D, H, D*P) or None, ``hw`` (L, D, H, P), ``cw`` None / (L, D, H, H) /
+    (L, D, H) and ``b`` None / (L, D, H). ``dropout_scales[l]`` (T, N, D*P), for l >= 1,
     multiplies the input of layer l. Returns ``(output, hidden, cell)`` in the layer's layouts.
+
+    The variants of SPEC 4.1: ``reverse`` (one direction, read backwards);
+    ``direction_activations`` (per direction, ``(four gate functions, hidden function)``);
+    ``clip`` (every activation input clamped: gate pre-activations and the argument of the
+    hidden activation); ``cell_clip`` (the cell clamped and carried on clamped);
+    ``proj_clip`` (the projected hidden state clamped); ``input_forget`` (f = 1 - i);
+    ``projection`` (L, D, P, H): h = W_hr (o * act_h(c)); ``layer_norm``: a dict of ``gx``,
+    ``bx``, ``gh``, ``bh`` (L, D, 4H), ``gc``, ``bc`` (L, D, H) and ``eps``:
+    z = LN(W x) + LN(U h) + b and h = o * act_h(LN(c)). A sequence of length 0 has zero
+    outputs and zero final states.
     """
     x = np.asarray(x, dtype=np.float64)
     if batch_first:
@@ -73,9 +85,17 @@ def reference_lstm(x, gates, *, hidden_size, num_layers=1, bidirectional=False, 
     steps, batch, _ = x.shape
     dirs = 2 if bidirectional else 1
     hs = hidden_size
-    output = np.zeros((steps, batch, dirs * hs))
-    final_h = np.zeros((num_layers * dirs, batch, hs))
+    ps = hs if projection is None else projection.shape[2]
+    output = np.zeros((steps, batch, dirs * ps))
+    final_h = np.zeros((num_layers * dirs, batch, ps))
     final_c = np.zeros((num_layers * dirs, batch, hs))
+
+    def kappa(v):  # the ONNX clip of an activation input
+        return v if clip is None else np.clip(v, -clip, clip)
+
+    def norm(v, gain, bias):
+        centred = v - v.mean()
+        return gain * centred / np.sqrt((centred ** 2).mean() + layer_norm["eps"]) + bias
 
     for n in range(batch):
         length = steps if lengths is None else int(lengths[n])
@@ -83,35 +103,54 @@ def reference_lstm(x, gates, *, hidden_size, num_layers=1, bidirectional=False, 
         for layer in range(num_layers):
             if layer > 0 and dropout_scales is not None:
                 sequence = [sequence[t] * dropout_scales[layer][t, n] for t in range(length)]
-            outputs = [np.zeros(dirs * hs) for _ in range(length)]
+            outputs = [np.zeros(dirs * ps) for _ in range(length)]
             for d in range(dirs):
                 index = layer * dirs + d
-                h = np.zeros(hs) if hidden is None else np.array(hidden[index, n], dtype=np.float64)
+                acts, act_h = (activations, hidden_activation) if direction_activations is None \
+                    else direction_activations[d]
+                h = np.zeros(ps) if hidden is None else np.array(hidden[index, n], dtype=np.float64)
                 c = np.zeros(hs) if cell is None else np.array(cell[index, n], dtype=np.float64)
-                times = list(range(length)) if d == 0 else list(reversed(range(length)))
+                backwards = d == 1 or reverse
+                times = list(reversed(range(length))) if backwards else list(range(length))
                 for t in times:
                     x_t = sequence[t]
-                    pre = []
+                    w_x = np.concatenate([(g["iw0"][d] if layer == 0 else g["iw1"][layer - 1, d]) @ x_t
+                                          for g in gates])
+                    u_h = np.concatenate([g["hw"][layer, d] @ h for g in gates])
+                    if layer_norm is not None:
+                        ln = layer_norm
+                        z = norm(w_x, ln["gx"][layer, d], ln["bx"][layer, d]) + \
+                            norm(u_h, ln["gh"][layer, d], ln["bh"][layer, d])
+                    else:
+                        z = w_x + u_h
+                    pre = [z[k * hs:(k + 1) * hs] for k in range(4)]
                     for k in range(4):
                         gate = gates[k]
-                        w = gate["iw0"][d] if layer == 0 else gate["iw1"][layer - 1, d]
-                        value = w @ x_t + gate["hw"][layer, d] @ h
                         if gate["b"] is not None:
-                            value = value + gate["b"][layer, d]
+                            pre[k] = pre[k] + gate["b"][layer, d]
                         if k < 3 and gate["cw"] is not None:
-                            value = value + peephole(gate["cw"], layer, d, c)
-                        pre.append(value)
-                    i = activations[0](pre[0])
-                    f = activations[1](pre[1])
-                    g = activations[2](pre[2])
+                            pre[k] = pre[k] + peephole(gate["cw"], layer, d, c)
+                    i = acts[0](kappa(pre[0]))
+                    f = 1.0 - i if input_forget else acts[1](kappa(pre[1]))
+                    g = acts[2](kappa(pre[2]))
                     c = f * c + i * g
+                    if cell_clip is not None:
+                        c = np.clip(c, -cell_clip, cell_clip)
                     if gates[3]["cw"] is not None:
                         pre[3] = pre[3] + peephole(gates[3]["cw"], layer, d, c)  # sees the new cell
-                    o = activations[3](pre[3])
-                    h = o * hidden_activation(c)
-                    outputs[t][d * hs:(d + 1) * hs] = h
-                final_h[index, n] = h
-                final_c[index, n] = c
+                    o = acts[3](kappa(pre[3]))
+                    m = c
+                    if layer_norm is not None:
+                        m = norm(c, layer_norm["gc"][layer, d], layer_norm["bc"][layer, d])
+                    h = o * act_h(kappa(m))
+                    if projection is not None:
+                        h = projection[layer, d] @ h
+                        if proj_clip is not None:
+                            h = np.clip(h, -proj_clip, proj_clip)
+                    outputs[t][d * ps:(d + 1) * ps] = h
+                if length > 0:
+                    final_h[index, n] = h
+                    final_c[index, n] = c
             sequence = outputs
         for t in range(length):
             output[t, n] = sequence[t]

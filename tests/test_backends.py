@@ -280,6 +280,25 @@ def test_the_kit_reports_each_disagreement_with_its_configuration():
         check_backend(Perturbed(), quick=True)
 
 
+class IgnoresVariants(bf.backends.NumpyBackend):
+    """A backend that predates SPEC 4.1: it runs every configuration as BNNS's cell."""
+
+    name = "ignores-variants"
+
+    @staticmethod
+    def _lstm_general_serves(config):
+        return False
+
+
+def test_the_kit_catches_a_backend_that_ignores_the_lstm_variants():
+    report = check_backend(IgnoresVariants(), quick=True, raise_on_failure=False)
+    variants = {"clip", "cell_clip_input_forget", "reverse", "direction_activations", "projection_clip",
+                "layer_norm"}
+    failing = {v for v in variants if any(f"variant={v}" in f for f in report.failures)}
+    assert failing == variants, report.failures
+    assert not any("variant=plain" in f for f in report.failures)
+
+
 @pytest.mark.slow
 def test_every_registered_backend_passes_the_conformance_kit(backend_name):
     report = check_backend(backend_name)

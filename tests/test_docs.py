@@ -73,6 +73,17 @@ def test_concepts_examples_run():
         exec(compile(block, "docs/concepts.md", "exec"), {})
 
 
+@pytest.mark.parametrize("page", ["lstm.md", "normalization.md"])
+def test_layer_pages_self_contained_examples_run(page):
+    """Every example of the page that starts with its own imports runs as it is."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+              if b.startswith("import numpy as np")]
+    assert len(blocks) >= 3
+    for block in blocks:
+        exec(compile(block, f"docs/{page}", "exec"), {})
+
+
 @pytest.mark.slow
 def test_docs_build_with_warnings_as_errors(tmp_path):
     if importlib.util.find_spec("sphinx") is None or importlib.util.find_spec("myst_parser") is None:

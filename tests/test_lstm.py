@@ -932,9 +932,9 @@ def test_apply_errors(backend_name, rng):
             layer.apply(x, hidden=state[:2])
         with pytest.raises(bf.DTypeError, match=r"apply\(cell\) must be a float32 array"):
             layer.apply(x, cell=state.astype(np.float64))
-        with pytest.raises(bf.InvalidParameterError, match=r"sequence_lengths\) must be in \[1, 4\]"):
-            layer.apply(x, sequence_lengths=[0, 4])
-        with pytest.raises(bf.InvalidParameterError, match=r"sequence_lengths\) must be in \[1, 4\]"):
+        with pytest.raises(bf.InvalidParameterError, match=r"sequence_lengths\) must be in \[0, 4\]"):
+            layer.apply(x, sequence_lengths=[-1, 4])
+        with pytest.raises(bf.InvalidParameterError, match=r"sequence_lengths\) must be in \[0, 4\]"):
             layer.apply(x, sequence_lengths=[5, 4])
         with pytest.raises(bf.ShapeError, match=r"sequence_lengths\) must be of shape \(2,\) \(one length"):
             layer.apply(x, sequence_lengths=[4, 4, 4])

@@ -17,6 +17,14 @@ Everything about memory layout lives here, behind the contract:
   before each step ``(T, H, N)`` (``docs/lstm.md`` describes the rows).
 - **The weight gradients**: one product each over all ``T·N`` columns of the gate
   gradients, scattered into the public per-gate arrays.
+
+All of that is for BNNS's cell. A configuration that uses a variant of SPEC §4.1
+(``LSTMConfig.variants`` not empty) runs the general kernels of :mod:`._lstm_general`
+instead, with their own packing and cache layout: the choice is made in
+:meth:`LSTMStack._lstm_general_serves`, the one place for it, so no faster kernel (which all
+hang off :meth:`LSTMStack._lstm_sequence_kernels`) ever sees such a configuration.
+Sequences of length 0 are handled here for both: zero outputs, zero final states and zero
+gradients with respect to their initial states.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from .contract import (
     LSTMPackRequest,
     Workspace,
 )
+from . import _lstm_general
+from ._lstm_general import GENERAL_CACHE_FORMAT, GeneralCacheLayout, GeneralLSTM, GeneralPacked
 from ._lstm_kernels import (
     INTERNAL_ORDER,
     PROJECTION_PAD,
@@ -224,12 +234,30 @@ def _stack(config: LSTMConfig, plan: LSTMStepPlan,
     return stacked
 
 
-class LSTMStack(LSTMKernels):
+def _zero_length_states(lengths: np.ndarray | None, *states: np.ndarray) -> None:
+    """Zero the ``(L·D, N, ·)`` states of the sequences of length 0 (SPEC §4.1: ONNX Runtime
+    returns zeros for them, not the initial states; their gradients are zero too)."""
+    if lengths is None:
+        return
+    empty = lengths == 0
+    if empty.any():
+        for state in states:
+            state[:, empty] = 0.0
+
+
+class LSTMStack(LSTMKernels, GeneralLSTM):
     """The contract's LSTM operations, built on per-sequence kernels."""
 
     # ----------------------------------------------------------------------------------
-    # The one place that picks the per-sequence kernels (a faster backend overrides it).
+    # The one place that picks the implementation: the general kernels for the variants
+    # of SPEC §4.1, else the per-sequence kernels (a faster backend overrides those).
     # ----------------------------------------------------------------------------------
+    @staticmethod
+    def _lstm_general_serves(config: LSTMConfig) -> bool:
+        """True when the configuration uses a variant of SPEC §4.1: the general reference
+        kernels (:mod:`._lstm_general`) run it, on every backend."""
+        return bool(config.variants)
+
     def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
                                batch: int) -> tuple[ForwardKernel, BackwardKernel]:
         """The forward and backward kernels that serve this cell, these lengths and ``batch``
@@ -241,12 +269,18 @@ class LSTMStack(LSTMKernels):
     # ----------------------------------------------------------------------------------
     def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
         """Stack, halve and transpose the public weights (module docstring)."""
+        if self._lstm_general_serves(request.config):
+            return LSTMPackedWeights(config=request.config, version=request.version,
+                                     payload=_lstm_general.pack(request))
         plan = _plan(request.config)
         return LSTMPackedWeights(config=request.config, version=request.version,
                                  payload=_Packed(plan, _stack(request.config, plan, request.gates)))
 
     def lstm_cache_layout(self, request: LSTMCacheRequest) -> LSTMCacheLayout:
         """The size of the payload described in the module docstring."""
+        if self._lstm_general_serves(request.config):
+            general = GeneralCacheLayout(request.config, request.seq_len, request.batch_size, training=True)
+            return LSTMCacheLayout(nbytes=general.nbytes, format=GENERAL_CACHE_FORMAT)
         layout = CacheLayout(_plan(request.config), request.config, request.seq_len, request.batch_size,
                              training=True)
         return LSTMCacheLayout(nbytes=layout.nbytes, format=CACHE_FORMAT)
@@ -259,6 +293,10 @@ class LSTMStack(LSTMKernels):
         layer's input, kept in the cache).
         """
         config = request.config
+        if isinstance(request.weights.payload, GeneralPacked):
+            self.general_forward(request)
+            _zero_length_states(request.sequence_lengths, request.hidden_out, request.cell_out)
+            return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
         packed: _Packed = request.weights.payload
         plan, weights = packed.plan, packed.weights
         seq_len, batch = request.x.shape[:2]
@@ -296,6 +334,7 @@ class LSTMStack(LSTMKernels):
                     np.copyto(mask, drawn)
                     np.multiply(target, mask, out=target)
                 layer_input = target.reshape(seq_len * batch, size_d * h)
+        _zero_length_states(lengths, request.hidden_out, request.cell_out)
         return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
 
     def lstm_backward(self, request: LSTMBackwardRequest) -> LSTMBackwardResult:
@@ -303,6 +342,11 @@ class LSTMStack(LSTMKernels):
         leaves the gate gradients feature-major ``(4H, T·N)``, then the weight and input
         gradients are one product each."""
         config = request.config
+        if isinstance(request.weights.payload, GeneralPacked):
+            self.general_backward(request)
+            grads = request.gradients
+            _zero_length_states(request.sequence_lengths, grads.hidden, grads.cell)
+            return LSTMBackwardResult(gradients=grads)
         packed: _Packed = request.weights.payload
         plan, weights = packed.plan, packed.weights
         seq_len, batch = request.x.shape[:2]
@@ -338,6 +382,7 @@ class LSTMStack(LSTMKernels):
                 dy = d_input.reshape(seq_len, batch, size_d * h)
             elif not np.shares_memory(d_input, grads.input):
                 np.copyto(grads.input, d_input.reshape(grads.input.shape))
+        _zero_length_states(lengths, grads.hidden, grads.cell)
         return LSTMBackwardResult(gradients=grads)
 
     def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,

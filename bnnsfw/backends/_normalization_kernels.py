@@ -191,7 +191,8 @@ class NormalizationKernels:
         r = request
         out, mean, variance = self._normalization_forward(
             r.x, r.gamma, r.beta, epsilon=r.epsilon, reduce_axes=reduce_axes(r.batch_statistics),
-            activation=r.activation, out=r.out, mean=r.mean, variance=r.variance, threads=r.threads)
+            activation=r.activation, out=r.out, mean=r.mean, variance=r.variance, threads=r.threads,
+            subtract_mean=r.centered)
         return NormalizationForwardResult(output=out, mean=mean, variance=variance)
 
     def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
@@ -200,12 +201,15 @@ class NormalizationKernels:
         dx, dgamma, dbeta = self._normalization_backward(
             r.x, r.dy, r.gamma, r.beta, epsilon=r.epsilon, reduce_axes=reduce_axes(r.batch_statistics),
             activation=r.activation, output=r.output, out=r.out, mean=r.mean, variance=r.variance,
-            scratch=r.scratch, threads=r.threads)
+            scratch=r.scratch, threads=r.threads, subtract_mean=r.centered)
         return NormalizationBackwardResult(input=dx, gamma=dgamma, beta=dbeta)
 
-    def normalization_statistics(self, x: Array, reduce_axes: tuple[int, ...],
-                                 centered: Array) -> tuple[Array, Array]:
+    def normalization_statistics(self, x: Array, reduce_axes: tuple[int, ...], centered: Array, *,
+                                 subtract_mean: bool = True) -> tuple[Array, Array]:
         """Mean and biased variance of ``x`` over ``reduce_axes``; writes ``x − mean`` to ``centered``.
+
+        With ``subtract_mean=False`` (RMS normalization) the mean is taken as 0: the
+        variance is the mean of the squares and ``centered`` receives ``x`` itself.
 
         Parameters
         ----------
@@ -225,6 +229,13 @@ class NormalizationKernels:
         count = (n if across_batch else 1) * k * s
         shape = (1 if across_batch else n, g, 1, 1)
         rows = x.reshape(n * g, k * s)
+        if not subtract_mean:
+            if centered is not x:
+                np.copyto(centered, x)
+            squares = _row_dots(rows, rows).reshape(n, g)
+            if across_batch:
+                squares = np.add.reduce(squares, axis=0, keepdims=True)
+            return np.zeros(shape, x.dtype), (squares / count).reshape(shape)
         sums = _row_sums(rows).reshape(n, g)
         if across_batch:
             sums = np.add.reduce(sums, axis=0, keepdims=True)
@@ -237,8 +248,8 @@ class NormalizationKernels:
         variance = (squares / count).reshape(shape)
         return mean, variance
 
-    def _statistics(self, x: Array, reduce_axes: tuple[int, ...], centered: Array,
-                    epsilon: float) -> tuple[Array, Array, Array, Array | None]:
+    def _statistics(self, x: Array, reduce_axes: tuple[int, ...], centered: Array, epsilon: float, *,
+                    subtract_mean: bool = True) -> tuple[Array, Array, Array, Array | None]:
         """Mean, biased variance and ``1/sqrt(variance + ε)`` of ``x``, with ``x − mean`` in
         ``centered``; through :func:`set_scale` when values are large enough for a statistic to
         overflow, or ``rstd³`` to underflow (a variance beyond 2^2E says so afterwards; when
@@ -251,14 +262,17 @@ class NormalizationKernels:
         if np.may_share_memory(centered, x):  # centring would overwrite x: decide before it
             scale = overflow_scale(x, reduce_axes)
             if scale is None:
-                mean, variance = self.normalization_statistics(x, reduce_axes, centered)
+                mean, variance = self.normalization_statistics(x, reduce_axes, centered,
+                                                               subtract_mean=subtract_mean)
                 return mean, variance, reciprocal_std(variance, epsilon), None
         else:  # decide from the statistics themselves (x is still intact if they say no)
-            mean, variance = self.normalization_statistics(x, reduce_axes, centered)
+            mean, variance = self.normalization_statistics(x, reduce_axes, centered,
+                                                           subtract_mean=subtract_mean)
             if variance.max() < _limit(x.dtype):  # NaN compares False
                 return mean, variance, reciprocal_std(variance, epsilon), None
             scale = set_scale(x, reduce_axes)
-        mean_s, variance_s = self.normalization_statistics(x * scale, reduce_axes, centered)
+        mean_s, variance_s = self.normalization_statistics(x * scale, reduce_axes, centered,
+                                                           subtract_mean=subtract_mean)
         wide_scale, wide_variance = scale.astype(np.float64), variance_s.astype(np.float64)
         with np.errstate(over="ignore"):
             mean = (mean_s / wide_scale).astype(x.dtype)
@@ -285,6 +299,7 @@ class NormalizationKernels:
         mean: Array | None = None,
         variance: Array | None = None,
         threads: int = 0,
+        subtract_mean: bool = True,
     ) -> tuple[Array, Array, Array]:
         """``out = act(gamma · (x − mean) / sqrt(variance + epsilon) + beta)``.
 
@@ -308,6 +323,8 @@ class NormalizationKernels:
         threads : int
             Threads the kernel may use (``FilterParameters.n_threads``; 0: the backend's
             default). The reference kernels run on the calling thread and ignore it.
+        subtract_mean : bool
+            False for RMS normalization: the mean is 0 and the variance the mean of squares.
 
         Returns
         -------
@@ -315,7 +332,8 @@ class NormalizationKernels:
             The output and the statistics used (shape ``(1 or N, G, 1, 1)``).
         """
         if mean is None or variance is None:
-            mean, variance, rstd, _ = self._statistics(x, reduce_axes, out, epsilon)
+            mean, variance, rstd, _ = self._statistics(x, reduce_axes, out, epsilon,
+                                                       subtract_mean=subtract_mean)
             _scale(out, out, rstd, gamma)
             np.add(out, beta, out=out)
         else:
@@ -344,6 +362,7 @@ class NormalizationKernels:
         variance: Array | None = None,
         scratch: Sequence[Array] = (),
         threads: int = 0,
+        subtract_mean: bool = True,
     ) -> tuple[Array, Array, Array]:
         """Gradients of the forward with respect to ``x``, ``gamma`` and ``beta``.
 
@@ -353,7 +372,8 @@ class NormalizationKernels:
         ``dx = rstd · (γ·dz − a/m − x̂·b/m)`` with ``a = Σ γ·dz`` and ``b = Σ γ·dz·x̂`` over
         each statistics set of ``m`` elements. ``dz`` is ``dy`` times the activation's
         derivative, taken from ``output`` when the activation allows it, else from the
-        recomputed pre-activation.
+        recomputed pre-activation. Without a mean (``subtract_mean=False``, RMS normalization)
+        the ``a`` term drops out: ``dx = rstd · (γ·dz − x̂·b/m)``.
 
         Parameters
         ----------
@@ -388,12 +408,14 @@ class NormalizationKernels:
             rstd = reciprocal_std(variance, epsilon)
         else:
             constant = False
-            mean, variance, rstd, scale = self._statistics(x, reduce_axes, centered, epsilon)
+            mean, variance, rstd, scale = self._statistics(x, reduce_axes, centered, epsilon,
+                                                           subtract_mean=subtract_mean)
         if out is None:
             out = np.empty_like(x)
         dz = self._normalization_dz(dy, centered, rstd, gamma, beta, activation, output, out, scratch)
         if not constant and s == 1 and gamma.shape[1] == 1 and 0 not in reduce_axes:
-            dx, dgamma, dbeta = self._normalization_backward_rows(dz, centered, rstd, gamma, out, scratch)
+            dx, dgamma, dbeta = self._normalization_backward_rows(dz, centered, rstd, gamma, out, scratch,
+                                                                  subtract_mean=subtract_mean)
             return _unscaled(dx, scale), dgamma, dbeta
 
         # Batch, instance and group norm: gamma and the statistics are constant along each
@@ -427,15 +449,18 @@ class NormalizationKernels:
         _scale(out, dz, rstd, gamma)  # every read of dz is done: out may be dz
         np.multiply(centered, b, out=centered)
         np.subtract(out, centered, out=out)
-        np.subtract(out, a, out=out)
+        if subtract_mean:
+            np.subtract(out, a, out=out)
         return _unscaled(out, scale), dgamma, dbeta
 
     def _normalization_backward_rows(self, dz: Array, centered: Array, rstd: Array, gamma: Array,
-                                     out: Array, scratch: Sequence[Array]) -> tuple[Array, Array, Array]:
+                                     out: Array, scratch: Sequence[Array], *,
+                                     subtract_mean: bool = True) -> tuple[Array, Array, Array]:
         """Layer norm: statistics per row, gamma per column of the ``(N·P, M)`` matrix.
 
         ``a = dz @ γ``, ``dβ = 1 @ dz``, and with ``p = dz · (x − μ)``: ``b = rstd · (p @ γ)``,
-        ``dγ = rstd @ p``; then ``dx = rstd · (γ·dz − a/m) − (x − μ)·rstd²·b/m``.
+        ``dγ = rstd @ p``; then ``dx = rstd · (γ·dz − a/m) − (x − μ)·rstd²·b/m`` (without the
+        ``a/m`` term for RMS normalization, ``subtract_mean=False``, where μ = 0).
         """
         n, g, m, _ = dz.shape
         rows = (n * g, m)
@@ -454,7 +479,8 @@ class NormalizationKernels:
         np.multiply(out2, rstd1[:, None], out=out2)
         np.multiply(centered2, b[:, None], out=centered2)
         np.subtract(out2, centered2, out=out2)
-        np.subtract(out2, a[:, None], out=out2)
+        if subtract_mean:
+            np.subtract(out2, a[:, None], out=out2)
         return out, dgamma.reshape(gamma.shape), dbeta.reshape(gamma.shape)
 
     def _normalization_dz(self, dy: Array, centered: Array, rstd: Array, gamma: Array, beta: Array,

@@ -52,6 +52,7 @@ __all__ = [
     "GemmResult",
     "LSTMConfig",
     "LSTMGateArrays",
+    "LSTMLayerNormArrays",
     "LSTMPackRequest",
     "LSTMPackedWeights",
     "LSTMCacheRequest",
@@ -148,6 +149,10 @@ class GemmResult:
 # --------------------------------------------------------------------------------------
 # LSTM.
 # --------------------------------------------------------------------------------------
+#: The activations of one direction: input, forget, candidate and output gate, then ``act_h``.
+DirectionActivations = tuple[Activation, Activation, Activation, Activation, Activation]
+
+
 @attrs.frozen(kw_only=True)
 class LSTMConfig:
     """The shape of an LSTM stack and its cell, fixed when the layer is created.
@@ -157,6 +162,17 @@ class LSTMConfig:
     kind: ``None``, ``"full"`` (an ``(H, H)`` matrix per layer and direction) or
     ``"diagonal"`` (an ``(H,)`` vector). ``dropout`` is the probability of the inverted
     dropout between layers (0 when the stack has one layer or no dropout).
+
+    The fields after ``dropout`` are the variants of SPEC §4.1, each off by default (then
+    the cell is BNNS's): ``reverse`` (one direction reading the sequence backwards),
+    ``direction_activations`` (one set of five activations per direction, given only when
+    the directions differ; ``gate_activations`` and ``hidden_activation`` are then those of
+    direction 0), ``clip`` (ONNX: every activation input clamped to [−clip, clip]),
+    ``cell_clip`` (the carried cell clamped), ``projection_clip`` (the projected hidden state
+    clamped), ``input_forget`` (f = 1 − i), ``projection_size`` (P: h = W_hr (o ⊙ act_h(c)))
+    and ``layer_norm`` with ``layer_norm_epsilon`` (the layer-normalized cell). A backend
+    that does not know a variant must not serve a configuration that uses it:
+    :attr:`variants` names the ones in use.
     """
 
     input_size: int
@@ -168,10 +184,51 @@ class LSTMConfig:
     hidden_activation: Activation
     peepholes: tuple[str | None, str | None, str | None, str | None]
     dropout: float = 0.0
+    reverse: bool = False
+    direction_activations: tuple[DirectionActivations, ...] | None = None
+    clip: float | None = None
+    cell_clip: float | None = None
+    projection_clip: float | None = None
+    input_forget: bool = False
+    projection_size: int | None = None
+    layer_norm: bool = False
+    layer_norm_epsilon: float = 1e-5
+
+    @property
+    def output_size(self) -> int:
+        """The hidden state's size: ``projection_size`` (P) with a projection, else H."""
+        return self.hidden_size if self.projection_size is None else self.projection_size
 
     def layer_input_size(self, layer: int) -> int:
-        """``I`` for layer 0, ``D·H`` above it."""
-        return self.input_size if layer == 0 else self.num_directions * self.hidden_size
+        """``I`` for layer 0, ``D·P`` above it (``D·H`` without a projection)."""
+        return self.input_size if layer == 0 else self.num_directions * self.output_size
+
+    def reads_backwards(self, direction: int) -> bool:
+        """True for the direction that walks the sequence from its last step to its first."""
+        return direction == 1 or self.reverse
+
+    def activations(self, direction: int) -> DirectionActivations:
+        """The five activations of ``direction``: the four gates', then ``act_h``."""
+        if self.direction_activations is not None:
+            return self.direction_activations[direction]
+        gates = self.gate_activations
+        return (gates[0], gates[1], gates[2], gates[3], self.hidden_activation)
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The SPEC §4.1 variants this configuration uses, by field name (``"projection"``
+        for ``projection_size``); empty for BNNS's cell."""
+        used = {
+            "reverse": self.reverse,
+            "direction_activations": self.direction_activations is not None,
+            "clip": self.clip is not None,
+            "cell_clip": self.cell_clip is not None,
+            "projection_clip": self.projection_clip is not None,
+            "input_forget": self.input_forget,
+            "projection": self.projection_size is not None,
+            "layer_norm": self.layer_norm,
+        }
+        return tuple(name for name, on in used.items() if on)
 
 
 class LSTMGateArrays(Protocol):
@@ -195,18 +252,51 @@ class LSTMGateArrays(Protocol):
     def bias(self) -> Any: ...
 
 
+class LSTMLayerNormArrays(Protocol):
+    """The gains and biases of a layer-normalized LSTM (SPEC §4.1), per layer and direction.
+
+    ``input_gain``, ``input_bias`` (``α_x``, ``β_x``: ``LN(W x)``) and ``hidden_gain``,
+    ``hidden_bias`` (``α_h``, ``β_h``: ``LN(U h)``) are ``(L, D, 4H)``, the 4H pre-activation
+    units in the public gate order; ``cell_gain``, ``cell_bias`` (``α_c``, ``β_c``:
+    ``LN(c)``) are ``(L, D, H)``. Gradients use the same layout.
+    """
+
+    @property
+    def input_gain(self) -> Any: ...
+
+    @property
+    def input_bias(self) -> Any: ...
+
+    @property
+    def hidden_gain(self) -> Any: ...
+
+    @property
+    def hidden_bias(self) -> Any: ...
+
+    @property
+    def cell_gain(self) -> Any: ...
+
+    @property
+    def cell_bias(self) -> Any: ...
+
+
 @attrs.frozen(kw_only=True)
 class LSTMPackRequest:
     """Turn the public weights into whatever layout the backend computes with.
 
-    ``gates`` are the four gates in public order, arrays of ``config.dtype``. The layer asks
-    again only when the weights changed (``version`` grows by one each time), so a backend
-    may spend time here (stacking, transposing, padding) to save it in every step.
+    ``gates`` are the four gates in public order, arrays of ``config.dtype`` (with a
+    projection, ``hidden_weights`` are ``(L, D, H, P)`` and ``iw1`` ``(L−1, D, H, D·P)``);
+    ``projection`` is ``W_hr`` ``(L, D, P, H)`` when ``config.projection_size`` is set, and
+    ``layer_norm`` the gains and biases when ``config.layer_norm`` is. The layer asks again
+    only when the weights changed (``version`` grows by one each time), so a backend may
+    spend time here (stacking, transposing, padding) to save it in every step.
     """
 
     config: LSTMConfig
     gates: tuple[LSTMGateArrays, LSTMGateArrays, LSTMGateArrays, LSTMGateArrays]
     version: int = 0
+    projection: Array | None = None
+    layer_norm: LSTMLayerNormArrays | None = None
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -248,14 +338,16 @@ class LSTMForwardRequest:
     ----------
     x : (T, N, I), C-contiguous
         Time-major input; steps at or past a sequence's length are zeros.
-    hidden, cell : (L·D, N, H) or None
-        Initial states, layer-major then direction; ``None`` is zeros.
+    hidden, cell : (L·D, N, P) and (L·D, N, H), or None
+        Initial states, layer-major then direction; ``None`` is zeros. P is
+        ``config.output_size`` (H without a projection).
     sequence_lengths : (N,) int64 or None
-        Lengths in [1, T]; ``None`` when every sequence runs all T steps.
-    output : (T, N, D·H), any strides
+        Lengths in [0, T]; ``None`` when every sequence runs all T steps.
+    output : (T, N, D·P), any strides
         Receives the time-aligned output of the last layer (zeros past each length).
-    hidden_out, cell_out : (L·D, N, H)
-        Receive the final states (each sequence's state at its length).
+    hidden_out, cell_out : (L·D, N, P) and (L·D, N, H)
+        Receive the final states (each sequence's state at its length; zeros for a
+        sequence of length 0, as ONNX Runtime gives).
     training : bool
         Write ``cache`` for backward, and apply ``dropout_masks``.
     cache : 1-D uint8 or None
@@ -298,15 +390,18 @@ class LSTMForwardResult:
 class LSTMGradientBuffers:
     """Where backward writes (overwrites) every gradient.
 
-    ``input`` is ``(T, N, I)`` (any strides); ``hidden`` and ``cell`` ``(L·D, N, H)``;
-    ``gates`` the four gates in public order, each shaped like the weights (no array where
-    the weights have none), summed over batch and time.
+    ``input`` is ``(T, N, I)`` (any strides); ``hidden`` and ``cell`` ``(L·D, N, P)`` and
+    ``(L·D, N, H)``; ``gates`` the four gates in public order, each shaped like the weights
+    (no array where the weights have none), ``projection`` and ``layer_norm`` shaped like
+    the request's (``None`` without those variants), all summed over batch and time.
     """
 
     input: Array
     hidden: Array
     cell: Array
     gates: tuple[LSTMGateArrays, LSTMGateArrays, LSTMGateArrays, LSTMGateArrays]
+    projection: Array | None = None
+    layer_norm: LSTMLayerNormArrays | None = None
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -314,9 +409,9 @@ class LSTMBackwardRequest:
     """Backpropagation through time of the whole stack, from a training cache.
 
     ``x`` and ``sequence_lengths`` are those of the training forward that wrote ``cache``
-    (read only); ``output_gradient`` is ``(T, N, D·H)`` or ``None`` (only the final states
-    carry gradient); ``hidden_gradient`` and ``cell_gradient`` are ``(L·D, N, H)`` or
-    ``None`` (zeros).
+    (read only); ``output_gradient`` is ``(T, N, D·P)`` or ``None`` (only the final states
+    carry gradient); ``hidden_gradient`` and ``cell_gradient`` are ``(L·D, N, P)`` and
+    ``(L·D, N, H)`` or ``None`` (zeros).
     """
 
     config: LSTMConfig
@@ -348,7 +443,9 @@ class NormalizationForwardRequest:
 
     Every normalization type is one view ``(N, G, K, S)`` of its ``(N, C, *spatial)`` data
     (``docs/backends.md`` lists them): statistics are constant over ``K`` and ``S``, gamma
-    and beta over ``N`` and ``S``.
+    and beta over ``N`` and ``S``. With ``centered=False`` (RMSNorm, SPEC §4.1) the mean is
+    0: ``variance`` is the mean of the squares, ``out = act(gamma · x / sqrt(mean(x²) +
+    epsilon) + beta)`` (the layer passes a zero beta), and the result's mean is zeros.
 
     Attributes
     ----------
@@ -365,6 +462,8 @@ class NormalizationForwardRequest:
         Statistics to use instead of computing them (moving statistics in inference).
     threads : int
         Threads the backend may use (0: its default).
+    centered : bool
+        False for RMS normalization (no mean subtracted; never with given statistics).
     """
 
     x: Array
@@ -377,12 +476,14 @@ class NormalizationForwardRequest:
     mean: Array | None = None
     variance: Array | None = None
     threads: int = 0
+    centered: bool = True
 
 
 @attrs.frozen(kw_only=True, eq=False)
 class NormalizationForwardResult:
     """The output (the request's ``out``) and the statistics used, ``(1 or N, G, 1, 1)``;
-    the variance is the biased one."""
+    the variance is the biased one (the mean of the squares, and a zero mean, when not
+    ``centered``)."""
 
     output: Array
     mean: Array
@@ -398,7 +499,8 @@ class NormalizationBackwardRequest:
     the identity), ``out`` (receives ``dx``; may be ``dy`` itself, never ``x`` or
     ``output``; ``None``: a new array) and ``scratch`` (arrays shaped like ``x`` the backend
     may overwrite). With ``mean`` and ``variance`` given the statistics are constants;
-    otherwise the gradient flows through them too.
+    otherwise the gradient flows through them too (with ``centered=False``, RMS
+    normalization, through the mean of the squares only).
     """
 
     x: Array
@@ -414,6 +516,7 @@ class NormalizationBackwardRequest:
     variance: Array | None = None
     scratch: tuple[Array, ...] = ()
     threads: int = 0
+    centered: bool = True
 
 
 @attrs.frozen(kw_only=True, eq=False)

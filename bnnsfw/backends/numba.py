@@ -76,9 +76,11 @@ class NumbaBackend(ScipyBlasBackend):
         return super()._lstm_direction_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
-        """Compiled for the statistics of the batch and the identity activation."""
+        """Compiled for the statistics of the batch and the identity activation (not for RMS
+        normalization)."""
         r = request
-        if not _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None):
+        compiled = _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        if not (r.centered and compiled):
             return super().normalization_forward(request)
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return self.normalization_forward_sets(r.x, r.gamma, r.beta, epsilon=r.epsilon,
@@ -91,9 +93,11 @@ class NumbaBackend(ScipyBlasBackend):
         return NormalizationForwardResult(output=out, mean=mean, variance=variance)
 
     def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
-        """Compiled for the statistics of the batch and the identity activation."""
+        """Compiled for the statistics of the batch and the identity activation (not for RMS
+        normalization)."""
         r = request
-        if not _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None):
+        compiled = _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        if not (r.centered and compiled):
             return super().normalization_backward(request)
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return self.normalization_backward_sets(

@@ -83,15 +83,20 @@ class ScipyBlasBackend(BlockedNormalizationKernels, NumpyBackend):
     def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
                                batch: int) -> tuple[ForwardKernel, BackwardKernel]:
         """The direct-BLAS kernels for the default cell over full-length sequences; the
-        reference kernels for every other cell and for variable lengths."""
+        reference kernels for every other cell and for variable lengths. (A configuration
+        with a SPEC §4.1 variant never gets here: ``_lstm_general_serves`` sends it to the
+        general reference kernels first.)"""
         if _fast_lstm.serves(plan, lengths):
             return _fast_lstm.forward_sequence, _fast_lstm.backward_sequence
         return super()._lstm_sequence_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
-        """Blocked when :meth:`blocked_plan` gives blocks, else the reference kernel."""
+        """Blocked when :meth:`blocked_plan` gives blocks, else (and for RMS normalization) the
+        reference kernel."""
         r = request
-        plan = self.blocked_plan(r.x, r.gamma, r.batch_statistics, r.mean is not None, r.threads, r.out)
+        plan = None
+        if r.centered:
+            plan = self.blocked_plan(r.x, r.gamma, r.batch_statistics, r.mean is not None, r.threads, r.out)
         if plan is None:
             return super().normalization_forward(request)
         out, mean, variance = self.blocked_forward(
@@ -100,10 +105,13 @@ class ScipyBlasBackend(BlockedNormalizationKernels, NumpyBackend):
         return NormalizationForwardResult(output=out, mean=mean, variance=variance)
 
     def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
-        """Blocked when :meth:`blocked_plan` gives blocks, else the reference kernel."""
+        """Blocked when :meth:`blocked_plan` gives blocks, else (and for RMS normalization) the
+        reference kernel."""
         r = request
-        plan = self.blocked_plan(r.x, r.gamma, r.batch_statistics, r.mean is not None, r.threads,
-                                 r.dy, r.output, r.out)
+        plan = None
+        if r.centered:
+            plan = self.blocked_plan(r.x, r.gamma, r.batch_statistics, r.mean is not None, r.threads,
+                                     r.dy, r.output, r.out)
         if plan is None:
             return super().normalization_backward(request)
         dx, dgamma, dbeta = self.blocked_backward(

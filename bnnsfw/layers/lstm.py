@@ -9,6 +9,12 @@ layer and direction at step t (gates in the order input, forget, candidate, outp
     c' = f ⊙ c + i ⊙ g
     o = act_o(W_o x + U_o h + P_o c' + b_o)     h' = o ⊙ act_h(c')
 
+The object API also offers the variants of SPEC §4.1 (``docs/lstm.md``): ONNX ``clip``,
+TensorFlow's ``cell_clip`` and ``projection_clip``, ``input_forget``, a reverse-only
+direction, per-direction activations (:class:`LSTMActivations`), a projection
+(``projection_size``, PyTorch's ``proj_size``), and the layer-normalized cell
+(:class:`LSTMLayerNorm`).
+
 How it runs: the layer validates, keeps the parameters and the training-cache frame, and
 hands each call to its backend through the contract (:mod:`bnnsfw.backends.contract`):
 ``lstm_pack_weights`` once (again only when client-pointer weights change),
@@ -23,7 +29,7 @@ import hashlib
 import math
 import threading
 import warnings
-from typing import Any, Iterator, NamedTuple, cast
+from typing import Any, Iterator, NamedTuple, Sequence, cast
 
 import attrs
 import numpy as np
@@ -64,10 +70,13 @@ from ._lstm_cache import (
 
 __all__ = [
     "LSTMGateDescriptor",
+    "LSTMActivations",
+    "LSTMLayerNorm",
     "LSTMParameters",
     "LSTMLayer",
     "LSTMOutput",
     "LSTMGateGradients",
+    "LSTMLayerNormGradients",
     "LSTMGradients",
 ]
 
@@ -156,6 +165,46 @@ def _dtype(value: object) -> np.dtype:
     return layer_dtype(value, "LSTMParameters.dtype")
 
 
+def _limit(where: str, value: object) -> float | None:
+    """``None`` or a finite number > 0 (a clamp's bound)."""
+    if value is None:
+        return None
+    number = finite_float(where, value)
+    if number <= 0.0:
+        raise InvalidParameterError(must_be(where, "None or a number > 0", value))
+    return number
+
+
+def _clip(value: object) -> float | None:
+    return _limit("LSTMParameters.clip", value)
+
+
+def _cell_clip(value: object) -> float | None:
+    return _limit("LSTMParameters.cell_clip", value)
+
+
+def _projection_clip(value: object) -> float | None:
+    return _limit("LSTMParameters.projection_clip", value)
+
+
+def _projection_size(value: object) -> int | None:
+    return None if value is None else positive_int("LSTMParameters.projection_size", value)
+
+
+def _to_tuple(value: object) -> object:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _epsilon(value: object) -> float:
+    return finite_float("LSTMLayerNorm.epsilon", value, low=0.0)
+
+
+def _activation_of_set(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, Activation):
+        raise InvalidParameterError(must_be(f"LSTMActivations.{attribute.name}", "an Activation", value))
+    value.require_elementwise(f"LSTMActivations.{attribute.name}")
+
+
 # --------------------------------------------------------------------------------------
 # Parameter objects.
 # --------------------------------------------------------------------------------------
@@ -234,6 +283,146 @@ class LSTMGateDescriptor:
         return gate
 
 
+@attrs.frozen(kw_only=True)
+class LSTMActivations:
+    """The five activations of one direction: the four gates' and ``act_h``.
+
+    ``LSTMParameters.direction_activations`` takes one per direction, so that the two
+    directions of a bidirectional LSTM may differ (ONNX's ``activations`` list gives one
+    ``(f, g, h)`` triple per direction; :meth:`onnx` reads it).
+
+    Parameters
+    ----------
+    input_gate, forget_gate, candidate_gate, output_gate : Activation
+        Defaults sigmoid, sigmoid, tanh, sigmoid.
+    hidden_activation : Activation
+        ``act_h`` in ``h = o ⊙ act_h(c)``; default tanh.
+
+    Examples
+    --------
+    >>> forward, backward = LSTMActivations.onnx(["Sigmoid", "Tanh", "Tanh",
+    ...                                           "HardSigmoid", "LeakyRelu", "Softsign"],
+    ...                                          activation_alpha=[0.25, 0.1], activation_beta=[0.4])
+    >>> backward.input_gate
+    Activation(function=<ActivationFunction.hard_sigmoid: 15>, alpha=0.25, beta=0.4)
+    >>> backward.candidate_gate.alpha, backward.hidden_activation.function.name
+    (0.1, 'softsign')
+    """
+
+    input_gate: Activation = attrs.field(factory=Activation.sigmoid, validator=_activation_of_set)
+    forget_gate: Activation = attrs.field(factory=Activation.sigmoid, validator=_activation_of_set)
+    candidate_gate: Activation = attrs.field(factory=Activation.tanh, validator=_activation_of_set)
+    output_gate: Activation = attrs.field(factory=Activation.sigmoid, validator=_activation_of_set)
+    hidden_activation: Activation = attrs.field(factory=Activation.tanh, validator=_activation_of_set)
+
+    @property
+    def gates(self) -> tuple[Activation, Activation, Activation, Activation]:
+        """The gates' activations in the order input, forget, candidate, output."""
+        return (self.input_gate, self.forget_gate, self.candidate_gate, self.output_gate)
+
+    @classmethod
+    def onnx(cls, activations: Sequence[str], activation_alpha: Sequence[float] = (),
+             activation_beta: Sequence[float] = ()) -> tuple["LSTMActivations", ...]:
+        """One set per direction from an ONNX ``LSTM`` node's attributes.
+
+        ``activations`` holds 3 names per direction, ``(f, g, h)``: ``f`` for the input,
+        forget and output gates, ``g`` for the candidate gate, ``h`` for ``act_h``. The
+        values of ``activation_alpha`` and ``activation_beta`` are consumed in that order
+        by the functions that take an alpha or a beta (:meth:`Activation.onnx`); a function
+        left without one gets its ONNX default. Values left over are an error.
+        """
+        where = "LSTMActivations.onnx"
+        names = list(activations)
+        if len(names) not in (3, 6) or not all(isinstance(n, str) for n in names):
+            raise InvalidParameterError(must_be(f"{where}(activations)",
+                                                "3 names (f, g, h), or 6 for two directions", activations))
+        alphas, betas = [float(a) for a in activation_alpha], [float(b) for b in activation_beta]
+        made = []
+        for name in names:
+            try:
+                takes_alpha, takes_beta = Activation.onnx_takes(name)
+            except InvalidParameterError as error:
+                raise InvalidParameterError(f"{where}(activations): {error}") from None
+            alpha = alphas.pop(0) if takes_alpha and alphas else None
+            beta = betas.pop(0) if takes_beta and betas else None
+            made.append(Activation.onnx(name, alpha, beta))
+        for label, left in (("activation_alpha", alphas), ("activation_beta", betas)):
+            if left:
+                raise InvalidParameterError(must_be(
+                    f"{where}({label})", f"no longer than the functions of {names} that take one",
+                    f"{len(left)} value(s) left over: {left}"))
+        return tuple(cls(input_gate=f, forget_gate=f, candidate_gate=g, output_gate=f, hidden_activation=h)
+                     for f, g, h in (made[k:k + 3] for k in range(0, len(made), 3)))
+
+    def to_state(self) -> list[list[float]]:
+        """The five activations as ``[function, alpha, beta]`` lists, in field order."""
+        return [a.to_state() for a in (*self.gates, self.hidden_activation)]
+
+    @classmethod
+    def from_state(cls, state: object) -> "LSTMActivations":
+        """The set that :meth:`to_state` described."""
+        if not isinstance(state, (list, tuple)) or len(state) != 5:
+            rule = "a list of 5 activations"
+            raise InvalidParameterError(must_be("LSTMActivations.from_state(state)", rule, state))
+        acts = [Activation.from_state(a) for a in state]
+        return cls(input_gate=acts[0], forget_gate=acts[1], candidate_gate=acts[2], output_gate=acts[3],
+                   hidden_activation=acts[4])
+
+
+_LAYER_NORM_FIELDS = ("input_gain", "input_bias", "hidden_gain", "hidden_bias", "cell_gain", "cell_bias")
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class LSTMLayerNorm:
+    """Gains and biases of the layer-normalized LSTM (Ba, Kiros & Hinton 2016; SPEC §4.1).
+
+    ``z = LN(W x; α_x, β_x) + LN(U h; α_h, β_h) + b`` over all 4H pre-activation units, and
+    ``h = o ⊙ act_h(LN(c; α_c, β_c))``, where
+    ``LN(a; α, β) = α ⊙ (a − mean(a)) / sqrt(var(a) + ε) + β`` with the biased variance.
+
+    Parameters
+    ----------
+    input_gain, input_bias : array (L, D, 4H)
+        ``α_x``, ``β_x``; the 4H units in the gate order input, forget, candidate, output.
+    hidden_gain, hidden_bias : array (L, D, 4H)
+        ``α_h``, ``β_h``.
+    cell_gain, cell_bias : array (L, D, H)
+        ``α_c``, ``β_c``.
+    epsilon : float
+        ``ε`` >= 0 (default 1e-5, PyTorch's; TF-Addons' ``LayerNormLSTMCell`` uses 1e-3).
+
+    Notes
+    -----
+    Shapes are checked against the sizes by :class:`LSTMParameters`, which also casts the
+    arrays to the layer's dtype.
+    """
+
+    input_gain: Any = attrs.field(repr=_array_repr)
+    input_bias: Any = attrs.field(repr=_array_repr)
+    hidden_gain: Any = attrs.field(repr=_array_repr)
+    hidden_bias: Any = attrs.field(repr=_array_repr)
+    cell_gain: Any = attrs.field(repr=_array_repr)
+    cell_bias: Any = attrs.field(repr=_array_repr)
+    epsilon: float = attrs.field(default=1e-5, converter=_epsilon)
+
+    @classmethod
+    def initial(cls, *, num_layers: int, hidden_size: int, num_directions: int = 1,
+                epsilon: float = 1e-5) -> "LSTMLayerNorm":
+        """Gains of one and biases of zero (where training starts, as in TF-Addons)."""
+        size_l = positive_int("LSTMLayerNorm.initial(num_layers)", num_layers)
+        h = positive_int("LSTMLayerNorm.initial(hidden_size)", hidden_size)
+        size_d = positive_int("LSTMLayerNorm.initial(num_directions)", num_directions)
+        wide, narrow = (size_l, size_d, 4 * h), (size_l, size_d, h)
+        return cls(input_gain=np.ones(wide), input_bias=np.zeros(wide), hidden_gain=np.ones(wide),
+                   hidden_bias=np.zeros(wide), cell_gain=np.ones(narrow), cell_bias=np.zeros(narrow),
+                   epsilon=epsilon)
+
+    @property
+    def arrays(self) -> tuple[Any, ...]:
+        """The six arrays in field order."""
+        return tuple(getattr(self, name) for name in _LAYER_NORM_FIELDS)
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class LSTMParameters:
     """Sizes, options and weights of an LSTM layer (``BNNSLayerParametersLSTM``).
@@ -260,6 +449,34 @@ class LSTMParameters:
     dtype : float32 or float64
         The layer's dtype; weights are cast to it (without a copy when they already have it,
         so a layer created with ``use_client_pointer`` sees later in-place updates).
+    reverse : bool
+        The fields from here on are the variants of SPEC §4.1 (``docs/lstm.md``), all off by
+        default. ``reverse``: with one direction, read the sequence from its last step to
+        its first (ONNX ``direction="reverse"``); :attr:`direction` names the three cases.
+    direction_activations : sequence of LSTMActivations, or None
+        One set of activations per direction (D of them), instead of the gates'
+        ``activation``, ``hidden_activation`` and ``default_activations`` (which must then
+        be left at their defaults).
+    clip : float or None
+        ONNX ``clip``: every activation input clamped to [−clip, clip], the gates'
+        pre-activations and the argument of ``act_h``; the cell itself is not clamped.
+    cell_clip : float or None
+        TensorFlow's ``cell_clip``: the new cell clamped to [−cell_clip, cell_clip] and
+        carried on clamped.
+    projection_clip : float or None
+        TensorFlow's ``proj_clip``: the projected hidden state clamped (needs a projection).
+    input_forget : bool
+        ONNX ``input_forget``: f = 1 − i; the forget gate's weights are not used (their
+        gradients are zero).
+    projection_size : int or None
+        P, PyTorch's ``proj_size``: ``h = W_hr (o ⊙ act_h(c))`` with ``projection_weights``
+        ``W_hr`` of shape (L, D, P, H). The hidden state, the outputs and the recurrent
+        weights use P (``hidden_weights`` (L, D, H, P), ``iw1`` (L−1, D, H, D·P), states
+        ``hidden`` (L·D, N, P)); the cell keeps H.
+    projection_weights : array (L, D, P, H) or None
+        Given exactly when ``projection_size`` is.
+    layer_norm : LSTMLayerNorm or None
+        The layer-normalized cell, with its gains, biases and epsilon.
 
     Examples
     --------
@@ -285,10 +502,67 @@ class LSTMParameters:
     hidden_activation: Activation | None = attrs.field(default=None, validator=_param_activation)
     default_activations: bool = attrs.field(default=False, validator=_check_flag)
     dtype: np.dtype = attrs.field(default=np.float32, converter=_dtype)
+    reverse: bool = attrs.field(default=False, validator=_check_flag)
+    direction_activations: tuple[LSTMActivations, ...] | None = attrs.field(default=None, converter=_to_tuple)
+    clip: float | None = attrs.field(default=None, converter=_clip)
+    cell_clip: float | None = attrs.field(default=None, converter=_cell_clip)
+    projection_clip: float | None = attrs.field(default=None, converter=_projection_clip)
+    input_forget: bool = attrs.field(default=False, validator=_check_flag)
+    projection_size: int | None = attrs.field(default=None, converter=_projection_size)
+    projection_weights: Any = attrs.field(default=None, repr=_array_repr)
+    layer_norm: LSTMLayerNorm | None = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
         for name in GATE_FIELDS:
             object.__setattr__(self, name, self._checked_gate(name, getattr(self, name)))
+        self._check_variants()
+
+    def _check_variants(self) -> None:
+        """The cross-field rules of the SPEC §4.1 options; casts their arrays to the dtype."""
+        where = "LSTMParameters"
+        size_l, size_d, h = self.num_layers, self.num_directions, self.hidden_size
+        if self.reverse and self.bidirectional:
+            raise InvalidParameterError(must_be(
+                f"{where}.reverse", "False when bidirectional (direction 1 already reads backwards)", True))
+        sets = self.direction_activations
+        if sets is not None:
+            if (not isinstance(sets, tuple) or len(sets) != size_d
+                    or not all(isinstance(a, LSTMActivations) for a in sets)):
+                raise InvalidParameterError(must_be(
+                    f"{where}.direction_activations", f"None or {size_d} LSTMActivations (one per direction)",
+                    sets))
+            if self.default_activations or self.hidden_activation is not None or any(
+                    g.activation is not None for g in self.gates):
+                raise InvalidParameterError(must_be(
+                    f"{where}.direction_activations",
+                    "None when a gate's activation, hidden_activation or default_activations is set "
+                    "(one source of activations)", "LSTMActivations"))
+        p = self.projection_size
+        if p is None:
+            if self.projection_weights is not None:
+                raise InvalidParameterError(must_be(f"{where}.projection_weights",
+                                                    "None without a projection_size", _array_repr(
+                                                        self.projection_weights)))
+            if self.projection_clip is not None:
+                raise InvalidParameterError(must_be(f"{where}.projection_clip",
+                                                    "None without a projection_size", self.projection_clip))
+        else:
+            shape = (size_l, size_d, p, h)
+            if self.projection_weights is None:
+                raise ShapeError(must_be(f"{where}.projection_weights", f"an array of shape {shape}", None))
+            object.__setattr__(self, "projection_weights", parameter_array(
+                f"{where}.projection_weights", self.projection_weights, self.dtype, shape, copy=False))
+        norm = self.layer_norm
+        if norm is not None:
+            if not isinstance(norm, LSTMLayerNorm):
+                raise InvalidParameterError(must_be(f"{where}.layer_norm", "None or an LSTMLayerNorm",
+                                                    type(norm).__name__))
+            wide, narrow = (size_l, size_d, 4 * h), (size_l, size_d, h)
+            arrays = {name: parameter_array(f"{where}.layer_norm.{name}", getattr(norm, name), self.dtype,
+                                            narrow if name.startswith("cell") else wide, copy=False)
+                      for name in _LAYER_NORM_FIELDS}
+            if any(arrays[name] is not getattr(norm, name) for name in _LAYER_NORM_FIELDS):
+                object.__setattr__(self, "layer_norm", attrs.evolve(norm, **arrays))
 
     def _checked_gate(self, name: str, gate: object) -> LSTMGateDescriptor:
         """Every cross-field rule of one gate: shapes against the sizes, dtype, finiteness."""
@@ -296,7 +570,7 @@ class LSTMParameters:
         if not isinstance(gate, LSTMGateDescriptor):
             raise InvalidParameterError(must_be(where, "an LSTMGateDescriptor", type(gate).__name__))
         dt, size_l, size_d = self.dtype, self.num_layers, self.num_directions
-        h, size_i = self.hidden_size, self.input_size
+        h, size_i, p = self.hidden_size, self.input_size, self.output_size
 
         def weight(field: str, value: object, shape: tuple[int, ...]) -> np.ndarray:
             if value is None:
@@ -305,7 +579,7 @@ class LSTMParameters:
 
         iw0 = weight("input_weights[0]", gate.input_weights[0], (size_d, h, size_i))
         raw = gate.input_weights[1]
-        upper_shape = (size_l - 1, size_d, h, size_d * h)
+        upper_shape = (size_l - 1, size_d, h, size_d * p)
         if size_l == 1:
             if raw is not None and np.shape(raw) != upper_shape:
                 raise ShapeError(must_be(f"{where}.input_weights[1]", f"None (or of shape {upper_shape}) "
@@ -313,7 +587,7 @@ class LSTMParameters:
             iw1 = None
         else:
             iw1 = weight("input_weights[1]", raw, upper_shape)
-        hw = weight("hidden_weights", gate.hidden_weights, (size_l, size_d, h, h))
+        hw = weight("hidden_weights", gate.hidden_weights, (size_l, size_d, h, p))
         cw = None
         if gate.cell_weights is not None:
             cw = parameter_array(f"{where}.cell_weights", gate.cell_weights, dt, copy=False)
@@ -336,13 +610,40 @@ class LSTMParameters:
         return 2 if self.bidirectional else 1
 
     @property
+    def direction(self) -> str:
+        """``"forward"``, ``"reverse"`` or ``"bidirectional"`` (ONNX's ``direction``)."""
+        if self.bidirectional:
+            return "bidirectional"
+        return "reverse" if self.reverse else "forward"
+
+    @property
+    def output_size(self) -> int:
+        """P, the size of the hidden state and of each direction's output: ``projection_size``
+        with a projection, else ``hidden_size``."""
+        return self.hidden_size if self.projection_size is None else self.projection_size
+
+    def activations(self, direction: int = 0) -> LSTMActivations:
+        """The activations ``direction`` really uses (defaults applied)."""
+        if self.direction_activations is not None:
+            if not 0 <= direction < self.num_directions:
+                raise InvalidParameterError(must_be("LSTMParameters.activations(direction)",
+                                                    f"in [0, {self.num_directions - 1}]", direction))
+            return self.direction_activations[direction]
+        gates = self.gate_activations
+        return LSTMActivations(input_gate=gates[0], forget_gate=gates[1], candidate_gate=gates[2],
+                               output_gate=gates[3], hidden_activation=self.cell_activation)
+
+    @property
     def gates(self) -> tuple[LSTMGateDescriptor, LSTMGateDescriptor, LSTMGateDescriptor, LSTMGateDescriptor]:
         """The four gate descriptors in the order input, forget, candidate, output."""
         return (self.input_gate, self.forget_gate, self.candidate_gate, self.output_gate)
 
     @property
     def gate_activations(self) -> tuple[Activation, Activation, Activation, Activation]:
-        """The activation each gate really uses (defaults applied)."""
+        """The activation each gate really uses (defaults applied; direction 0's when
+        ``direction_activations`` are given)."""
+        if self.direction_activations is not None:
+            return self.direction_activations[0].gates
         if self.default_activations:
             return _DEFAULT_GATE_ACTIVATIONS
         used = [default if gate.activation is None else gate.activation
@@ -351,7 +652,10 @@ class LSTMParameters:
 
     @property
     def cell_activation(self) -> Activation:
-        """The hidden activation really used (``act_h``; tanh by default)."""
+        """The hidden activation really used (``act_h``; tanh by default; direction 0's when
+        ``direction_activations`` are given)."""
+        if self.direction_activations is not None:
+            return self.direction_activations[0].hidden_activation
         if self.default_activations or self.hidden_activation is None:
             return _DEFAULT_HIDDEN_ACTIVATION
         return self.hidden_activation
@@ -368,6 +672,8 @@ class LSTMParameters:
         bias: bool = True,
         seed: int | None = None,
         dtype: Any = np.float32,
+        projection_size: int | None = None,
+        layer_norm: bool = False,
         **options: Any,
     ) -> "LSTMParameters":
         """Parameters with weights drawn from U(−1/√H, 1/√H), as PyTorch and ONNX initialise.
@@ -375,16 +681,22 @@ class LSTMParameters:
         ``peepholes`` (``None``, ``"full"`` or ``"diagonal"``) gives the input, forget and
         output gates a peephole (the candidate gate none, as ONNX). Draws come from
         ``numpy.random.default_rng(seed)`` in float64, gate by gate (input, forget, candidate,
-        output) and within a gate ``iw0, iw1, hidden, cell, bias``; ``seed`` also seeds the
-        layer's dropout. Other keyword ``options`` (``batch_first``, ``dropout``,
-        ``hidden_activation``, …) are passed to the constructor.
+        output) and within a gate ``iw0, iw1, hidden, cell, bias``, then the projection
+        weights when ``projection_size`` is given; ``seed`` also seeds the layer's dropout.
+        ``layer_norm=True`` adds :meth:`LSTMLayerNorm.initial` (gains 1, biases 0). Other
+        keyword ``options`` (``batch_first``, ``dropout``, ``clip``, ``reverse``, …) are passed
+        to the constructor.
         """
         if peepholes not in (None, "full", "diagonal"):
             raise InvalidParameterError(
                 must_be("LSTMParameters.random(peepholes)", "None, 'full' or 'diagonal'", peepholes))
+        if not isinstance(layer_norm, (bool, np.bool_)):
+            where = "LSTMParameters.random(layer_norm)"
+            raise InvalidParameterError(must_be(where, "True or False", layer_norm))
         size_i = positive_int("LSTMParameters.input_size", input_size)
         h = positive_int("LSTMParameters.hidden_size", hidden_size)
         size_l = positive_int("LSTMParameters.num_layers", num_layers)
+        p = h if projection_size is None else positive_int("LSTMParameters.projection_size", projection_size)
         size_d = 2 if bidirectional else 1
         rng = np.random.default_rng(seed)
         bound = 1.0 / math.sqrt(h)
@@ -395,14 +707,19 @@ class LSTMParameters:
         gates: dict[str, Any] = {}
         for name in GATE_FIELDS:
             iw0 = draw(size_d, h, size_i)
-            iw1 = draw(size_l - 1, size_d, h, size_d * h) if size_l > 1 else None
-            hw = draw(size_l, size_d, h, h)
+            iw1 = draw(size_l - 1, size_d, h, size_d * p) if size_l > 1 else None
+            hw = draw(size_l, size_d, h, p)
             cw = None
             if peepholes is not None and name != "candidate_gate":
                 cw = draw(size_l, size_d, h, h) if peepholes == "full" else draw(size_l, size_d, h)
             b = draw(size_l, size_d, h) if bias else None
             gates[name] = LSTMGateDescriptor(input_weights=(iw0, iw1), hidden_weights=hw,
                                              cell_weights=cw, bias=b)
+        if projection_size is not None:
+            options.update(projection_size=p, projection_weights=draw(size_l, size_d, p, h))
+        if layer_norm:
+            options["layer_norm"] = LSTMLayerNorm.initial(num_layers=size_l, hidden_size=h,
+                                                          num_directions=size_d)
         return cls(input_size=size_i, hidden_size=h, num_layers=size_l, bidirectional=bidirectional,
                    seed=seed, dtype=dtype, **gates, **options)
 
@@ -436,6 +753,28 @@ class LSTMParameters:
             gate_state = gate.to_state()
             state["gate_activations"].append(gate_state.pop("activation"))
             state.update({f"{name}/{key}": value for key, value in gate_state.items()})
+        state.update(self._variants_state())
+        return state
+
+    def _variants_state(self) -> dict[str, Any]:
+        """The SPEC §4.1 options that differ from their defaults (so that a BNNS-cell state is
+        the same as before they existed): scalars, ``direction_activations`` as lists of
+        activations, ``projection_weights`` and ``layer_norm/<field>`` arrays."""
+        state: dict[str, Any] = {}
+        for name in ("reverse", "input_forget"):
+            if getattr(self, name):
+                state[name] = True
+        for name in ("clip", "cell_clip", "projection_clip", "projection_size"):
+            if getattr(self, name) is not None:
+                state[name] = getattr(self, name)
+        if self.direction_activations is not None:
+            state["direction_activations"] = [a.to_state() for a in self.direction_activations]
+        if self.projection_weights is not None:
+            state["projection_weights"] = self.projection_weights
+        if self.layer_norm is not None:
+            state["layer_norm/epsilon"] = self.layer_norm.epsilon
+            state.update({f"layer_norm/{name}": array
+                          for name, array in zip(_LAYER_NORM_FIELDS, self.layer_norm.arrays)})
         return state
 
     @classmethod
@@ -453,11 +792,24 @@ class LSTMParameters:
             name: LSTMGateDescriptor.from_state({**reader.prefixed(f"{name}/"), "activation": activation})
             for name, activation in zip(GATE_FIELDS, activations)}
         hidden_activation = reader.required("hidden_activation")
+        variants: dict[str, Any] = {k: v for k, v in reader.optional_entries(
+            "reverse", "input_forget", "clip", "cell_clip", "projection_clip", "projection_size",
+            "projection_weights").items() if v is not None}
+        sets = reader.optional("direction_activations")
+        if sets is not None:
+            variants["direction_activations"] = tuple(LSTMActivations.from_state(a) for a in sets)
+        norm = reader.prefixed("layer_norm/")
+        if norm:
+            norm_reader = StateReader("LSTMLayerNorm", norm)
+            entries = norm_reader.required_entries(*_LAYER_NORM_FIELDS, "epsilon")
+            variants["layer_norm"] = LSTMLayerNorm(**entries)
+            norm_reader.finish()
         parameters = cls(
             **reader.required_entries("input_size", "hidden_size", "num_layers", "bidirectional",
                                       "batch_first", "dropout", "seed", "default_activations", "dtype"),
             hidden_activation=None if hidden_activation is None else Activation.from_state(hidden_activation),
             **gates,
+            **variants,
         )
         reader.finish()
         return parameters
@@ -496,12 +848,30 @@ class LSTMGateGradients:
 
 
 @attrs.frozen(kw_only=True, eq=False)
+class LSTMLayerNormGradients:
+    """Gradients of an :class:`LSTMLayerNorm`'s arrays, shaped like them."""
+
+    input_gain: np.ndarray = attrs.field(repr=_array_repr)
+    input_bias: np.ndarray = attrs.field(repr=_array_repr)
+    hidden_gain: np.ndarray = attrs.field(repr=_array_repr)
+    hidden_bias: np.ndarray = attrs.field(repr=_array_repr)
+    cell_gain: np.ndarray = attrs.field(repr=_array_repr)
+    cell_bias: np.ndarray = attrs.field(repr=_array_repr)
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The six arrays in field order (as :attr:`LSTMLayerNorm.arrays`)."""
+        return tuple(getattr(self, name) for name in _LAYER_NORM_FIELDS)
+
+
+@attrs.frozen(kw_only=True, eq=False)
 class LSTMGradients:
     """What :meth:`LSTMLayer.apply_backward` returns, summed over batch and time.
 
     ``input`` is shaped like ``x``; ``hidden`` and ``cell`` (always given, also when the
-    initial states were zeros) like the states ``(L·D, N, H)``; one :class:`LSTMGateGradients`
-    per gate.
+    initial states were zeros) like the states, ``(L·D, N, P)`` and ``(L·D, N, H)``; one
+    :class:`LSTMGateGradients` per gate; ``projection_weights`` (with a projection) and
+    ``layer_norm`` (with the layer-normalized cell), else ``None``.
     """
 
     input: np.ndarray = attrs.field(repr=_array_repr)
@@ -511,6 +881,8 @@ class LSTMGradients:
     forget_gate: LSTMGateGradients
     candidate_gate: LSTMGateGradients
     output_gate: LSTMGateGradients
+    projection_weights: np.ndarray | None = attrs.field(default=None, repr=_array_repr)
+    layer_norm: LSTMLayerNormGradients | None = None
 
     @property
     def gates(self) -> tuple[LSTMGateGradients, LSTMGateGradients, LSTMGateGradients, LSTMGateGradients]:
@@ -520,7 +892,7 @@ class LSTMGradients:
     def parameters(self) -> dict[str, np.ndarray]:
         """The weight gradients under the names of :meth:`LSTMLayer.parameters` (views of the
         arrays above, one per layer, direction, gate and field)."""
-        return _named_layer_arrays(self.gates)
+        return _named_layer_arrays(self.gates, self.projection_weights, self.layer_norm)
 
 
 # --------------------------------------------------------------------------------------
@@ -580,13 +952,16 @@ def _gate_arrays(gate: LSTMGateDescriptor) -> list[np.ndarray]:
     return [a for a in arrays if a is not None]
 
 
-def _named_layer_arrays(gates: tuple[Any, Any, Any, Any]) -> dict[str, np.ndarray]:
+def _named_layer_arrays(gates: tuple[Any, Any, Any, Any], projection: Any = None,
+                        layer_norm: Any = None) -> dict[str, np.ndarray]:
     """Per layer, direction, gate and field, the view of that slice of the stacked arrays.
 
     Names are ``"layer<l>.<forward|reverse>.<gate>.<field>"`` (field ``input_weights``,
     ``hidden_weights``, then ``cell_weights`` and ``bias`` where the gate has them); layer 0's
-    input weights are ``(H, I)``, the upper layers' ``(H, D·H)``, the others ``(H, H)`` or
-    ``(H,)``. ``gates`` are gate descriptors or gate gradients (the same fields).
+    input weights are ``(H, I)``, the upper layers' ``(H, D·P)``, the others ``(H, P)`` or
+    ``(H,)``. Then, where the layer has them, ``"layer<l>.<direction>.projection_weights"``
+    ``(P, H)`` and ``"layer<l>.<direction>.layer_norm.<field>"``. ``gates`` (and the others)
+    are the parameters' or the gradients' (the same fields).
     """
     size_l, size_d = np.shape(gates[0].hidden_weights)[:2]
     named: dict[str, np.ndarray] = {}
@@ -602,21 +977,46 @@ def _named_layer_arrays(gates: tuple[Any, Any, Any, Any]) -> dict[str, np.ndarra
                     array = getattr(gate, field)
                     if array is not None:
                         named[f"{prefix}.{name}.{field}"] = array[layer, direction]
+            if projection is not None:
+                named[f"{prefix}.projection_weights"] = projection[layer, direction]
+            if layer_norm is not None:
+                for field, array in zip(_LAYER_NORM_FIELDS, layer_norm.arrays):
+                    named[f"{prefix}.layer_norm.{field}"] = array[layer, direction]
     return named
 
 
-def _read_only_gate(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
-    iw0, iw1 = gate.input_weights
-    return LSTMGateDescriptor(input_weights=(read_only(iw0), read_only(iw1)),
-                              hidden_weights=read_only(gate.hidden_weights),
-                              cell_weights=read_only(gate.cell_weights), bias=read_only(gate.bias),
-                              activation=gate.activation)
+def _parameter_arrays(params: LSTMParameters) -> list[np.ndarray]:
+    """Every weight array of the parameters, in a fixed order: the gates', the projection's
+    and the layer norm's."""
+    arrays = [a for g in params.gates for a in _gate_arrays(g)]
+    if params.projection_weights is not None:
+        arrays.append(params.projection_weights)
+    if params.layer_norm is not None:
+        arrays += params.layer_norm.arrays
+    return arrays
 
 
-def _copied_gates(parameters: LSTMParameters) -> tuple[LSTMParameters, np.ndarray]:
-    """``parameters`` with copies of every gate's arrays, all views of one flat buffer, which is
+def _with_arrays(params: LSTMParameters, make: Any) -> LSTMParameters:
+    """``params`` with every weight array replaced by ``make(array)`` (None stays None)."""
+    def gate(g: LSTMGateDescriptor) -> LSTMGateDescriptor:
+        iw0, iw1 = g.input_weights
+        return LSTMGateDescriptor(input_weights=(make(iw0), make(iw1)), hidden_weights=make(g.hidden_weights),
+                                  cell_weights=make(g.cell_weights), bias=make(g.bias),
+                                  activation=g.activation)
+
+    changes: dict[str, Any] = {name: gate(getattr(params, name)) for name in GATE_FIELDS}
+    if params.projection_weights is not None:
+        changes["projection_weights"] = make(params.projection_weights)
+    if params.layer_norm is not None:
+        changes["layer_norm"] = attrs.evolve(params.layer_norm, **{
+            name: make(getattr(params.layer_norm, name)) for name in _LAYER_NORM_FIELDS})
+    return attrs.evolve(params, **changes)
+
+
+def _copied(parameters: LSTMParameters) -> tuple[LSTMParameters, np.ndarray]:
+    """``parameters`` with copies of every weight array, all views of one flat buffer, which is
     also returned (the layer compares it as one array when it watches its weights)."""
-    flat = np.empty(sum(a.size for g in parameters.gates for a in _gate_arrays(g)), parameters.dtype)
+    flat = np.empty(sum(a.size for a in _parameter_arrays(parameters)), parameters.dtype)
     offset = 0
 
     def copy(a: Any) -> Any:
@@ -628,15 +1028,27 @@ def _copied_gates(parameters: LSTMParameters) -> tuple[LSTMParameters, np.ndarra
         offset += a.size
         return view
 
-    def copied(gate: LSTMGateDescriptor) -> LSTMGateDescriptor:
-        iw0, iw1, hw = *gate.input_weights, gate.hidden_weights
-        return LSTMGateDescriptor(input_weights=(copy(iw0), copy(iw1)), hidden_weights=copy(hw),
-                                  cell_weights=copy(gate.cell_weights), bias=copy(gate.bias),
-                                  activation=gate.activation)
+    return _with_arrays(parameters, copy), flat
 
-    p = parameters
-    return attrs.evolve(p, input_gate=copied(p.input_gate), forget_gate=copied(p.forget_gate),
-                        candidate_gate=copied(p.candidate_gate), output_gate=copied(p.output_gate)), flat
+
+def _configuration(p: LSTMParameters) -> LSTMConfig:
+    """The backend's view of the parameters (the contract's ``LSTMConfig``)."""
+    sets = [p.activations(d) for d in range(p.num_directions)]
+    differ = any(a != sets[0] for a in sets[1:])
+    norm = p.layer_norm
+    return LSTMConfig(
+        input_size=p.input_size, hidden_size=p.hidden_size, num_layers=p.num_layers,
+        num_directions=p.num_directions, dtype=p.dtype, gate_activations=sets[0].gates,
+        hidden_activation=sets[0].hidden_activation,
+        peepholes=(p.input_gate.peephole, p.forget_gate.peephole, p.candidate_gate.peephole,
+                   p.output_gate.peephole),
+        dropout=p.dropout if p.num_layers > 1 else 0.0,
+        reverse=p.reverse,
+        direction_activations=tuple((*a.gates, a.hidden_activation) for a in sets) if differ else None,
+        clip=p.clip, cell_clip=p.cell_clip, projection_clip=p.projection_clip, input_forget=p.input_forget,
+        projection_size=p.projection_size, layer_norm=norm is not None,
+        layer_norm_epsilon=1e-5 if norm is None else norm.epsilon,
+    )
 
 
 class LSTMLayer(Filter):
@@ -690,15 +1102,11 @@ class LSTMLayer(Filter):
         client = self.filter_parameters.use_client_pointer
         public = parameters
         # The arrays to compare when the weights are watched (see _packed_weights).
-        self._watched_arrays = [a for g in parameters.gates for a in _gate_arrays(g)]
+        self._watched_arrays = _parameter_arrays(parameters)
         if not client:  # BNNS copies the weights at creation
-            parameters, flat = _copied_gates(parameters)
+            parameters, flat = _copied(parameters)
             self._watched_arrays = [flat]
-            public = attrs.evolve(
-                parameters, input_gate=_read_only_gate(parameters.input_gate),
-                forget_gate=_read_only_gate(parameters.forget_gate),
-                candidate_gate=_read_only_gate(parameters.candidate_gate),
-                output_gate=_read_only_gate(parameters.output_gate))
+            public = _with_arrays(parameters, read_only)
         self._params = parameters
         self._public = public
         # Whether the weight arrays may change outside the layer: the caller's (client
@@ -706,15 +1114,7 @@ class LSTMLayer(Filter):
         self._watched = client
         self._stale = False  # the layer itself wrote new weights (load_state_dict)
         self._dtype = parameters.dtype
-        p = parameters
-        self._config = LSTMConfig(
-            input_size=p.input_size, hidden_size=p.hidden_size, num_layers=p.num_layers,
-            num_directions=p.num_directions, dtype=p.dtype, gate_activations=p.gate_activations,
-            hidden_activation=p.cell_activation,
-            peepholes=(p.input_gate.peephole, p.forget_gate.peephole, p.candidate_gate.peephole,
-                       p.output_gate.peephole),
-            dropout=p.dropout if p.num_layers > 1 else 0.0,
-        )
+        self._config = _configuration(parameters)
         self._pack_lock = threading.Lock()
         self._weights_digests: dict[int, int] = {}  # by packed version
         self._packed: LSTMPackedWeights | None = None
@@ -743,7 +1143,8 @@ class LSTMLayer(Filter):
         return self._public
 
     def _named_parameters(self) -> dict[str, np.ndarray]:
-        return _named_layer_arrays(self._params.gates)
+        p = self._params
+        return _named_layer_arrays(p.gates, p.projection_weights, p.layer_norm)
 
     def _share_arrays(self) -> None:
         with self._pack_lock:
@@ -787,13 +1188,15 @@ class LSTMLayer(Filter):
         Parameters
         ----------
         x : array (T, N, I), or (N, T, I) when batch-first; or unbatched (T, I)
-            An unbatched sequence is a batch of one: the output is then (T, D·H) and the
-            states (L·D, H).
-        hidden, cell : array (L·D, N, H), or (L·D, H) for an unbatched x, optional
-            Initial states, layer-major then direction; zeros when omitted.
-        sequence_lengths : N integers in [1, T], optional
+            An unbatched sequence is a batch of one: the output is then (T, D·P) and the
+            states (L·D, P) and (L·D, H).
+        hidden, cell : arrays (L·D, N, P) and (L·D, N, H), without N for an unbatched x, optional
+            Initial states, layer-major then direction; zeros when omitted. P is
+            ``parameters.output_size`` (H without a projection).
+        sequence_lengths : N integers in [0, T], optional
             Steps at or past a sequence's length output zeros and keep its state; the reverse
-            direction starts at the last valid step.
+            direction starts at the last valid step. A sequence of length 0 has zero outputs
+            and zero final states (as ONNX Runtime gives).
         training : bool
             Apply dropout and write a training cache for :meth:`apply_backward`.
         training_cache : writable buffer, optional
@@ -805,7 +1208,7 @@ class LSTMLayer(Filter):
         if not isinstance(training, (bool, np.bool_)):
             raise InvalidParameterError(must_be("LSTMLayer.apply(training)", "True or False", training))
         x_tm, seq_len, batch, unbatched = self._check_x("LSTMLayer.apply(x)", x)
-        h0 = self._check_state("LSTMLayer.apply(hidden)", hidden, batch, unbatched)
+        h0 = self._check_state("LSTMLayer.apply(hidden)", hidden, batch, unbatched, hidden=True)
         c0 = self._check_state("LSTMLayer.apply(cell)", cell, batch, unbatched)
         lengths = self._check_lengths("LSTMLayer.apply(sequence_lengths)", sequence_lengths, seq_len, batch,
                                       unbatched)
@@ -831,10 +1234,10 @@ class LSTMLayer(Filter):
                 type(training_cache).__name__))
         p = self._params
         size_ld, h = p.num_layers * p.num_directions, p.hidden_size
-        width = p.num_directions * h
+        width = p.num_directions * p.output_size
         out_shape = (batch, seq_len, width) if p.batch_first else (seq_len, batch, width)
         output = np.empty(out_shape, dtype=self._dtype)
-        h_out = np.empty((size_ld, batch, h), dtype=self._dtype)
+        h_out = np.empty((size_ld, batch, p.output_size), dtype=self._dtype)
         c_out = np.empty((size_ld, batch, h), dtype=self._dtype)
         output_tm = output.transpose(1, 0, 2) if p.batch_first else output
         with self._threads(), self._borrow_workspace() as workspace:
@@ -887,7 +1290,7 @@ class LSTMLayer(Filter):
         self._check_open("apply_backward")
         x_tm, seq_len, batch, unbatched = self._check_x("LSTMLayer.apply_backward(x)", x)
         p = self._params
-        width = p.num_directions * p.hidden_size
+        width = p.num_directions * p.output_size
         dy = None
         if output_gradient is not None:
             where = "LSTMLayer.apply_backward(output_gradient)"
@@ -898,10 +1301,10 @@ class LSTMLayer(Filter):
                 dy = as_input(where, output_gradient, self._dtype, shape)
                 if p.batch_first:
                     dy = dy.transpose(1, 0, 2)
-        h0 = self._check_state("LSTMLayer.apply_backward(hidden)", hidden, batch, unbatched)
+        h0 = self._check_state("LSTMLayer.apply_backward(hidden)", hidden, batch, unbatched, hidden=True)
         c0 = self._check_state("LSTMLayer.apply_backward(cell)", cell, batch, unbatched)
         dh_final = self._check_state("LSTMLayer.apply_backward(hidden_gradient)", hidden_gradient, batch,
-                                     unbatched)
+                                     unbatched, hidden=True)
         dc_final = self._check_state("LSTMLayer.apply_backward(cell_gradient)", cell_gradient, batch,
                                      unbatched)
         lengths = self._check_lengths("LSTMLayer.apply_backward(sequence_lengths)", sequence_lengths,
@@ -929,9 +1332,10 @@ class LSTMLayer(Filter):
                 if buffer is None:  # recompute the forward, as BNNS does without a cache
                     size_ld, h = p.num_layers * p.num_directions, p.hidden_size
                     output_tm = workspace.array("recompute_output", (seq_len, batch, width), self._dtype)
-                    states = workspace.array("recompute_states", (2, size_ld, batch, h), self._dtype)
-                    self._forward(weights, x_prepared, h0, c0, lengths, output_tm, states[0], states[1],
-                                  payload, workspace)
+                    h_out = workspace.array("recompute_hidden", (size_ld, batch, p.output_size), self._dtype)
+                    c_out = workspace.array("recompute_cell", (size_ld, batch, h), self._dtype)
+                    self._forward(weights, x_prepared, h0, c0, lengths, output_tm, h_out, c_out, payload,
+                                  workspace)
                 self.backend.lstm_backward(LSTMBackwardRequest(
                     config=self._config, weights=weights, x=x_prepared, cache=payload, output_gradient=dy,
                     hidden_gradient=dh_final, cell_gradient=dc_final, sequence_lengths=lengths,
@@ -968,7 +1372,7 @@ class LSTMLayer(Filter):
         p = config.dropout
         masks: list[np.ndarray | None] = [None]
         for layer in range(1, config.num_layers):
-            width = config.num_directions * config.hidden_size
+            width = config.num_directions * config.output_size
             mask = workspace.array(f"dropout{layer}", (seq_len, batch, width), self._dtype)
             self._rng.random(dtype=self._dtype, out=mask)
             np.greater_equal(mask, p, out=mask)
@@ -1018,16 +1422,17 @@ class LSTMLayer(Filter):
             packed = self._packed
             if packed is not None and not self._stale and not (self._watched and self._weights_changed()):
                 return packed
-            gates = self._params.gates
+            params = self._params
             version = 0 if packed is None else packed.version + 1
-            packed = self.backend.lstm_pack_weights(LSTMPackRequest(config=self._config, gates=gates,
-                                                                    version=version))
+            packed = self.backend.lstm_pack_weights(LSTMPackRequest(
+                config=self._config, gates=params.gates, version=version,
+                projection=params.projection_weights, layer_norm=params.layer_norm))
             if self._watched:
                 self._snapshot = [np.array(a, copy=True) for a in self._watched_arrays]
             self._stale = False
             # What a training cache is stamped with: the weights it was computed from.
             self._weights_digests = {v: d for v, d in self._weights_digests.items() if v > version - 4}
-            self._weights_digests[version] = digest(*(a for g in gates for a in _gate_arrays(g)), size=8)
+            self._weights_digests[version] = digest(*_parameter_arrays(params), size=8)
             self._packed = packed
             return packed
 
@@ -1046,21 +1451,28 @@ class LSTMLayer(Filter):
         """Gradients in the public structure (written by the backend), ``input`` time-major."""
         p = self._params
         size_l, size_d, h, size_i = p.num_layers, p.num_directions, p.hidden_size, p.input_size
+        size_p = p.output_size
         dtype = self._dtype
         gates = []
         for gate in p.gates:
-            iw1 = np.empty((size_l - 1, size_d, h, size_d * h), dtype) if size_l > 1 else None
+            iw1 = np.empty((size_l - 1, size_d, h, size_d * size_p), dtype) if size_l > 1 else None
             cw = None if gate.cell_weights is None else np.empty(np.shape(gate.cell_weights), dtype)
             bias = None if gate.bias is None else np.empty((size_l, size_d, h), dtype)
             gates.append(LSTMGateGradients(input_weights=(np.empty((size_d, h, size_i), dtype), iw1),
-                                           hidden_weights=np.empty((size_l, size_d, h, h), dtype),
+                                           hidden_weights=np.empty((size_l, size_d, h, size_p), dtype),
                                            cell_weights=cw, bias=bias))
         d_x = np.empty((batch, seq_len, size_i) if p.batch_first else (seq_len, batch, size_i), dtype)
+        norm = None
+        if p.layer_norm is not None:
+            norm = LSTMLayerNormGradients(**{name: np.empty(np.shape(getattr(p.layer_norm, name)), dtype)
+                                             for name in _LAYER_NORM_FIELDS})
         return LSTMGradientBuffers(
             input=d_x.transpose(1, 0, 2) if p.batch_first else d_x,
-            hidden=np.empty((size_l * size_d, batch, h), dtype),
+            hidden=np.empty((size_l * size_d, batch, size_p), dtype),
             cell=np.empty((size_l * size_d, batch, h), dtype),
-            gates=(gates[0], gates[1], gates[2], gates[3]))
+            gates=(gates[0], gates[1], gates[2], gates[3]),
+            projection=None if p.projection_size is None else np.empty((size_l, size_d, size_p, h), dtype),
+            layer_norm=norm)
 
     def _gradients_result(self, buffers: LSTMGradientBuffers, unbatched: bool) -> LSTMGradients:
         gates = buffers.gates
@@ -1073,7 +1485,9 @@ class LSTMLayer(Filter):
                              input_gate=cast(LSTMGateGradients, gates[0]),
                              forget_gate=cast(LSTMGateGradients, gates[1]),
                              candidate_gate=cast(LSTMGateGradients, gates[2]),
-                             output_gate=cast(LSTMGateGradients, gates[3]))
+                             output_gate=cast(LSTMGateGradients, gates[3]),
+                             projection_weights=buffers.projection,
+                             layer_norm=cast("LSTMLayerNormGradients | None", buffers.layer_norm))
 
     # ----------------------------------------------------------------------------------
     # Helpers.
@@ -1121,9 +1535,12 @@ class LSTMLayer(Filter):
 
     def _configuration_key(self) -> bytes:
         c = self._config
-        acts = [(a.function.value, a.alpha, a.beta) for a in (*c.gate_activations, c.hidden_activation)]
+        acts = [[(a.function.value, a.alpha, a.beta) for a in c.activations(d)]
+                for d in range(c.num_directions)]
+        variants = (c.reverse, c.clip, c.cell_clip, c.projection_clip, c.input_forget, c.projection_size,
+                    c.layer_norm, c.layer_norm_epsilon)
         return repr(("bnnsfw.LSTMLayer", c.input_size, c.hidden_size, c.num_layers, c.num_directions,
-                     self._dtype.str, c.peepholes, acts, c.dropout > 0.0)).encode()
+                     self._dtype.str, c.peepholes, acts, c.dropout > 0.0, variants)).encode()
 
     def _fingerprint(self, size: _CacheSize, seq_len: int, batch: int, lengths: np.ndarray | None) -> int:
         """64-bit digest of the configuration, the payload format and size, T, N and the lengths
@@ -1218,16 +1635,21 @@ class LSTMLayer(Filter):
             array = array.transpose(1, 0, 2)
         return array, array.shape[0], array.shape[1], unbatched
 
-    def _check_state(self, where: str, value: object, batch: int, unbatched: bool) -> np.ndarray | None:
+    def _check_state(self, where: str, value: object, batch: int, unbatched: bool, *,
+                     hidden: bool = False) -> np.ndarray | None:
+        """A hidden state (``hidden=True``: ``(L·D, N, P)``) or a cell state (``(L·D, N, H)``);
+        without the N axis for an unbatched x, as in PyTorch."""
         if value is None:
             return None
         p = self._params
-        size_ld, h = p.num_layers * p.num_directions, p.hidden_size
+        projected = hidden and p.projection_size is not None
+        size, name = (p.output_size, "P") if projected else (p.hidden_size, "H")
+        size_ld = p.num_layers * p.num_directions
         if unbatched:  # states of an unbatched input are unbatched too, as in PyTorch
-            text = f"(L·D, H) = {(size_ld, h)} for an unbatched x"
-            return as_input(where, value, self._dtype, (size_ld, h), shape_text=text)[:, None]
-        shape = (size_ld, batch, h)
-        return as_input(where, value, self._dtype, shape, shape_text=f"(L·D, N, H) = {shape}")
+            text = f"(L·D, {name}) = {(size_ld, size)} for an unbatched x"
+            return as_input(where, value, self._dtype, (size_ld, size), shape_text=text)[:, None]
+        shape = (size_ld, batch, size)
+        return as_input(where, value, self._dtype, shape, shape_text=f"(L·D, N, {name}) = {shape}")
 
     @staticmethod
     def _check_lengths(where: str, value: object, seq_len: int, batch: int,
@@ -1242,9 +1664,9 @@ class LSTMLayer(Filter):
                                      f"shape {tuple(lengths.shape)}"))
         if lengths.dtype.kind not in "iu":
             raise InvalidParameterError(must_be(where, "integers", lengths.dtype.name))
-        if lengths.min() < 1 or lengths.max() > seq_len:
+        if lengths.min() < 0 or lengths.max() > seq_len:
             raise InvalidParameterError(
-                must_be(where, f"in [1, {seq_len}] (T = {seq_len})", lengths.tolist()))
+                must_be(where, f"in [0, {seq_len}] (T = {seq_len})", lengths.tolist()))
         lengths = lengths.astype(np.int64)
         return None if (lengths == seq_len).all() else lengths
 
@@ -1258,5 +1680,8 @@ class LSTMLayer(Filter):
 
     def _describe(self) -> str:
         p = self._params
-        return (f"input_size={p.input_size}, hidden_size={p.hidden_size}, num_layers={p.num_layers}, "
+        text = (f"input_size={p.input_size}, hidden_size={p.hidden_size}, num_layers={p.num_layers}, "
                 f"bidirectional={p.bidirectional}, dtype={self._dtype.name}")
+        if self._config.variants:
+            text += f", variants={'+'.join(self._config.variants)}"
+        return text

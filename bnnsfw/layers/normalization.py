@@ -1,12 +1,16 @@
-"""Batch, instance, layer and group normalization (``BNNSFilterCreateLayerNormalization``).
+"""Batch, instance, layer, group and RMS normalization (BNNS ``BNNSFilterCreateLayerNormalization``).
 
 :class:`NormalizationType` says which statistics to take (and carries the options of that
 kind), :class:`NormalizationParameters` is the validated description of a layer, and
-:class:`NormalizationLayer` runs it forward (``apply``) and backward (``apply_backward``,
-returning :class:`NormalizationGradients`). The math lives in the backend, reached through
-the contract's ``normalization_forward`` and ``normalization_backward``
-(:mod:`bnnsfw.backends.contract`); this module checks arguments, reshapes the data to the
-contract's canonical ``(N, G, K, S)`` view and keeps the moving statistics.
+:class:`NormalizationLayer` runs it forward (``apply``, or ``apply_with_statistics``, which
+also returns the mean and inverse standard deviation as :class:`NormalizationOutput`) and
+backward (``apply_backward``, returning :class:`NormalizationGradients`). RMS normalization
+(SPEC §4.1, PyTorch's ``RMSNorm``, ONNX's ``RMSNormalization``) is not a BNNS filter type:
+it is a layer norm without centring and without beta, :meth:`NormalizationType.rms`. The
+math lives in the backend, reached through the contract's ``normalization_forward`` and
+``normalization_backward`` (:mod:`bnnsfw.backends.contract`); this module checks arguments,
+reshapes the data to the contract's canonical ``(N, G, K, S)`` view and keeps the moving
+statistics.
 The semantics are those of ``docs/normalization.md``.
 """
 
@@ -40,6 +44,7 @@ from ..filter import Filter, FilterParameters, guarded
 __all__ = [
     "NormalizationType",
     "NormalizationParameters",
+    "NormalizationOutput",
     "NormalizationGradients",
     "NormalizationLayer",
 ]
@@ -141,6 +146,11 @@ def _to_dtype(value: object) -> np.dtype:
     return layer_dtype(value, "NormalizationParameters.dtype")
 
 
+def _check_flag(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidParameterError(must_be(f"NormalizationType.{attribute.name}", "True or False", value))
+
+
 # --- the values ------------------------------------------------------------------------
 
 
@@ -163,6 +173,9 @@ class NormalizationType:
         Layer norm only: the first per-sample axis normalized (0 = all of ``(C, *spatial)``).
     group_count : int, optional
         Group norm only: the number of channel groups ``G``.
+    root_mean_square : bool
+        Layer norm only: RMS normalization, ``x / sqrt(mean(x²) + ε)`` (no centring, no
+        beta); :meth:`rms` makes one. ``kind`` stays ``layer_norm``, the BNNS type it varies.
 
     Examples
     --------
@@ -171,6 +184,8 @@ class NormalizationType:
     (<FilterType.group_norm: 5>, 2)
     >>> NormalizationType.batch(moving_mean=[0.0, 0.0], moving_variance=[1.0, 1.0]).has_moving_statistics
     True
+    >>> NormalizationType.rms(normalization_axis=1).root_mean_square
+    True
     """
 
     kind: FilterType = attrs.field(converter=_to_kind)
@@ -178,6 +193,7 @@ class NormalizationType:
     moving_variance: Array | None = _array_field(converter=_to_moving_variance)
     normalization_axis: int | None = attrs.field(default=None)
     group_count: int | None = attrs.field(default=None)
+    root_mean_square: bool = attrs.field(default=False, validator=_check_flag)
 
     def __attrs_post_init__(self) -> None:
         kind = self.kind
@@ -211,6 +227,10 @@ class NormalizationType:
         elif self.group_count is not None:
             raise InvalidParameterError(
                 must_be("NormalizationType.group_count", f"None for {kind.name}", self.group_count))
+        if self.root_mean_square and kind is not FilterType.layer_norm:
+            raise InvalidParameterError(must_be(
+                "NormalizationType.root_mean_square",
+                f"False for {kind.name} (RMS normalization is a layer norm)", True))
 
     @classmethod
     def batch(cls, moving_mean: Any = None, moving_variance: Any = None) -> "NormalizationType":
@@ -231,6 +251,19 @@ class NormalizationType:
     def group(cls, group_count: int) -> "NormalizationType":
         """Group norm: statistics per sample and group of ``C / group_count`` channels."""
         return cls(kind=FilterType.group_norm, group_count=group_count)
+
+    @classmethod
+    def rms(cls, normalization_axis: int = 0) -> "NormalizationType":
+        """RMS normalization (PyTorch ``RMSNorm``, ONNX ``RMSNormalization``): per sample over
+        the axes ``normalization_axis`` … end, ``y = gamma · x / sqrt(mean(x²) + ε)``.
+
+        ONNX's ``axis`` counts the batch axis and may be negative: ``normalization_axis`` is
+        ``axis − 1``, or ``rank + axis − 1`` for a negative one, with ``rank`` that of the
+        whole input, batch axis included (ONNX's default −1 is the last axis). PyTorch's
+        ``normalized_shape`` is the trailing shape from that axis on.
+        """
+        return cls(kind=FilterType.layer_norm, normalization_axis=normalization_axis,
+                   root_mean_square=True)
 
     @property
     def has_moving_statistics(self) -> bool:
@@ -266,7 +299,8 @@ class NormalizationParameters:
         Per-sample shape ``(C, *spatial)``, channels first, rank >= 1.
     gamma, beta : array-like, optional
         Scale and shift: shape ``(C,)``, or for layer norm the normalized trailing shape
-        ``input_shape[normalization_axis:]``. ``None`` means ones and zeros.
+        ``input_shape[normalization_axis:]``. ``None`` means ones and zeros. RMS normalization
+        has no shift: its ``beta`` must be ``None``.
     momentum : float
         Weight of the old moving statistics in ``moving = momentum·moving +
         (1 − momentum)·batch_statistic``; in ``[0, 1]``.
@@ -321,6 +355,10 @@ class NormalizationParameters:
                 must_be(f"{where}.type.normalization_axis",
                         f"in [0, {len(shape) - 1}] for input_shape {shape}", self.type.normalization_axis)
             )
+        if self.type.root_mean_square and self.beta is not None:
+            raise InvalidParameterError(
+                must_be(f"{where}.beta", "None for RMS normalization (it has no shift)",
+                        type(self.beta).__name__))
         affine = self.affine_shape
         for name in ("gamma", "beta"):
             value = getattr(self, name)
@@ -366,7 +404,7 @@ class NormalizationParameters:
         >>> state["kind"], state["group_count"], state["gamma"]
         ('group_norm', 2, None)
         """
-        return {
+        state = {
             "kind": self.type.kind.name,
             "input_shape": list(self.input_shape),
             "normalization_axis": self.type.normalization_axis,
@@ -380,6 +418,10 @@ class NormalizationParameters:
             "moving_mean": self.type.moving_mean,
             "moving_variance": self.type.moving_variance,
         }
+        if self.type.root_mean_square:  # only then, so that the other types' states are unchanged
+            state["root_mean_square"] = True
+            del state["beta"]  # it has none (not even a live one of zeros, as the others have)
+        return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "NormalizationParameters":
@@ -388,7 +430,8 @@ class NormalizationParameters:
 
         reader = StateReader("NormalizationParameters", state)
         kind = NormalizationType(**reader.required_entries("kind", "normalization_axis", "group_count"),
-                                 **reader.optional_entries("moving_mean", "moving_variance"))
+                                 **reader.optional_entries("moving_mean", "moving_variance"),
+                                 root_mean_square=reader.optional("root_mean_square") or False)
         parameters = cls(
             type=kind,
             input_shape=tuple(reader.required("input_shape")),
@@ -400,6 +443,29 @@ class NormalizationParameters:
         return parameters
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class NormalizationOutput:
+    """What :meth:`NormalizationLayer.apply_with_statistics` returns (ONNX
+    ``LayerNormalization``'s ``Y``, ``Mean`` and ``InvStdDev``).
+
+    Attributes
+    ----------
+    output : ndarray, shape (N, *input_shape)
+        What :meth:`NormalizationLayer.apply` returns.
+    mean : ndarray or None
+        The mean the forward subtracted, the reduced axes kept as size 1 (shapes in
+        ``docs/normalization.md``: ``(N, *input_shape[:axis], 1, …)`` for layer norm); the
+        moving mean in inference with moving statistics; ``None`` for RMS normalization.
+    inv_std_dev : ndarray, shaped like ``mean``
+        ``1 / sqrt(variance + epsilon)`` (the root mean square's reciprocal for RMS
+        normalization), with the variance the forward used.
+    """
+
+    output: Array = attrs.field(repr=_array_repr)
+    mean: Array | None = attrs.field(repr=_array_repr)
+    inv_std_dev: Array = attrs.field(repr=_array_repr)
+
+
 @attrs.frozen(eq=False)
 class NormalizationGradients:
     """What :meth:`NormalizationLayer.apply_backward` returns.
@@ -409,15 +475,19 @@ class NormalizationGradients:
     input : ndarray, shape (N, *input_shape)
         Gradient of the loss with respect to the layer's input.
     beta, gamma : ndarray, shaped like the layer's gamma
-        Gradients with respect to beta and gamma, summed over the batch and every position.
+        Gradients with respect to beta and gamma, summed over the batch and every position;
+        ``beta`` is ``None`` for RMS normalization, which has no beta.
     """
 
     input: Array
-    beta: Array
+    beta: Array | None
     gamma: Array
 
     def parameters(self) -> dict[str, Array]:
-        """``gamma`` and ``beta`` gradients under the names of :meth:`NormalizationLayer.parameters`."""
+        """``gamma`` and ``beta`` gradients under the names of :meth:`NormalizationLayer.parameters`
+        (``gamma`` alone for RMS normalization, which has no shift)."""
+        if self.beta is None:
+            return {"gamma": self.gamma}
         return {"gamma": self.gamma, "beta": self.beta}
 
 
@@ -520,7 +590,8 @@ class NormalizationLayer(Filter):
         if kind.has_moving_statistics:
             kind = attrs.evolve(kind, moving_mean=view(self._moving_mean),
                                 moving_variance=view(self._moving_variance))
-        self._public = attrs.evolve(parameters, type=kind, gamma=view(self._gamma), beta=view(self._beta))
+        beta = None if kind.root_mean_square else view(self._beta)  # RMS normalization has no shift
+        self._public = attrs.evolve(parameters, type=kind, gamma=view(self._gamma), beta=beta)
         self._layout = _Layout.of(parameters)
         # Workspaces reused by apply_backward (two x-sized arrays at most); a call finding
         # them in use by another thread allocates its own.
@@ -571,8 +642,12 @@ class NormalizationLayer(Filter):
     @property
     @guarded
     def beta(self) -> Array:
-        """The live shift array (zeros if none was given); assignable like :attr:`gamma`."""
+        """The live shift array (zeros if none was given); assignable like :attr:`gamma`.
+
+        RMS normalization has none: asking for it raises ``InvalidParameterError``.
+        """
         self._check_open("beta")
+        self._check_has_beta()
         assert self._beta is not None  # released by close() only
         return self._beta
 
@@ -580,6 +655,11 @@ class NormalizationLayer(Filter):
     @guarded
     def beta(self, value: Any) -> None:
         self._assign("beta", value)
+
+    def _check_has_beta(self) -> None:
+        if self._parameters.type.root_mean_square:
+            raise InvalidParameterError(must_be("NormalizationLayer.beta", "asked of a layer with a shift",
+                                                "RMS normalization, which has none"))
 
     @property
     @guarded
@@ -597,6 +677,8 @@ class NormalizationLayer(Filter):
 
     def _assign(self, name: str, value: Any) -> None:
         self._check_open(name)
+        if name == "beta":
+            self._check_has_beta()
         live = getattr(self, f"_{name}")
         if value is live:  # an in-place update such as ``layer.gamma -= step``
             return
@@ -605,6 +687,8 @@ class NormalizationLayer(Filter):
 
     def _named_parameters(self) -> dict[str, Array]:
         assert self._gamma is not None and self._beta is not None  # released by close() only
+        if self._parameters.type.root_mean_square:  # no shift to train
+            return {"gamma": self._gamma}
         return {"gamma": self._gamma, "beta": self._beta}
 
     def _named_buffers(self) -> dict[str, Array]:
@@ -644,16 +728,48 @@ class NormalizationLayer(Filter):
         ndarray, shape (N, *input_shape)
             ``output`` when given, else a new array.
         """
-        self._check_open("apply")
-        phase = LearningPhase.parse(phase, "NormalizationLayer.apply(phase)")
-        x = self._batch("NormalizationLayer.apply(x)", x)
-        out = as_output("NormalizationLayer.apply(output)", output, self.dtype, x.shape)
+        return self._forward("NormalizationLayer.apply", x, phase, output)[0]
+
+    @guarded
+    def apply_with_statistics(self, x: Any, phase: LearningPhase | str = "training",
+                              output: Array | None = None) -> NormalizationOutput:
+        """:meth:`apply`, also returning the statistics it normalized with (ONNX
+        ``LayerNormalization``'s ``Mean`` and ``InvStdDev`` outputs).
+
+        Arguments as for :meth:`apply`. The statistics keep the reduced axes as size 1:
+        ``(N, *input_shape[:axis], 1, …)`` for layer norm (and RMS normalization, whose mean
+        is ``None``), ``(N, C, 1, …)`` for instance norm, ``(1, C, 1, …)`` for batch norm and
+        ``(N, G, 1, …)`` for group norm (one value per group of channels).
+
+        >>> import numpy as np
+        >>> params = NormalizationParameters(type=NormalizationType.layer(normalization_axis=1),
+        ...                                  input_shape=(2, 4), epsilon=0.0, dtype=np.float64)
+        >>> with NormalizationLayer(params) as layer:
+        ...     result = layer.apply_with_statistics(np.arange(8.0).reshape(1, 2, 4))
+        >>> result.mean.shape, result.mean.ravel(), result.inv_std_dev.ravel()
+        ((1, 2, 1), array([1.5, 5.5]), array([0.89442719, 0.89442719]))
+        """
+        where = "NormalizationLayer.apply_with_statistics"
+        result, mean, variance = self._forward(where, x, phase, output)
+        shape = self._layout.statistics_shape(mean.shape[0], self.input_shape)
+        inv_std_dev = (1.0 / np.sqrt(variance + self._parameters.epsilon)).astype(self.dtype, copy=False)
+        rms = self._parameters.type.root_mean_square
+        return NormalizationOutput(output=result, mean=None if rms else mean.reshape(shape).copy(),
+                                   inv_std_dev=inv_std_dev.reshape(shape))
+
+    def _forward(self, where: str, x: Any, phase: LearningPhase | str,
+                 output: Array | None) -> tuple[Array, Array, Array]:
+        """The forward: the result, and the mean and variance used (canonical ``(1 or N, G, 1, 1)``)."""
+        self._check_open(where.rpartition(".")[2])
+        phase = LearningPhase.parse(phase, f"{where}(phase)")
+        x = self._batch(f"{where}(x)", x)
+        out = as_output(f"{where}(output)", output, self.dtype, x.shape)
         if x.ndim == len(self.input_shape):  # unbatched: a batch of one, through views
-            result = self.apply(x[None], phase, None if out is None else out[None])
-            return out if out is not None else result[0]
+            batched = self._forward(where, x[None], phase, None if out is None else out[None])
+            return (out if out is not None else batched[0][0]), batched[1], batched[2]
         if out is not None and not _same_memory(out, x) and np.may_share_memory(out, x):
             raise InvalidParameterError(
-                must_be("NormalizationLayer.apply(output)", "x itself or an array that does not overlap x",
+                must_be(f"{where}(output)", "x itself or an array that does not overlap x",
                         "an array overlapping x")
             )
         layout, n = self._layout, x.shape[0]
@@ -661,7 +777,8 @@ class NormalizationLayer(Filter):
         result = out if out is not None else np.empty_like(x4)
         direct = result.flags.c_contiguous
         out4 = result.reshape(x4.shape) if direct else np.empty_like(x4)
-        mean = variance = None
+        mean: Array | None = None
+        variance: Array | None = None
         use_moving = phase is LearningPhase.inference and self._moving_mean is not None
         if use_moving:
             mean, variance = self._moving_view()
@@ -670,14 +787,15 @@ class NormalizationLayer(Filter):
             computed = self.backend.normalization_forward(NormalizationForwardRequest(
                 x=x4, gamma=gamma, beta=beta, epsilon=self._parameters.epsilon,
                 batch_statistics=layout.batch_statistics, activation=self._parameters.activation, out=out4,
-                mean=mean, variance=variance, threads=self.filter_parameters.n_threads))
+                mean=mean, variance=variance, threads=self.filter_parameters.n_threads,
+                centered=not self._parameters.type.root_mean_square))
             mean, variance = computed.mean, computed.variance
             if phase is LearningPhase.training and self._moving_mean is not None:
                 with self._moving_lock:
                     self._update_moving(mean, variance)
         if not direct:
             np.copyto(result, out4.reshape(result.shape))
-        return result.reshape(x.shape) if out is None else out
+        return (result.reshape(x.shape) if out is None else out), mean, variance
 
     # Backward.
     @guarded
@@ -779,13 +897,16 @@ class NormalizationLayer(Filter):
                     x=x4, dy=dy4, gamma=gamma, beta=beta, epsilon=self._parameters.epsilon,
                     batch_statistics=layout.batch_statistics, activation=activation, output=output4, out=work,
                     mean=mean, variance=variance, scratch=tuple(scratch),
-                    threads=self.filter_parameters.n_threads))
+                    threads=self.filter_parameters.n_threads,
+                    centered=not self._parameters.type.root_mean_square))
             dx4, dgamma4, dbeta4 = grads.input, grads.gamma, grads.beta
         finally:
             if owns_scratch:
                 self._scratch_lock.release()
         dx = _deliver(dx4.reshape(x.shape), dx_buffer, bool(accumulate), direct)
-        dbeta = _deliver(dbeta4.reshape(affine), dbeta_buffer, bool(accumulate), False)
+        dbeta = None
+        if not self._parameters.type.root_mean_square:  # RMS normalization has no beta
+            dbeta = _deliver(dbeta4.reshape(affine), dbeta_buffer, bool(accumulate), False)
         dgamma = _deliver(dgamma4.reshape(affine), dgamma_buffer, bool(accumulate), False)
         return NormalizationGradients(input=dx, beta=dbeta, gamma=dgamma)
 
@@ -879,9 +1000,19 @@ class _Layout:
     positions: int
     batch_statistics: bool
     affine_view: tuple[int, int, int, int]
+    layer_axis: int | None = None  # layer norm's normalization_axis
 
     def view(self, n: int) -> tuple[int, int, int, int]:
         return (n, self.groups, self.per_group, self.positions)
+
+    def statistics_shape(self, n: int, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The canonical ``(n, G, 1, 1)`` statistics in the input's rank: the axes they vary
+        over kept (``N`` or 1, then layer norm's per-sample axes before ``normalization_axis``,
+        or the channels, or the groups), the reduced ones as size 1."""
+        if self.layer_axis is not None:
+            kept = input_shape[:self.layer_axis]
+            return (n, *kept, *(1,) * (len(input_shape) - len(kept)))
+        return (n, self.groups, *(1,) * (len(input_shape) - 1))
 
     @classmethod
     def of(cls, p: NormalizationParameters) -> "_Layout":
@@ -890,7 +1021,7 @@ class _Layout:
         if kind is FilterType.layer_norm:
             axis = p.type.axis
             outer, inner = math.prod(shape[:axis]), math.prod(shape[axis:])
-            return cls(outer, inner, 1, False, (1, 1, inner, 1))
+            return cls(outer, inner, 1, False, (1, 1, inner, 1), axis)
         if kind is FilterType.group_norm:
             groups = p.type.groups
             per_group = channels // groups
