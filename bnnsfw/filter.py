@@ -57,8 +57,9 @@ class FilterParameters:
     Parameters
     ----------
     backend : str or Backend
-        A registered backend name, ``"auto"`` (SciPy BLAS when available), or a backend
-        object. ``None`` means the current default (see :func:`bnnsfw.use_backend`).
+        A registered backend name, ``"auto"`` (the compiled ``numba`` backend when Numba
+        imports), or a backend object. ``None`` means the current default (see
+        :func:`bnnsfw.use_backend`).
     n_threads : int
         BLAS threads while this layer runs; 0 leaves the library default.
     use_client_pointer : bool
