@@ -303,7 +303,7 @@ def export(model_or_layers: Any, path: str | os.PathLike[str], *,
     lost: list[LostFeature] = [LostFeature("model", "training",
                                            "the program is inference only: apply_backward, "
                                            "training caches and optimizers stay in bnnsfw")]
-    if any(layer.layer_parameters.dtype == np.float64 for layer in layers):  # type: ignore[attr-defined]
+    if any(getattr(layer, "layer_parameters").dtype == np.float64 for layer in layers):  # every layer has it
         lost.append(LostFeature("model", "float64", "the program computes in float32"))
     exporter = _Exporter(mb, lost)
     from coremltools.converters.mil.mil import get_new_symbol

@@ -682,7 +682,7 @@ def _keras_axis(where: str, axis: object, rank: int) -> int:
         if len(axis) != 1:
             raise _unsupported(f"{where} axis", "one axis", axis)
         axis = axis[0]
-    value = int(axis)  # type: ignore[call-overload]
+    value = int(axis)  # type: ignore[call-overload]  # whatever Keras's config holds: int() is the check
     per_sample = value - 1 if value > 0 else rank + value
     if not 0 <= per_sample < rank:
         raise InvalidParameterError(must_be(f"{where} axis", f"an axis of the {rank}-d sample", axis))

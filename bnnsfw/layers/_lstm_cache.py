@@ -61,7 +61,7 @@ def digest(*arrays: np.ndarray, size: int = 4) -> int:
             if hasher is None:
                 crc = zlib.crc32(part, crc)  # type: ignore[arg-type]  # bytes or a C-contiguous array
             else:
-                hasher.update(part)  # type: ignore[arg-type]
+                hasher.update(part)  # type: ignore[arg-type]  # bytes or a C-contiguous array
     return crc if hasher is None else int.from_bytes(hasher.digest(), "little")
 
 
