@@ -1208,29 +1208,45 @@ def _export_lstm(writer: _GraphWriter, layer: LSTMLayer, x: str, where: str) -> 
     if p.candidate_gate.cell_weights is not None:
         raise UnsupportedError(must_be(f"{where}.candidate_gate.cell_weights", "None (ONNX has no candidate "
                                        "peephole)", "a peephole"))
-    acts = p.gate_activations
-    if not (acts[0] == acts[1] == acts[3]):
-        raise UnsupportedError(must_be(f"{where} gate activations",
-                                       "the same for the input, forget and output "
-                                       "gates (ONNX's f)", [a.function.name for a in acts]))
+    # The SPEC §4.1 variants ONNX's LSTM has no attribute for.
+    for name, value, why in (
+            ("projection_size", p.projection_size, "ONNX's LSTM has no projection"),
+            ("layer_norm", p.layer_norm, "ONNX's LSTM has no layer-normalized cell"),
+            ("cell_clip", p.cell_clip, "ONNX's clip clamps the activation inputs, not the carried cell"),
+            ("projection_clip", p.projection_clip, "ONNX's LSTM has no projection")):
+        if value is not None:
+            raise UnsupportedError(must_be(f"{where}.{name}", f"None ({why})",
+                                           "an LSTMLayerNorm" if name == "layer_norm" else value))
+    attributes: dict[str, Any] = {"hidden_size": h, "direction": p.direction}
     names: list[str] = []
     alphas: list[float] = []
-    for activation in (acts[0], acts[2], p.cell_activation):
-        make = _EXPORT_RNN_ACTIVATIONS.get(activation.function)
-        if make is None:
-            raise UnsupportedError(must_be(f"{where} activation", "one of ONNX's RNN activations",
-                                           activation.function.name))
-        name, params = make(activation)
-        names.append(name)
-        alphas.extend(params)
-    attributes: dict[str, Any] = {"hidden_size": h, "direction": "bidirectional" if d == 2 else "forward"}
-    if names != ["Sigmoid", "Tanh", "Tanh"]:
-        attributes["activations"] = names * d
-        alpha, beta = _split_alpha_beta(names, [acts[0], acts[2], p.cell_activation])
-        if alpha:
-            attributes["activation_alpha"] = alpha * d
-        if beta:
-            attributes["activation_beta"] = beta * d
+    betas: list[float] = []
+    for k in range(d):
+        acts = p.activations(k)
+        if not (acts.input_gate == acts.forget_gate == acts.output_gate):
+            raise UnsupportedError(must_be(f"{where} gate activations (direction {k})",
+                                           "the same for the input, forget and output gates (ONNX's f)",
+                                           [a.function.name for a in acts.gates]))
+        for activation in (acts.input_gate, acts.candidate_gate, acts.hidden_activation):
+            make = _EXPORT_RNN_ACTIVATIONS.get(activation.function)
+            if make is None:
+                raise UnsupportedError(must_be(f"{where} activation", "one of ONNX's RNN activations",
+                                               activation.function.name))
+            name, values = make(activation)
+            takes = _RNN_ACTIVATIONS[name][0]
+            names.append(name)
+            alphas.extend(float(v) for v in values[:min(takes, 1)])
+            betas.extend(float(v) for v in values[1:takes])
+    if names != ["Sigmoid", "Tanh", "Tanh"] * d:
+        attributes["activations"] = names
+        if alphas:
+            attributes["activation_alpha"] = alphas
+        if betas:
+            attributes["activation_beta"] = betas
+    if p.clip is not None:
+        attributes["clip"] = float(p.clip)
+    if p.input_forget:
+        attributes["input_forget"] = 1
     if p.batch_first:  # ONNX Runtime runs layout=0 only: transpose around the nodes instead
         x = writer.node("Transpose", [x], perm=[1, 0, 2])[0]
     hiddens, cells = [], []
@@ -1269,21 +1285,12 @@ def _export_lstm(writer: _GraphWriter, layer: LSTMLayer, x: str, where: str) -> 
     return x, hidden, cell
 
 
-def _split_alpha_beta(names: list[str], activations: list[Activation]) -> tuple[list[float], list[float]]:
-    alphas, betas = [], []
-    for name, activation in zip(names, activations):
-        takes = _RNN_ACTIVATIONS[name][0]
-        if takes >= 1:
-            alphas.append(float(activation.alpha))
-        if takes >= 2:
-            betas.append(float(activation.beta))
-    return alphas, betas
-
-
 def _export_normalization(writer: _GraphWriter, layer: NormalizationLayer, x: str, where: str) -> str:
     """Normalization nodes for the layer's inference phase, on (…, *input_shape) data."""
     p = layer.layer_parameters
     kind, shape = p.type.kind, layer.input_shape
+    if p.type.root_mean_square:  # no shift
+        return _export_activation(writer, p.activation, _export_rms(writer, layer, x), where)
     gamma, beta = layer.gamma, layer.beta
     rank = len(shape)
     # bnnsfw flattens any leading axes into the batch: N = the product of the leading extents.
@@ -1326,6 +1333,28 @@ def _export_normalization(writer: _GraphWriter, layer: NormalizationLayer, x: st
     return writer.node("Reshape", [y, writer.node("Shape", [x])[0]])[0]
 
 
+def _export_rms(writer: _GraphWriter, layer: NormalizationLayer, x: str) -> str:
+    """RMS normalization over the layer's axes from ``normalization_axis`` on: an
+    ``RMSNormalization`` node from opset 23, before it the same formula in primitive nodes
+    (``x / Sqrt(ReduceMean(x·x) + ε) · γ``, computed in the data's type)."""
+    p = layer.layer_parameters
+    shape = layer.input_shape
+    axis = -(len(shape) - p.type.axis)  # counted from the end: the leading axes are the batch
+    gamma = np.ones(p.affine_shape) if layer.gamma is None else layer.gamma
+    if writer.opset >= 23:
+        return writer.node("RMSNormalization", [x, writer.constant("scale", gamma)], axis=axis,
+                           epsilon=p.epsilon)[0]
+    axes = list(range(axis, 0))
+    square = writer.node("Mul", [x, x])[0]
+    if writer.opset >= 18:
+        mean = writer.node("ReduceMean", [square, writer.ints(axes)], keepdims=1)[0]
+    else:
+        mean = writer.node("ReduceMean", [square], axes=axes, keepdims=1)[0]
+    shifted = writer.node("Add", [mean, writer.constant("epsilon", np.asarray(p.epsilon))])[0]
+    normalized = writer.node("Div", [x, writer.node("Sqrt", [shifted])[0]])[0]
+    return writer.node("Mul", [normalized, writer.constant("scale", gamma)])[0]
+
+
 def _export_fully_connected(writer: _GraphWriter, layer: FullyConnectedLayer, x: str, where: str) -> str:
     y = writer.node("MatMul", [x, writer.constant("weights", layer.weights.T)])[0]
     if layer.bias is not None:
@@ -1360,7 +1389,9 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
         Where to write the ``.onnx`` file; the model is returned either way.
     opset : int
         The ONNX opset (default :data:`DEFAULT_OPSET`); layer normalization needs 17 or more,
-        group normalization 21 or more.
+        group normalization 21 or more. RMS normalization is an ``RMSNormalization`` node
+        from opset 23, and the same formula in primitive nodes (``Mul``, ``ReduceMean``,
+        ``Add``, ``Sqrt``, ``Div``) before it.
     check : bool
         Run ``onnx.checker.check_model(model, full_check=True)`` before returning.
 
@@ -1372,16 +1403,19 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
         symbolic. The graph computes the layers' inference phase (normalization with moving
         statistics where the layer has them; no dropout). ONNX stores float attributes
         (``epsilon``, activation ``alpha`` and ``beta``) as float32, so a float64 layer comes
-        back exactly only where those values are float32 numbers. A batch-first LSTM is written as
-        a ``layout=0`` LSTM between two ``Transpose`` nodes, since ONNX Runtime does not run
-        ``layout=1``.
+        back exactly only where those values are float32 numbers (``clip`` too). A batch-first
+        LSTM is written as a ``layout=0`` LSTM between two ``Transpose`` nodes, since ONNX
+        Runtime does not run ``layout=1``. The LSTM variants ONNX has attributes for are
+        written with them: ``reverse`` as ``direction="reverse"``, ``clip``, ``input_forget``
+        and per-direction activations (with their alphas and betas).
 
     Raises
     ------
     UnsupportedError
         For what ONNX cannot express: a full peephole matrix, a peephole on the candidate
         gate, different activations on the input, forget and output gates, activations ONNX
-        has no operator for, an opset too old for a layer.
+        has no operator for, an LSTM projection (with its ``projection_clip``), a
+        layer-normalized LSTM cell, ``cell_clip``, an opset too old for a layer.
     """
     onnx = _onnx()
     layers = _layers_of(model_or_layers)

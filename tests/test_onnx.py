@@ -11,6 +11,7 @@ import importlib
 import io
 import warnings
 
+import attrs
 import numpy as np
 import pytest
 
@@ -502,6 +503,88 @@ def test_export_runs_in_onnx_runtime(case):
         np.testing.assert_allclose(outputs[2], out.cell, rtol=1e-5, atol=2e-6)
 
 
+def _variant_layers(dtype):
+    """LSTM variants ONNX has attributes for, and RMS normalization: (layers, input shape)."""
+    lstm = bf.LSTMParameters.random
+    two = bf.LSTMActivations.onnx(["Sigmoid", "Tanh", "Tanh", "HardSigmoid", "LeakyRelu", "Softsign"],
+                                  activation_alpha=[0.25, 0.125], activation_beta=[0.375])
+    rng = np.random.default_rng(5)
+
+    def rms(shape, axis):
+        return bf.NormalizationLayer(bf.NormalizationParameters(
+            type=bf.NormalizationType.rms(normalization_axis=axis), input_shape=shape,
+            gamma=rng.uniform(0.5, 1.5, shape[axis:]), epsilon=2.0 ** -10, dtype=dtype))
+
+    reverse = lstm(input_size=3, hidden_size=4, reverse=True, input_forget=True, peepholes="diagonal", seed=6,
+                   dtype=dtype)
+    both = lstm(input_size=3, hidden_size=4, bidirectional=True, direction_activations=two, seed=7,
+                dtype=dtype)
+    return {
+        "reverse, input_forget": ([bf.LSTMLayer(reverse)], (5, 3, 3)),
+        "per-direction activations, RMS norm": ([bf.LSTMLayer(both), rms((8,), 0)], (5, 3, 3)),
+        "RMS norm over trailing axes": ([rms((3, 2, 4), 1)], (5, 3, 2, 4)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_variant_layers(np.float64)))
+@pytest.mark.parametrize("opset", [21, 23])
+def test_export_writes_the_lstm_variants_and_rms_normalization(tmp_path, rng, case, opset):
+    """Written with ONNX's attributes (RMS normalization as primitive nodes before opset 23),
+    loaded back to the original outputs, and run by ONNX Runtime to float32 tolerance."""
+    for dtype in (np.float64, np.float32):
+        layers, shape = _variant_layers(dtype)[case]
+        x = np.random.default_rng(9).standard_normal(shape).astype(dtype)
+        model = bo.export(layers, tmp_path / "v.onnx", opset=opset)
+        onnx.checker.check_model(onnx.load(tmp_path / "v.onnx"), full_check=True)
+        ops = [node.op_type for node in model.graph.node]
+        assert ("RMSNormalization" in ops) == (opset >= 23 and "RMS" in case)
+        if isinstance(layers[0], bf.LSTMLayer):
+            lstm = next(node for node in model.graph.node if node.op_type == "LSTM")
+            attributes = {a.name: helper.get_attribute_value(a) for a in lstm.attribute}
+            p = layers[0].layer_parameters
+            assert attributes["direction"].decode() == p.direction
+            assert attributes.get("input_forget", 0) == int(p.input_forget)
+            if p.direction_activations:
+                names = ["Sigmoid", "Tanh", "Tanh", "HardSigmoid", "LeakyRelu", "Softsign"]
+                assert [a.decode() for a in attributes["activations"]] == names
+                assert list(attributes["activation_alpha"]) == [0.25, 0.125]
+                assert list(attributes["activation_beta"]) == [0.375]
+        rtol, atol = TOLERANCE[np.dtype(dtype)]
+        (y,) = bo.load(model).run(["output"], {"input": x})
+        np.testing.assert_allclose(y, _reference(layers, x), rtol=rtol, atol=atol)
+        if dtype == np.float32:
+            ort = pytest.importorskip("onnxruntime")
+            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            np.testing.assert_allclose(session.run(None, {"input": x})[0], _reference(layers, x), rtol=1e-5,
+                                       atol=2e-6)
+
+
+def test_export_writes_clip(tmp_path, rng):
+    """clip is written as ONNX's attribute and comes back. ONNX Runtime (<= 1.32) does not
+    clamp the argument of h (SPEC §4.1), so it is compared where no cell reaches the clip
+    while the gates' clamp is active: there both readings agree."""
+    clip = 1.5
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, clip=clip, seed=8, dtype=np.float32)
+    x = (rng.standard_normal((6, 2, 3)) * 4).astype(np.float32)
+    with bf.LSTMLayer(params) as layer:
+        model = bo.export(layer)
+        lstm = next(node for node in model.graph.node if node.op_type == "LSTM")
+        assert {a.name: helper.get_attribute_value(a) for a in lstm.attribute}["clip"] == clip
+        expected = layer.apply(x)
+        np.testing.assert_allclose(bo.load(model).run(None, {"input": x})[0], expected.output, rtol=2e-4,
+                                   atol=2e-5)
+        assert np.abs(x @ params.input_gate.input_weights[0][0].T).max() > clip  # the gates' clamp acts
+        assert max(np.abs(layer.apply(x[:t]).cell).max() for t in range(1, 7)) < clip  # no cell reaches it
+        unclipped = bf.LSTMLayer(attrs.evolve(params, clip=None))
+        assert not np.allclose(unclipped.apply(x).output, expected.output, atol=1e-3)
+        unclipped.close()
+        ort = pytest.importorskip("onnxruntime")
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        got = session.run(None, {"input": x})
+        for ours, theirs in zip((expected.output, expected.hidden, expected.cell), got):
+            np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=2e-6)
+
+
 def test_export_refuses_what_onnx_cannot_express():
     full = bf.LSTMLayer(bf.LSTMParameters.random(input_size=2, hidden_size=2, peepholes="full"))
     with pytest.raises(bf.UnsupportedError, match="full peephole"):
@@ -513,6 +596,11 @@ def test_export_refuses_what_onnx_cannot_express():
                                                                        activation=bf.Activation.relu())))
     with pytest.raises(bf.UnsupportedError, match="input, forget and output"):
         bo.export(mixed)
+    for option, value in (("projection_size", 1), ("layer_norm", True), ("cell_clip", 2.0)):
+        variant = bf.LSTMLayer(bf.LSTMParameters.random(input_size=2, hidden_size=2, **{option: value}))
+        with pytest.raises(bf.UnsupportedError, match=option):
+            bo.export(variant)
+        variant.close()
     layer_norm = bf.NormalizationLayer(bf.NormalizationParameters(type=bf.NormalizationType.layer(),
                                                                   input_shape=(3,)))
     with pytest.raises(bf.UnsupportedError, match="17"):
