@@ -670,10 +670,14 @@ def _keras_lstm(weights: Sequence[Any], config: Mapping[str, Any], dt: np.dtype,
                 bidirectional: bool) -> LSTMParameters:
     where = "from_keras('LSTM')"
     config = dict(config)
-    # --- The one place Keras LSTM options map; the pending ones are refused by name.
+    # --- The one place Keras LSTM options map; what bnnsfw cannot express exactly is refused.
     if config.get("go_backwards"):
-        raise _unsupported(f"{where} go_backwards", "a reverse-direction LSTM is not yet an LSTMParameters "
-                           "option", True)
+        # Keras returns the outputs of a backwards LSTM in processing order (its output t is
+        # the step of input T−1−t, and its last output the state after input 0); bnnsfw's
+        # reverse=True runs the same recurrence but keeps each output at its input's step.
+        raise _unsupported(f"{where} go_backwards", "False: Keras returns a backwards LSTM's outputs "
+                           "time-reversed, bnnsfw's reverse=True aligns them with the input steps (convert "
+                           "without go_backwards, set reverse=True and flip the output along time)", True)
     for option in ("dropout", "recurrent_dropout"):
         if config.get(option):
             raise _unsupported(f"{where} {option}", "Keras's in-layer dropout masks (bnnsfw drops between "
@@ -740,10 +744,27 @@ def _keras_norm(kind: str, weights: Sequence[Any], config: Mapping[str, Any],
     shape = tuple(int(s) for s in input_shape)
     axis = _keras_axis(where, config.get("axis", -1), len(shape))
     eps = float(config.get("epsilon", 1e-3))
+    if kind == "RMSNormalization":  # x · γ / sqrt(mean(x²) + ε) over the axes; weights [scale]
+        axes = config.get("axis", -1)
+        listed = list(axes) if isinstance(axes, (list, tuple)) else [axes]
+        per = sorted(_keras_axis(where, [a], len(shape)) for a in listed)
+        if per != list(range(per[0], len(shape))):
+            raise _unsupported(f"{where} axis", "trailing axes only", axes)
+        scale = np.asarray(weights[0]) if len(weights) == 1 else None
+        if scale is None:
+            raise InvalidParameterError(must_be(f"{where} weights", "[scale]", f"{len(weights)} arrays"))
+        return NormalizationParameters(type=NormalizationType.rms(per[0]), input_shape=shape,
+                                       gamma=np.broadcast_to(scale, shape[per[0]:]),
+                                       epsilon=float(config.get("epsilon", 1e-6)), dtype=dt)
     if kind == "LayerNormalization":
         if config.get("rms_scaling"):
+            # Keras's rms_scaling divides the uncentred x by sqrt(variance + ε), the variance
+            # taken about the mean, in the Keras versions that define it this way: neither a
+            # layer norm nor RMS normalization, and a file does not say which version wrote it.
             raise _unsupported(f"{where} rms_scaling",
-                               "RMS normalization is not yet a NormalizationLayer type", True)
+                               "False: Keras's rms_scaling is x·γ/sqrt(var(x) + ε) (not the mean of "
+                               "squares), which no bnnsfw normalization computes; Keras's RMSNormalization "
+                               "layer converts", True)
         axes = config.get("axis", -1)
         if isinstance(axes, (list, tuple)) and len(axes) > 1:
             per = sorted(_keras_axis(where, [a], len(shape)) for a in axes)
@@ -786,7 +807,8 @@ def from_keras(class_name: str, weights: Sequence[Any], config: Mapping[str, Any
     ----------
     class_name : str
         ``"LSTM"``, ``"Bidirectional"`` (of an LSTM, ``merge_mode="concat"``),
-        ``"BatchNormalization"``, ``"LayerNormalization"``, ``"GroupNormalization"`` or ``"Dense"``.
+        ``"BatchNormalization"``, ``"LayerNormalization"``, ``"GroupNormalization"``,
+        ``"RMSNormalization"`` (Keras 3's layer; weights ``[scale]``) or ``"Dense"``.
     weights : sequence of arrays
         In Keras's order: LSTM ``[kernel (I, 4H), recurrent_kernel (H, 4H), bias (4H,)]``
         (gates i, f, c, o; the forward then the backward layer's for ``Bidirectional``);
@@ -818,7 +840,7 @@ def from_keras(class_name: str, weights: Sequence[Any], config: Mapping[str, Any
             raise _unsupported("from_keras('Bidirectional') merge_mode", "'concat' (bnnsfw's output layout)",
                                mode)
         return _keras_lstm(weights, inner, dt, bidirectional=True)
-    if class_name in ("BatchNormalization", "LayerNormalization", "GroupNormalization"):
+    if class_name in ("BatchNormalization", "LayerNormalization", "GroupNormalization", "RMSNormalization"):
         return _keras_norm(class_name, weights, config, input_shape, dt)
     if class_name == "Dense":
         arrays = [np.asarray(w) for w in weights]
@@ -906,7 +928,7 @@ def load_keras(path: str | os.PathLike[str], *, dtype: Any = None,
                 rank = len(shape)
                 axis = layer_config.get("axis", -1)
                 axis = axis[0] if isinstance(axis, list) and len(axis) == 1 else axis
-                if class_name != "LayerNormalization" and axis in (-1, rank):
+                if class_name not in ("LayerNormalization", "RMSNormalization") and axis in (-1, rank):
                     input_shape = (shape[-1], *shape[:-1])
                     layer_config = {**layer_config, "axis": 1}
                 else:

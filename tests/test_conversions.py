@@ -486,8 +486,15 @@ def test_keras_normalization_weights(rng):
     gn = interop.from_keras("GroupNormalization", [np.ones(4), np.zeros(4)], {"groups": 2, "axis": 1},
                             input_shape=(4, 6))
     assert gn.type.group_count == 2
-    with pytest.raises(bf.UnsupportedError, match="rms_scaling"):
+    with pytest.raises(bf.UnsupportedError, match="var"):  # Keras's rms_scaling is not RMS normalization
         interop.from_keras("LayerNormalization", [gamma], {"rms_scaling": True, "center": False})
+    rms = interop.from_keras("RMSNormalization", [gamma], {"epsilon": 0.25}, input_shape=(5, 3))
+    assert rms.type.root_mean_square and rms.type.normalization_axis == 1
+    x = rng.standard_normal((2, 5, 3))
+    with bf.NormalizationLayer(rms) as layer:  # Keras 3: x · rsqrt(mean(x²) + ε) · scale
+        expected = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 0.25) * gamma
+        np.testing.assert_allclose(layer.apply(x), expected, rtol=1e-12)
+    assert interop.from_keras("RMSNormalization", [gamma]).epsilon == 1e-6
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Keras's own, from its torch backend
