@@ -64,7 +64,7 @@ TORCH_MODULE_TYPES: dict[str, str] = {
     "InstanceNorm1d": "NormalizationLayer (instance)",
     "InstanceNorm2d": "NormalizationLayer (instance)",
     "InstanceNorm3d": "NormalizationLayer (instance)",
-    "RMSNorm": "NormalizationLayer (RMS; not yet available)",
+    "RMSNorm": "NormalizationLayer (RMS)",
     "Linear": "FullyConnectedLayer",
 }
 
