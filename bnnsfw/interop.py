@@ -750,11 +750,10 @@ def _keras_norm(kind: str, weights: Sequence[Any], config: Mapping[str, Any],
         per = sorted(_keras_axis(where, [a], len(shape)) for a in listed)
         if per != list(range(per[0], len(shape))):
             raise _unsupported(f"{where} axis", "trailing axes only", axes)
-        scale = np.asarray(weights[0]) if len(weights) == 1 else None
-        if scale is None:
+        if len(weights) != 1:
             raise InvalidParameterError(must_be(f"{where} weights", "[scale]", f"{len(weights)} arrays"))
         return NormalizationParameters(type=NormalizationType.rms(per[0]), input_shape=shape,
-                                       gamma=np.broadcast_to(scale, shape[per[0]:]),
+                                       gamma=np.broadcast_to(np.asarray(weights[0]), shape[per[0]:]),
                                        epsilon=float(config.get("epsilon", 1e-6)), dtype=dt)
     if kind == "LayerNormalization":
         if config.get("rms_scaling"):
