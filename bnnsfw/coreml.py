@@ -131,6 +131,20 @@ class _Exporter:
         if p.candidate_gate.cell_weights is not None:
             raise UnsupportedError(must_be(f"{where}.candidate_gate.cell_weights", "None (Core ML has no "
                                            "candidate peephole)", "a peephole"))
+        # The SPEC §4.1 variants Core ML's lstm has no input for (its ``clip`` is not ONNX's:
+        # the program would compute something else), refused by name.
+        for name, value in (("clip", p.clip), ("cell_clip", p.cell_clip),
+                            ("projection_size", p.projection_size), ("projection_clip", p.projection_clip),
+                            ("layer_norm", p.layer_norm)):
+            if value is not None:
+                raise UnsupportedError(must_be(f"{where}.{name}", "None (Core ML's lstm has no such input)",
+                                               "an LSTMLayerNorm" if name == "layer_norm" else value))
+        if p.input_forget:
+            raise UnsupportedError(must_be(f"{where}.input_forget", "False (Core ML's lstm has no coupled "
+                                           "input and forget gates)", True))
+        if d == 2 and p.activations(0) != p.activations(1):
+            raise UnsupportedError(must_be(f"{where}.direction_activations", "the same for both directions "
+                                           "(Core ML's lstm takes one set)", "two different sets"))
         acts = p.gate_activations
         if not acts[0] == acts[1] == acts[3]:
             rule = "the same on the input, forget and output gates (Core ML's recurrent_activation)"
@@ -176,7 +190,7 @@ class _Exporter:
                         for g in _COREML_PEEPHOLES]).astype(dtype)
             zeros = np.zeros((1, d * h), dtype)
             x, _, _ = mb.lstm(x=x, initial_h=zeros, initial_c=zeros,
-                              direction="bidirectional" if d == 2 else "forward",
+                              direction=p.direction,
                               output_sequence=True, recurrent_activation=names[0], cell_activation=names[1],
                               activation=names[2], **arguments)
         if p.batch_first:
@@ -186,8 +200,14 @@ class _Exporter:
     def normalization(self, layer: NormalizationLayer, x: Any, rank: int, where: str) -> Any:
         mb, p = self.mb, layer.layer_parameters
         kind, shape = p.type.kind, layer.input_shape
-        gamma, beta = layer.gamma.astype(np.float32), layer.beta.astype(np.float32)
         eps = float(p.epsilon)
+        if p.type.root_mean_square:  # x · rsqrt(mean(x²) + ε) · γ over the trailing axes
+            axes = list(range(-(len(shape) - p.type.axis), 0))
+            mean_square = mb.reduce_mean(x=mb.mul(x=x, y=x), axes=axes, keep_dims=True)
+            scale = mb.rsqrt(x=mean_square, epsilon=eps)
+            y = mb.mul(x=mb.mul(x=x, y=scale), y=layer.gamma.astype(np.float32))
+            return _mil_activation(mb, p.activation, y, where)
+        gamma, beta = layer.gamma.astype(np.float32), layer.beta.astype(np.float32)
         if p.type.has_moving_statistics:
             self.lose(where, "moving-statistics updates",
                       "the program is the inference phase: it normalizes with "

@@ -1,7 +1,8 @@
 """Converting layers to and from PyTorch and Keras.
 
-PyTorch: :func:`from_torch` turns an ``nn.LSTM``, ``nn.LayerNorm``, ``nn.GroupNorm``,
-``nn.BatchNorm1d/2d/3d``, ``nn.InstanceNorm1d/2d/3d`` or ``nn.Linear`` into the equivalent
+PyTorch: :func:`from_torch` turns an ``nn.LSTM`` (``proj_size`` included), ``nn.LayerNorm``,
+``nn.RMSNorm``, ``nn.GroupNorm``, ``nn.BatchNorm1d/2d/3d``, ``nn.InstanceNorm1d/2d/3d`` or
+``nn.Linear`` into the equivalent
 bnnsfw layer with copied weights, and :func:`to_torch` goes back. Both are thin wrappers
 around :func:`from_state_dict` and :func:`to_state_dict`, which work on plain state dicts of
 NumPy arrays, so PyTorch is needed only to build or read modules.
@@ -30,11 +31,11 @@ import attrs
 import numpy as np
 
 from .activation import Activation
-from .enums import ActivationFunction, FilterType
+from .enums import FilterType
 from .errors import InvalidParameterError, ShapeError, UnsupportedError, must_be
 from .filter import Filter, FilterParameters
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
-from .layers.lstm import GATE_FIELDS, LSTMGateDescriptor, LSTMLayer, LSTMParameters
+from .layers.lstm import GATE_FIELDS, LSTMActivations, LSTMGateDescriptor, LSTMLayer, LSTMParameters
 from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
 
 __all__ = [
@@ -63,7 +64,7 @@ TORCH_MODULE_TYPES: dict[str, str] = {
     "InstanceNorm1d": "NormalizationLayer (instance)",
     "InstanceNorm2d": "NormalizationLayer (instance)",
     "InstanceNorm3d": "NormalizationLayer (instance)",
-    "RMSNorm": "NormalizationLayer (RMS; not yet available)",
+    "RMSNorm": "NormalizationLayer (RMS)",
     "Linear": "FullyConnectedLayer",
 }
 
@@ -162,13 +163,9 @@ def _combined_bias(params: LSTMParameters) -> np.ndarray | None:
 def _lstm_from_state_dict(state: Mapping[str, Any], options: Mapping[str, Any], dtype: Any) -> LSTMParameters:
     where = "from_state_dict('LSTM', state_dict)"
     options = dict(options)
-    # --- Options whose bnnsfw field is pending (projection; issue-15 LSTM variants): the one
-    # place that maps them. Until LSTMParameters has the field they are refused by name.
+    # --- The one place the options map. proj_size is LSTMParameters.projection_size; PyTorch's
+    # LSTM has none of the other variants of SPEC §4.1.
     proj_size = int(options.pop("proj_size", 0) or 0)
-    if proj_size or "weight_hr_l0" in state:
-        raise _unsupported(f"{where}: proj_size", "an LSTM projection is not yet an LSTMParameters field",
-                           proj_size or "weight_hr_l0")
-    # --- Options bnnsfw has.
     batch_first = bool(options.pop("batch_first", False))
     dropout = float(options.pop("dropout", 0.0))
     has_bias = bool(options.pop("bias", "bias_ih_l0" in state))
@@ -183,6 +180,16 @@ def _lstm_from_state_dict(state: Mapping[str, Any], options: Mapping[str, Any], 
     if w0.ndim != 2 or w0.shape[0] % 4:
         raise ShapeError(must_be(f"{where}['weight_ih_l0']", "of shape (4·H, I)", f"shape {w0.shape}"))
     h, size_i = w0.shape[0] // 4, w0.shape[1]
+    if "weight_hr_l0" in state:
+        hr = np.shape(state["weight_hr_l0"])
+        if len(hr) != 2 or hr[1] != h or (proj_size and hr[0] != proj_size):
+            raise ShapeError(must_be(f"{where}['weight_hr_l0']", f"of shape ({proj_size or 'P'}, {h})",
+                                     f"shape {hr}"))
+        proj_size = int(hr[0])
+    elif proj_size:
+        raise InvalidParameterError(must_be(f"{where}['weight_hr_l0']", f"present (proj_size={proj_size})",
+                                            "no such key"))
+    p = proj_size or h  # the hidden state's size
     size_l = 0
     while f"weight_ih_l{size_l}" in state:
         size_l += 1
@@ -201,8 +208,14 @@ def _lstm_from_state_dict(state: Mapping[str, Any], options: Mapping[str, Any], 
         known.add(key)
         return _take(where, state, key, (4 * h, width) if width else (4 * h,))
 
-    w_ih = [[matrix("weight_ih", k, s, size_i if k == 0 else d * h) for s in suffixes] for k in range(size_l)]
-    w_hh = [[matrix("weight_hh", k, s, h) for s in suffixes] for k in range(size_l)]
+    w_ih = [[matrix("weight_ih", k, s, size_i if k == 0 else d * p) for s in suffixes] for k in range(size_l)]
+    w_hh = [[matrix("weight_hh", k, s, p) for s in suffixes] for k in range(size_l)]
+    projection = None
+    if proj_size:
+        keys = [[f"weight_hr_l{k}{s}" for s in suffixes] for k in range(size_l)]
+        known.update(key for row in keys for key in row)
+        projection = np.stack([np.stack([_take(where, state, key, (p, h)) for key in row])
+                               for row in keys]).astype(dt)
     b_ih = b_hh = None
     if has_bias:
         b_ih = [[matrix("bias_ih", k, s, 0) for s in suffixes] for k in range(size_l)]
@@ -224,7 +237,8 @@ def _lstm_from_state_dict(state: Mapping[str, Any], options: Mapping[str, Any], 
         gates[name] = LSTMGateDescriptor(input_weights=(iw0.astype(dt), upper), hidden_weights=hw.astype(dt),
                                          bias=bias)
     params = LSTMParameters(input_size=size_i, hidden_size=h, num_layers=size_l, bidirectional=bidirectional,
-                            batch_first=batch_first, dropout=dropout, dtype=dt, **gates)
+                            batch_first=batch_first, dropout=dropout, dtype=dt,
+                            projection_size=proj_size or None, projection_weights=projection, **gates)
     combined = _combined_bias(params)
     if combined is not None:
         _remember_split(combined, {key: np.asarray(state[key]) for key in known if key.startswith("bias_")})
@@ -236,11 +250,17 @@ def _lstm_to_state_dict(params: LSTMParameters) -> TorchState:
     for name, gate in zip(GATE_FIELDS, params.gates):
         if gate.cell_weights is not None:
             raise _unsupported(f"{where}.{name}.cell_weights", "torch.nn.LSTM has no peepholes", "a peephole")
-    used = [a.function for a in (*params.gate_activations, params.cell_activation)]
-    if used != [ActivationFunction.sigmoid] * 2 + [ActivationFunction.tanh, ActivationFunction.sigmoid,
-                                                    ActivationFunction.tanh]:
-        raise _unsupported(f"{where} activations", "torch.nn.LSTM has sigmoid gates and tanh cells only",
-                           [a.function.name for a in (*params.gate_activations, params.cell_activation)])
+    for k in range(params.num_directions):
+        acts = params.activations(k)
+        if acts != LSTMActivations():
+            raise _unsupported(f"{where} activations", "torch.nn.LSTM has sigmoid gates and tanh cells only",
+                               [a.function.name for a in (*acts.gates, acts.hidden_activation)])
+    for name, value in (("reverse", params.reverse), ("clip", params.clip), ("cell_clip", params.cell_clip),
+                        ("projection_clip", params.projection_clip), ("input_forget", params.input_forget),
+                        ("layer_norm", params.layer_norm)):
+        if value not in (None, False):
+            raise _unsupported(f"{where}.{name}", "torch.nn.LSTM has no such option",
+                               "an LSTMLayerNorm" if name == "layer_norm" else value)
     h, d = params.hidden_size, params.num_directions
     suffixes = ("", "_reverse")[:d]
     sd: dict[str, np.ndarray] = {}
@@ -252,6 +272,8 @@ def _lstm_to_state_dict(params: LSTMParameters) -> TorchState:
                   for g in params.gates]
             sd[f"weight_ih_l{layer}{s}"] = np.concatenate(iw)
             sd[f"weight_hh_l{layer}{s}"] = np.concatenate([g.hidden_weights[layer, k] for g in params.gates])
+            if params.projection_weights is not None:
+                sd[f"weight_hr_l{layer}{s}"] = np.array(params.projection_weights[layer, k], copy=True)
             if combined is not None:
                 if split is not None:
                     sd[f"bias_ih_l{layer}{s}"] = split[f"bias_ih_l{layer}{s}"]
@@ -261,7 +283,8 @@ def _lstm_to_state_dict(params: LSTMParameters) -> TorchState:
                     sd[f"bias_hh_l{layer}{s}"] = np.zeros(4 * h, dtype=params.dtype)
     options = {"input_size": params.input_size, "hidden_size": h, "num_layers": params.num_layers,
                "bias": combined is not None, "batch_first": bool(params.batch_first),
-               "dropout": float(params.dropout), "bidirectional": bool(params.bidirectional)}
+               "dropout": float(params.dropout), "bidirectional": bool(params.bidirectional),
+               "proj_size": params.projection_size or 0}
     return TorchState(module_type="LSTM", options=options, state_dict=sd)
 
 
@@ -279,11 +302,10 @@ def _norm_from_state_dict(module_type: str, state: Mapping[str, Any], options: M
     options.pop("device", None)
     options.pop("dtype", None)
     dt = _dtype_of(state, dtype)
-    eps = options.pop("eps", 1e-5)
-    if module_type == "RMSNorm":
-        # The one place RMSNorm maps: it waits for RMS normalization in NormalizationLayer.
-        raise _unsupported(f"{where}", "RMS normalization is not yet a NormalizationLayer type", "RMSNorm")
-    if module_type == "LayerNorm":
+    eps = options.pop("eps", None if module_type == "RMSNorm" else 1e-5)
+    if module_type == "RMSNorm" and eps is None:
+        eps = float(np.finfo(dt).eps)  # PyTorch's default: the machine epsilon of the dtype
+    if module_type in ("LayerNorm", "RMSNorm"):
         shape = options.pop("normalized_shape", None)
         if shape is None:
             if "weight" not in state:
@@ -297,12 +319,15 @@ def _norm_from_state_dict(module_type: str, state: Mapping[str, Any], options: M
         if tuple(full[len(full) - len(normalized):]) != normalized or len(full) < len(normalized):
             raise ShapeError(must_be(f"{where} input_shape", f"ending in normalized_shape {normalized}",
                                      full))
-        _no_other_keys(where, state, {"weight", "bias"})
+        rms = module_type == "RMSNorm"
+        _no_other_keys(where, state, {"weight"} if rms else {"weight", "bias"})
         if options:
-            raise InvalidParameterError(must_be(f"{where} options", "LayerNorm options", sorted(options)))
-        return NormalizationParameters(
-            type=NormalizationType.layer(normalization_axis=len(full) - len(normalized)), input_shape=full,
-            gamma=state.get("weight"), beta=state.get("bias"), epsilon=eps, dtype=dt)
+            raise InvalidParameterError(must_be(f"{where} options", f"{module_type} options",
+                                                sorted(options)))
+        axis = len(full) - len(normalized)
+        kind = NormalizationType.rms(axis) if rms else NormalizationType.layer(normalization_axis=axis)
+        return NormalizationParameters(type=kind, input_shape=full, gamma=state.get("weight"),
+                                       beta=state.get("bias"), epsilon=eps, dtype=dt)
 
     if module_type == "GroupNorm":
         groups = options.pop("num_groups", None)
@@ -365,12 +390,18 @@ def _norm_from_state_dict(module_type: str, state: Mapping[str, Any], options: M
 def _norm_to_state_dict(layer: Filter | NormalizationParameters) -> TorchState:
     params = layer.layer_parameters if isinstance(layer, NormalizationLayer) else layer
     assert isinstance(params, NormalizationParameters)
-    gamma, beta = _live(layer, "gamma", params.gamma), _live(layer, "beta", params.beta)
+    gamma = _live(layer, "gamma", params.gamma)
     kind, shape = params.type.kind, params.input_shape
     dt = params.dtype
     affine = params.affine_shape
-    sd = {"weight": np.ones(affine, dt) if gamma is None else np.array(gamma, copy=True),
-          "bias": np.zeros(affine, dt) if beta is None else np.array(beta, copy=True)}
+    weight = np.ones(affine, dt) if gamma is None else np.array(gamma, copy=True)
+    if params.type.root_mean_square:  # RMS normalization has no shift
+        # PyTorch's eps=None is the dtype's machine epsilon: written so when it is that.
+        eps = None if params.epsilon == float(np.finfo(dt).eps) else params.epsilon
+        return TorchState(module_type="RMSNorm", options={"normalized_shape": list(affine), "eps": eps},
+                          state_dict={"weight": weight})
+    beta = _live(layer, "beta", params.beta)
+    sd = {"weight": weight, "bias": np.zeros(affine, dt) if beta is None else np.array(beta, copy=True)}
     if kind is FilterType.layer_norm:
         return TorchState(module_type="LayerNorm", options={"normalized_shape": list(affine),
                                                              "eps": params.epsilon}, state_dict=sd)
@@ -458,8 +489,10 @@ def from_state_dict(module_type: str, state_dict: Mapping[str, Any], *,
         The layer's dtype; by default float64 when the arrays are, else float32.
     **options
         The module's constructor options the arrays do not say: ``batch_first`` and
-        ``dropout`` of an LSTM, ``eps`` and ``momentum`` (PyTorch's, converted: bnnsfw's
-        momentum is ``1 − momentum``) of a norm, ``num_groups`` of a ``GroupNorm``.
+        ``dropout`` of an LSTM (``proj_size`` is read from ``weight_hr_l0``), ``eps`` (an
+        ``RMSNorm``'s ``None``, its default, is the dtype's machine epsilon) and ``momentum``
+        (PyTorch's, converted: bnnsfw's momentum is ``1 − momentum``) of a norm,
+        ``num_groups`` of a ``GroupNorm``.
 
     Returns
     -------
@@ -468,7 +501,7 @@ def from_state_dict(module_type: str, state_dict: Mapping[str, Any], *,
     Raises
     ------
     UnsupportedError
-        For what bnnsfw cannot express: ``proj_size``, ``RMSNorm``, ``momentum=None``.
+        For what bnnsfw cannot express: ``momentum=None`` (a cumulative average).
 
     Examples
     --------
@@ -502,7 +535,9 @@ def to_state_dict(layer: Any) -> TorchState:
     Raises
     ------
     UnsupportedError
-        For what PyTorch cannot express: peepholes, non-default LSTM activations, a fused
+        For what PyTorch cannot express: peepholes, non-default LSTM activations (per
+        direction too), the LSTM variants ``reverse``, ``clip``, ``cell_clip``,
+        ``projection_clip``, ``input_forget`` and ``layer_norm`` (a projection converts), a fused
         activation on a normalization or fully connected layer, more than 3 spatial axes.
     """
     if isinstance(layer, LSTMLayer):
@@ -541,7 +576,7 @@ def _module_options(module: Any) -> dict[str, Any]:
     if name == "GroupNorm":
         return {"num_groups": module.num_groups, "num_channels": module.num_channels, "eps": module.eps}
     if name == "RMSNorm":
-        return {}
+        return {"normalized_shape": tuple(module.normalized_shape), "eps": module.eps}
     if name.startswith(("BatchNorm", "InstanceNorm")):
         return {"num_features": module.num_features, "eps": module.eps, "momentum": module.momentum,
                 "track_running_stats": module.track_running_stats}
@@ -555,10 +590,11 @@ def from_torch(module: Any, *, input_shape: Sequence[int] | None = None, dtype: 
     Parameters
     ----------
     module : torch.nn.Module
-        An ``LSTM`` (stacked, bidirectional, ``batch_first``), ``LayerNorm``, ``GroupNorm``,
-        ``BatchNorm1d/2d/3d``, ``InstanceNorm1d/2d/3d`` or ``Linear``.
+        An ``LSTM`` (stacked, bidirectional, ``batch_first``, ``proj_size``), ``LayerNorm``,
+        ``RMSNorm``, ``GroupNorm``, ``BatchNorm1d/2d/3d``, ``InstanceNorm1d/2d/3d`` or ``Linear``.
     input_shape, dtype
-        As for :func:`from_state_dict`; ``dtype`` defaults to the module's.
+        As for :func:`from_state_dict`; ``dtype`` defaults to the module's (float32 for a
+        module without parameters).
     filter_parameters : FilterParameters, optional
         Passed to the new layer.
 
@@ -634,10 +670,14 @@ def _keras_lstm(weights: Sequence[Any], config: Mapping[str, Any], dt: np.dtype,
                 bidirectional: bool) -> LSTMParameters:
     where = "from_keras('LSTM')"
     config = dict(config)
-    # --- The one place Keras LSTM options map; the pending ones are refused by name.
+    # --- The one place Keras LSTM options map; what bnnsfw cannot express exactly is refused.
     if config.get("go_backwards"):
-        raise _unsupported(f"{where} go_backwards", "a reverse-direction LSTM is not yet an LSTMParameters "
-                           "option", True)
+        # Keras returns the outputs of a backwards LSTM in processing order (its output t is
+        # the step of input T−1−t, and its last output the state after input 0); bnnsfw's
+        # reverse=True runs the same recurrence but keeps each output at its input's step.
+        raise _unsupported(f"{where} go_backwards", "False: Keras returns a backwards LSTM's outputs "
+                           "time-reversed, bnnsfw's reverse=True aligns them with the input steps (convert "
+                           "without go_backwards, set reverse=True and flip the output along time)", True)
     for option in ("dropout", "recurrent_dropout"):
         if config.get(option):
             raise _unsupported(f"{where} {option}", "Keras's in-layer dropout masks (bnnsfw drops between "
@@ -704,10 +744,26 @@ def _keras_norm(kind: str, weights: Sequence[Any], config: Mapping[str, Any],
     shape = tuple(int(s) for s in input_shape)
     axis = _keras_axis(where, config.get("axis", -1), len(shape))
     eps = float(config.get("epsilon", 1e-3))
+    if kind == "RMSNormalization":  # x · γ / sqrt(mean(x²) + ε) over the axes; weights [scale]
+        axes = config.get("axis", -1)
+        listed = list(axes) if isinstance(axes, (list, tuple)) else [axes]
+        per = sorted(_keras_axis(where, [a], len(shape)) for a in listed)
+        if per != list(range(per[0], len(shape))):
+            raise _unsupported(f"{where} axis", "trailing axes only", axes)
+        if len(weights) != 1:
+            raise InvalidParameterError(must_be(f"{where} weights", "[scale]", f"{len(weights)} arrays"))
+        return NormalizationParameters(type=NormalizationType.rms(per[0]), input_shape=shape,
+                                       gamma=np.broadcast_to(np.asarray(weights[0]), shape[per[0]:]),
+                                       epsilon=float(config.get("epsilon", 1e-6)), dtype=dt)
     if kind == "LayerNormalization":
         if config.get("rms_scaling"):
+            # Keras's rms_scaling divides the uncentred x by sqrt(variance + ε), the variance
+            # taken about the mean, in the Keras versions that define it this way: neither a
+            # layer norm nor RMS normalization, and a file does not say which version wrote it.
             raise _unsupported(f"{where} rms_scaling",
-                               "RMS normalization is not yet a NormalizationLayer type", True)
+                               "False: Keras's rms_scaling is x·γ/sqrt(var(x) + ε) (not the mean of "
+                               "squares), which no bnnsfw normalization computes; Keras's RMSNormalization "
+                               "layer converts", True)
         axes = config.get("axis", -1)
         if isinstance(axes, (list, tuple)) and len(axes) > 1:
             per = sorted(_keras_axis(where, [a], len(shape)) for a in axes)
@@ -750,7 +806,8 @@ def from_keras(class_name: str, weights: Sequence[Any], config: Mapping[str, Any
     ----------
     class_name : str
         ``"LSTM"``, ``"Bidirectional"`` (of an LSTM, ``merge_mode="concat"``),
-        ``"BatchNormalization"``, ``"LayerNormalization"``, ``"GroupNormalization"`` or ``"Dense"``.
+        ``"BatchNormalization"``, ``"LayerNormalization"``, ``"GroupNormalization"``,
+        ``"RMSNormalization"`` (Keras 3's layer; weights ``[scale]``) or ``"Dense"``.
     weights : sequence of arrays
         In Keras's order: LSTM ``[kernel (I, 4H), recurrent_kernel (H, 4H), bias (4H,)]``
         (gates i, f, c, o; the forward then the backward layer's for ``Bidirectional``);
@@ -782,7 +839,7 @@ def from_keras(class_name: str, weights: Sequence[Any], config: Mapping[str, Any
             raise _unsupported("from_keras('Bidirectional') merge_mode", "'concat' (bnnsfw's output layout)",
                                mode)
         return _keras_lstm(weights, inner, dt, bidirectional=True)
-    if class_name in ("BatchNormalization", "LayerNormalization", "GroupNormalization"):
+    if class_name in ("BatchNormalization", "LayerNormalization", "GroupNormalization", "RMSNormalization"):
         return _keras_norm(class_name, weights, config, input_shape, dt)
     if class_name == "Dense":
         arrays = [np.asarray(w) for w in weights]
@@ -870,7 +927,7 @@ def load_keras(path: str | os.PathLike[str], *, dtype: Any = None,
                 rank = len(shape)
                 axis = layer_config.get("axis", -1)
                 axis = axis[0] if isinstance(axis, list) and len(axis) == 1 else axis
-                if class_name != "LayerNormalization" and axis in (-1, rank):
+                if class_name not in ("LayerNormalization", "RMSNormalization") and axis in (-1, rank):
                     input_shape = (shape[-1], *shape[:-1])
                     layer_config = {**layer_config, "axis": 1}
                 else:

@@ -3,14 +3,14 @@
 :func:`load` takes a path, bytes or an ``onnx.ModelProto`` and returns a :class:`Session`
 whose :meth:`Session.run` has ONNX Runtime's signature (``run(output_names, input_feed)``,
 a list of arrays back). Its ``LSTM``, ``BatchNormalization``, ``InstanceNormalization``,
-``LayerNormalization`` and ``GroupNormalization`` nodes run as bnnsfw layers — the session
-builds one per node whose weights are constants, and :meth:`Session.layer` hands it out to
-run backward and fine-tune — and the glue that exporters put around them (``MatMul``,
-``Gemm``, element-wise arithmetic and activations, ``Transpose``, ``Reshape``,
-``Squeeze``/``Unsqueeze``, ``Slice``, ``Gather``, ``Concat``, ``Shape``, reductions,
-``Softmax`` …) runs in NumPy. An operator, attribute or attribute value outside that set is
-refused at load with :class:`~bnnsfw.UnsupportedError` naming the node, the operator and the
-attribute; nothing is approximated silently.
+``LayerNormalization``, ``GroupNormalization`` and ``RMSNormalization`` nodes run as bnnsfw
+layers — the session builds one per node whose weights are constants, and
+:meth:`Session.layer` hands it out to run backward and fine-tune — and the glue that
+exporters put around them (``MatMul``, ``Gemm``, element-wise arithmetic and activations,
+``Transpose``, ``Reshape``, ``Squeeze``/``Unsqueeze``, ``Slice``, ``Gather``, ``Concat``,
+``Shape``, reductions, ``Softmax`` …) runs in NumPy. An operator, attribute or attribute
+value outside that set is refused at load with :class:`~bnnsfw.UnsupportedError` naming the
+node, the operator and the attribute; nothing is approximated silently.
 
 :func:`export` writes bnnsfw LSTM, normalization and fully connected layers, applied one
 after the other, as an ONNX graph that passes ``onnx.checker.check_model(full_check=True)``.
@@ -32,7 +32,7 @@ from .enums import ActivationFunction, FilterType, LearningPhase
 from .errors import DTypeError, InvalidParameterError, ShapeError, UnsupportedError, must_be
 from .filter import Filter, FilterParameters
 from .layers.fully_connected import FullyConnectedLayer
-from .layers.lstm import GATE_FIELDS, LSTMGateDescriptor, LSTMLayer, LSTMParameters
+from .layers.lstm import GATE_FIELDS, LSTMActivations, LSTMGateDescriptor, LSTMLayer, LSTMParameters
 from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
 
 __all__ = ["load", "Session", "NodeArg", "export", "SUPPORTED_OPS", "DEFAULT_OPSET"]
@@ -506,49 +506,55 @@ _ONNX_GATES = ("input_gate", "output_gate", "forget_gate", "candidate_gate")  # 
 _ONNX_PEEPHOLES = ("input_gate", "output_gate", "forget_gate")  # P: i, o, f
 
 
-def _rnn_activations(node: _Node, directions: int) -> list[Activation]:
-    """The node's activations as bnnsfw Activations: three (f, g, h) per direction."""
-    names = node.attr("activations") or ["Sigmoid", "Tanh", "Tanh"] * directions
+def _rnn_activations(node: _Node, directions: int) -> tuple[LSTMActivations, ...] | None:
+    """The node's ``activations`` (with ``activation_alpha`` / ``activation_beta``) as one
+    :class:`~bnnsfw.LSTMActivations` per direction; ``None`` when they are the defaults."""
+    names = node.attr("activations")
+    if names is None:
+        if node.attr("activation_alpha") or node.attr("activation_beta"):
+            raise InvalidParameterError(must_be(
+                f"ONNX node {node.name!r} (LSTM) activation_alpha / activation_beta",
+                "given only with activations", [node.attr("activation_alpha"), node.attr("activation_beta")]))
+        return None
+    names = [str(name) for name in names]
     if len(names) != 3 * directions:
         raise InvalidParameterError(must_be(f"ONNX node {node.name!r} (LSTM) activations",
                                             f"{3 * directions} names (f, g, h per direction)", names))
-    alphas = list(node.attr("activation_alpha") or [])
-    betas = list(node.attr("activation_beta") or [])
-    result = []
     for name in names:
-        found = next((key for key in _RNN_ACTIVATIONS if key.lower() == str(name).lower()), None)
-        if found is None:
-            raise _unsupported(node, "activations", name)
-        takes, (alpha, beta), make = _RNN_ACTIVATIONS[found]
-        if takes >= 1 and alphas:
-            alpha = alphas.pop(0)
-        if takes >= 2 and betas:
-            beta = betas.pop(0)
-        result.append(make(alpha, beta))
-    return result
+        try:
+            Activation.onnx_takes(name)
+        except InvalidParameterError:
+            raise _unsupported(node, "activations", name) from None
+    try:
+        sets = LSTMActivations.onnx(names, node.attr("activation_alpha") or (),
+                                    node.attr("activation_beta") or ())
+    except InvalidParameterError as error:
+        raise InvalidParameterError(f"ONNX node {node.name!r} (LSTM): {error}") from None
+    return None if all(s == LSTMActivations() for s in sets) else sets
 
 
 def _lstm_parameters(node: _Node, w: Array, r: Array, b: Array | None, p: Array | None,
-                     dtype: np.dtype) -> tuple[LSTMParameters, bool]:
-    """bnnsfw parameters for an ONNX LSTM node, and whether it runs in reverse.
+                     dtype: np.dtype) -> LSTMParameters:
+    """bnnsfw parameters for an ONNX LSTM node.
 
-    This is the one place where the node's attributes meet LSTMParameters' fields. An
-    attribute the layer cannot express yet (clip, input_forget, per-direction activations)
-    is refused by name; ``direction="reverse"`` runs a forward layer on time-reversed
-    sequences (see :class:`_LSTMNode`).
+    This is the one place where the node's attributes meet LSTMParameters' fields:
+    ``direction`` → ``bidirectional`` / ``reverse``, ``clip`` → ``clip``, ``input_forget`` →
+    ``input_forget``, ``activations`` (with their alphas and betas) → one
+    :class:`~bnnsfw.LSTMActivations` per direction, ``layout`` → ``batch_first``.
     """
     direction = node.attr("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional"):
         raise _unsupported(node, "attribute direction", direction)
     d = 2 if direction == "bidirectional" else 1
-    if node.attr("clip") is not None:
-        raise _unsupported(node, "attribute clip", node.attr("clip"))
-    if node.attr("input_forget", 0):
-        raise _unsupported(node, "attribute input_forget", node.attr("input_forget"))
+    clip = node.attr("clip")
+    input_forget = node.attr("input_forget", 0)
+    if input_forget not in (0, 1):
+        raise InvalidParameterError(must_be(f"ONNX node {node.name!r} (LSTM) attribute input_forget",
+                                            "0 or 1", input_forget))
+    if clip is not None and not (math.isfinite(clip) and clip > 0):
+        raise InvalidParameterError(must_be(f"ONNX node {node.name!r} (LSTM) attribute clip",
+                                            "a positive finite number", clip))
     activations = _rnn_activations(node, d)
-    if d == 2 and activations[:3] != activations[3:]:
-        raise _unsupported(node, "attribute activations",
-                           f"{node.attr('activations')} (one set per direction)")
     if w.ndim != 3 or w.shape[0] != d or w.shape[1] % 4:
         raise ShapeError(must_be(f"ONNX node {node.name!r} (LSTM) input W", f"of shape [{d}, 4·H, I]",
                                  f"shape {w.shape}"))
@@ -566,7 +572,6 @@ def _lstm_parameters(node: _Node, w: Array, r: Array, b: Array | None, p: Array 
         k = order.index(gate)
         return array[:, k * h:(k + 1) * h]
 
-    f, g, act_h = activations[:3]
     gates: dict[str, Any] = {}
     for gate in GATE_FIELDS:
         bias = None
@@ -579,12 +584,12 @@ def _lstm_parameters(node: _Node, w: Array, r: Array, b: Array | None, p: Array 
             input_weights=(np.array(block(w, gate, _ONNX_GATES), dtype=dtype), None),
             hidden_weights=np.array(block(r, gate, _ONNX_GATES), dtype=dtype)[None],
             cell_weights=None if cell is None else np.array(cell, dtype=dtype),
-            bias=None if bias is None else np.array(bias, dtype=dtype),
-            activation=g if gate == "candidate_gate" else f)
-    params = LSTMParameters(input_size=size_i, hidden_size=h, bidirectional=d == 2,
-                            batch_first=node.attr("layout", 0) == 1, hidden_activation=act_h, dtype=dtype,
-                            **gates)
-    return params, direction == "reverse"
+            bias=None if bias is None else np.array(bias, dtype=dtype))
+    return LSTMParameters(input_size=size_i, hidden_size=h, bidirectional=d == 2,
+                          batch_first=node.attr("layout", 0) == 1, dtype=dtype,
+                          reverse=direction == "reverse", direction_activations=activations,
+                          clip=None if clip is None else float(clip), input_forget=bool(input_forget),
+                          **gates)
 
 
 def _float_dtype(node: _Node, x: Array) -> np.dtype:
@@ -633,7 +638,6 @@ class _LSTMNode(_LayerNode):
         self.names = dict(zip(("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"), names))
         weight_names = [self.names[k] for k in ("W", "R", "B", "P") if self.names[k]]
         self.constant = all(name in constants for name in weight_names)
-        self.reverse = False
         if self.constant:
             w = constants[self.names["W"]]
             self.primary = self._build(w.dtype if w.dtype in (np.float32,
@@ -644,7 +648,7 @@ class _LSTMNode(_LayerNode):
     def _build(self, dtype: np.dtype, weights: list[Array | None]) -> LSTMLayer:
         w, r, b, p = weights
         assert w is not None and r is not None
-        params, self.reverse = _lstm_parameters(self.node, w, r, b, p, dtype)
+        params = _lstm_parameters(self.node, w, r, b, p, dtype)
         return LSTMLayer(params, self.filter_parameters)
 
     def run(self, inputs: list[Array | None]) -> list[Array | None]:
@@ -680,15 +684,10 @@ class _LSTMNode(_LayerNode):
             if seq.shape != (batch,):
                 raise ShapeError(must_be(f"ONNX node {node.name!r} (LSTM) input sequence_lens",
                                          f"of shape [{batch}]", f"shape {seq.shape}"))
-            if (seq == 0).any():
-                # Zero-length sequences: pending in the LSTM layer (sequence_lengths >= 1 today).
-                raise _unsupported(node, "input sequence_lens", "a zero length")
             if (seq == seq_len).all():
                 seq = None
-        if self.reverse:
-            x = _reverse_time(x, seq, batch_first)
         out = layer.apply(np.ascontiguousarray(x), state(h0), state(c0), sequence_lengths=seq)
-        y = _reverse_time(out.output, seq, batch_first) if self.reverse else out.output
+        y = out.output
         d, h = params.num_directions, params.hidden_size
         if batch_first:
             y_onnx = y.reshape(batch, seq_len, d, h)
@@ -699,18 +698,7 @@ class _LSTMNode(_LayerNode):
         return [np.ascontiguousarray(y_onnx), hidden, cell]
 
 
-def _reverse_time(x: Array, lengths: Array | None, batch_first: bool) -> Array:
-    """Each sequence's valid steps in reverse order (padding left where it is)."""
-    tm = x.transpose(1, 0, 2) if batch_first else x
-    seq_len, batch = tm.shape[:2]
-    if lengths is None:
-        out = tm[::-1]
-    else:
-        t = np.arange(seq_len)[:, None]
-        source = np.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)
-        out = tm[source, np.arange(batch)[None, :]]
-    out = out.transpose(1, 0, 2) if batch_first else out
-    return np.ascontiguousarray(out)
+_TRAILING_AXES_OPS = frozenset({"LayerNormalization", "RMSNormalization"})  # normalize from ``axis`` on
 
 
 class _NormNode(_LayerNode):
@@ -726,10 +714,6 @@ class _NormNode(_LayerNode):
         super().__init__(node, constants, filter_parameters)
         op, opset = node.op_type, node.opset
         self.training = False
-        if op == "RMSNormalization":
-            # The one place RMSNormalization maps: it waits for RMS normalization in NormalizationLayer.
-            raise _unsupported(node, "operator", "RMSNormalization (RMS normalization is not yet a "
-                               "NormalizationLayer type)")
         if op == "BatchNormalization":
             if opset < _MIN_OPSET:
                 raise _unsupported(node, "opset", opset)
@@ -742,8 +726,12 @@ class _NormNode(_LayerNode):
                                    f"{node.outputs} (statistics outputs need training_mode=1)")
             if len(node.outputs) > 3:
                 raise _unsupported(node, "outputs", node.outputs)
-        if op == "LayerNormalization" and node.attr("stash_type", 1) != 1:
+        if op in _TRAILING_AXES_OPS and node.attr("stash_type", 1) != 1:
             raise _unsupported(node, "attribute stash_type", node.attr("stash_type"))
+        if op == "RMSNormalization" and opset < 23:
+            raise _unsupported(node, "opset", f"{opset} (RMSNormalization exists from opset 23)")
+        if op == "RMSNormalization" and len(node.outputs) > 1:
+            raise _unsupported(node, "outputs", node.outputs)
         if op == "GroupNormalization" and node.attr("stash_type", 1) != 1:
             raise _unsupported(node, "attribute stash_type", node.attr("stash_type"))
         self.constants = {name: constants[name] for name in self.weight_names if name in constants}
@@ -759,7 +747,7 @@ class _NormNode(_LayerNode):
         """The layer's per-sample shape when the graph fixes it: from the input's static shape,
         or for a layer norm over trailing axes from its scale."""
         node = self.node
-        if node.op_type == "LayerNormalization":
+        if node.op_type in _TRAILING_AXES_OPS:
             axis = node.attr("axis", -1)
             scale = self.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
             if axis < 0 and scale is not None and scale.ndim == -axis:
@@ -778,7 +766,7 @@ class _NormNode(_LayerNode):
 
     def _layer_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The bnnsfw per-sample shape of an input of ``shape``."""
-        if self.node.op_type == "LayerNormalization":
+        if self.node.op_type in _TRAILING_AXES_OPS:
             axis = _axis(self.node, self.node.attr("axis", -1), len(shape))
             return shape[axis:]
         return shape[1:]
@@ -807,11 +795,22 @@ class _NormNode(_LayerNode):
                                          per_sample))
             return NormalizationParameters(type=NormalizationType.instance(), input_shape=per_sample,
                                            gamma=cast(scale), beta=cast(bias), epsilon=eps, dtype=dtype)
-        if op == "LayerNormalization":
-            gamma = None if scale is None else np.broadcast_to(np.asarray(cast(scale)), per_sample).copy()
+        if op in _TRAILING_AXES_OPS:
+            # The node normalizes x over its axes from ``axis`` on (``axis`` counts the batch
+            # axis): the layer's per-sample shape is that trailing shape, normalized from its
+            # first axis, and the leading axes (the batch axis among them) are its batch.
+            rms = op == "RMSNormalization"
+            if scale is not None:
+                try:
+                    scale = np.broadcast_to(np.asarray(cast(scale)), per_sample)
+                except ValueError:
+                    raise ShapeError(must_be(f"ONNX node {node.name!r} input scale",
+                                             f"broadcastable to the normalized shape {list(per_sample)}",
+                                             f"shape {np.shape(scale)}")) from None
+            gamma = None if scale is None else np.array(scale)
             beta = None if bias is None else np.broadcast_to(np.asarray(cast(bias)), per_sample).copy()
-            return NormalizationParameters(type=NormalizationType.layer(normalization_axis=0),
-                                           input_shape=per_sample,
+            kind = NormalizationType.rms(0) if rms else NormalizationType.layer(normalization_axis=0)
+            return NormalizationParameters(type=kind, input_shape=per_sample,
                                            gamma=gamma, beta=beta, epsilon=eps, dtype=dtype)
         assert op == "GroupNormalization"
         groups = int(node.attr("num_groups"))
@@ -840,7 +839,7 @@ class _NormNode(_LayerNode):
             assert isinstance(primary, NormalizationLayer)
             shared: list[Array | None] = [primary.gamma, primary.beta, primary.moving_mean,
                                           primary.moving_variance]
-            if self.node.op_type == "LayerNormalization" and primary.input_shape != per_sample:
+            if self.node.op_type in _TRAILING_AXES_OPS and primary.input_shape != per_sample:
                 raise ShapeError(must_be(f"ONNX node {self.node.name!r} input X", f"normalized over "
                                          f"{primary.input_shape}", shape))
             params = self._parameters(dtype, per_sample, shared)
@@ -874,19 +873,18 @@ class _NormNode(_LayerNode):
                 np.copyto(layer.moving_variance, saved[1])
             return [y.reshape(x.shape), new_mean, new_var]
         phase = LearningPhase.inference if op == "BatchNormalization" else LearningPhase.training
+        if op == "LayerNormalization" and any(node.outputs[1:]):
+            # Mean and InvStdDev: the statistics the layer normalized with, the normalized
+            # axes kept as size 1 (ONNX's shape: x's leading axes, then ones).
+            result = layer.apply_with_statistics(x2, phase=phase)
+            assert result.mean is not None
+            stats_shape = (*x.shape[:x.ndim - len(per_sample)], *(1,) * len(per_sample))
+            return [result.output.reshape(x.shape), result.mean.reshape(stats_shape),
+                    result.inv_std_dev.reshape(stats_shape)]
         y = layer.apply(x2, phase=phase).reshape(x.shape)
         if op == "LayerNormalization":
-            return [y, *self._statistics(x, x.ndim - len(per_sample), float(node.attr("epsilon", 1e-5)))]
+            return [y, None, None]
         return [y]
-
-    def _statistics(self, x: Array, axis: int, eps: float) -> list[Array | None]:
-        """LayerNormalization's Mean and InvStdDev outputs, when the graph asks for them."""
-        if not any(self.node.outputs[1:]):
-            return [None, None]
-        axes = tuple(range(axis, x.ndim))
-        mean = x.mean(axis=axes, keepdims=True, dtype=np.float64)
-        var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-        return [mean.astype(x.dtype), (1.0 / np.sqrt(var + eps)).astype(x.dtype)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -1210,29 +1208,45 @@ def _export_lstm(writer: _GraphWriter, layer: LSTMLayer, x: str, where: str) -> 
     if p.candidate_gate.cell_weights is not None:
         raise UnsupportedError(must_be(f"{where}.candidate_gate.cell_weights", "None (ONNX has no candidate "
                                        "peephole)", "a peephole"))
-    acts = p.gate_activations
-    if not (acts[0] == acts[1] == acts[3]):
-        raise UnsupportedError(must_be(f"{where} gate activations",
-                                       "the same for the input, forget and output "
-                                       "gates (ONNX's f)", [a.function.name for a in acts]))
+    # The SPEC §4.1 variants ONNX's LSTM has no attribute for.
+    for name, value, why in (
+            ("projection_size", p.projection_size, "ONNX's LSTM has no projection"),
+            ("layer_norm", p.layer_norm, "ONNX's LSTM has no layer-normalized cell"),
+            ("cell_clip", p.cell_clip, "ONNX's clip clamps the activation inputs, not the carried cell"),
+            ("projection_clip", p.projection_clip, "ONNX's LSTM has no projection")):
+        if value is not None:
+            raise UnsupportedError(must_be(f"{where}.{name}", f"None ({why})",
+                                           "an LSTMLayerNorm" if name == "layer_norm" else value))
+    attributes: dict[str, Any] = {"hidden_size": h, "direction": p.direction}
     names: list[str] = []
     alphas: list[float] = []
-    for activation in (acts[0], acts[2], p.cell_activation):
-        make = _EXPORT_RNN_ACTIVATIONS.get(activation.function)
-        if make is None:
-            raise UnsupportedError(must_be(f"{where} activation", "one of ONNX's RNN activations",
-                                           activation.function.name))
-        name, params = make(activation)
-        names.append(name)
-        alphas.extend(params)
-    attributes: dict[str, Any] = {"hidden_size": h, "direction": "bidirectional" if d == 2 else "forward"}
-    if names != ["Sigmoid", "Tanh", "Tanh"]:
-        attributes["activations"] = names * d
-        alpha, beta = _split_alpha_beta(names, [acts[0], acts[2], p.cell_activation])
-        if alpha:
-            attributes["activation_alpha"] = alpha * d
-        if beta:
-            attributes["activation_beta"] = beta * d
+    betas: list[float] = []
+    for k in range(d):
+        acts = p.activations(k)
+        if not (acts.input_gate == acts.forget_gate == acts.output_gate):
+            raise UnsupportedError(must_be(f"{where} gate activations (direction {k})",
+                                           "the same for the input, forget and output gates (ONNX's f)",
+                                           [a.function.name for a in acts.gates]))
+        for activation in (acts.input_gate, acts.candidate_gate, acts.hidden_activation):
+            make = _EXPORT_RNN_ACTIVATIONS.get(activation.function)
+            if make is None:
+                raise UnsupportedError(must_be(f"{where} activation", "one of ONNX's RNN activations",
+                                               activation.function.name))
+            name, values = make(activation)
+            takes = _RNN_ACTIVATIONS[name][0]
+            names.append(name)
+            alphas.extend(float(v) for v in values[:min(takes, 1)])
+            betas.extend(float(v) for v in values[1:takes])
+    if names != ["Sigmoid", "Tanh", "Tanh"] * d:
+        attributes["activations"] = names
+        if alphas:
+            attributes["activation_alpha"] = alphas
+        if betas:
+            attributes["activation_beta"] = betas
+    if p.clip is not None:
+        attributes["clip"] = float(p.clip)
+    if p.input_forget:
+        attributes["input_forget"] = 1
     if p.batch_first:  # ONNX Runtime runs layout=0 only: transpose around the nodes instead
         x = writer.node("Transpose", [x], perm=[1, 0, 2])[0]
     hiddens, cells = [], []
@@ -1271,21 +1285,12 @@ def _export_lstm(writer: _GraphWriter, layer: LSTMLayer, x: str, where: str) -> 
     return x, hidden, cell
 
 
-def _split_alpha_beta(names: list[str], activations: list[Activation]) -> tuple[list[float], list[float]]:
-    alphas, betas = [], []
-    for name, activation in zip(names, activations):
-        takes = _RNN_ACTIVATIONS[name][0]
-        if takes >= 1:
-            alphas.append(float(activation.alpha))
-        if takes >= 2:
-            betas.append(float(activation.beta))
-    return alphas, betas
-
-
 def _export_normalization(writer: _GraphWriter, layer: NormalizationLayer, x: str, where: str) -> str:
     """Normalization nodes for the layer's inference phase, on (…, *input_shape) data."""
     p = layer.layer_parameters
     kind, shape = p.type.kind, layer.input_shape
+    if p.type.root_mean_square:  # no shift
+        return _export_activation(writer, p.activation, _export_rms(writer, layer, x), where)
     gamma, beta = layer.gamma, layer.beta
     rank = len(shape)
     # bnnsfw flattens any leading axes into the batch: N = the product of the leading extents.
@@ -1328,6 +1333,28 @@ def _export_normalization(writer: _GraphWriter, layer: NormalizationLayer, x: st
     return writer.node("Reshape", [y, writer.node("Shape", [x])[0]])[0]
 
 
+def _export_rms(writer: _GraphWriter, layer: NormalizationLayer, x: str) -> str:
+    """RMS normalization over the layer's axes from ``normalization_axis`` on: an
+    ``RMSNormalization`` node from opset 23, before it the same formula in primitive nodes
+    (``x / Sqrt(ReduceMean(x·x) + ε) · γ``, computed in the data's type)."""
+    p = layer.layer_parameters
+    shape = layer.input_shape
+    axis = -(len(shape) - p.type.axis)  # counted from the end: the leading axes are the batch
+    gamma = np.ones(p.affine_shape) if layer.gamma is None else layer.gamma
+    if writer.opset >= 23:
+        return writer.node("RMSNormalization", [x, writer.constant("scale", gamma)], axis=axis,
+                           epsilon=p.epsilon)[0]
+    axes = list(range(axis, 0))
+    square = writer.node("Mul", [x, x])[0]
+    if writer.opset >= 18:
+        mean = writer.node("ReduceMean", [square, writer.ints(axes)], keepdims=1)[0]
+    else:
+        mean = writer.node("ReduceMean", [square], axes=axes, keepdims=1)[0]
+    shifted = writer.node("Add", [mean, writer.constant("epsilon", np.asarray(p.epsilon))])[0]
+    normalized = writer.node("Div", [x, writer.node("Sqrt", [shifted])[0]])[0]
+    return writer.node("Mul", [normalized, writer.constant("scale", gamma)])[0]
+
+
 def _export_fully_connected(writer: _GraphWriter, layer: FullyConnectedLayer, x: str, where: str) -> str:
     y = writer.node("MatMul", [x, writer.constant("weights", layer.weights.T)])[0]
     if layer.bias is not None:
@@ -1362,7 +1389,9 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
         Where to write the ``.onnx`` file; the model is returned either way.
     opset : int
         The ONNX opset (default :data:`DEFAULT_OPSET`); layer normalization needs 17 or more,
-        group normalization 21 or more.
+        group normalization 21 or more. RMS normalization is an ``RMSNormalization`` node
+        from opset 23, and the same formula in primitive nodes (``Mul``, ``ReduceMean``,
+        ``Add``, ``Sqrt``, ``Div``) before it.
     check : bool
         Run ``onnx.checker.check_model(model, full_check=True)`` before returning.
 
@@ -1374,16 +1403,19 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
         symbolic. The graph computes the layers' inference phase (normalization with moving
         statistics where the layer has them; no dropout). ONNX stores float attributes
         (``epsilon``, activation ``alpha`` and ``beta``) as float32, so a float64 layer comes
-        back exactly only where those values are float32 numbers. A batch-first LSTM is written as
-        a ``layout=0`` LSTM between two ``Transpose`` nodes, since ONNX Runtime does not run
-        ``layout=1``.
+        back exactly only where those values are float32 numbers (``clip`` too). A batch-first
+        LSTM is written as a ``layout=0`` LSTM between two ``Transpose`` nodes, since ONNX
+        Runtime does not run ``layout=1``. The LSTM variants ONNX has attributes for are
+        written with them: ``reverse`` as ``direction="reverse"``, ``clip``, ``input_forget``
+        and per-direction activations (with their alphas and betas).
 
     Raises
     ------
     UnsupportedError
         For what ONNX cannot express: a full peephole matrix, a peephole on the candidate
         gate, different activations on the input, forget and output gates, activations ONNX
-        has no operator for, an opset too old for a layer.
+        has no operator for, an LSTM projection (with its ``projection_clip``), a
+        layer-normalized LSTM cell, ``cell_clip``, an opset too old for a layer.
     """
     onnx = _onnx()
     layers = _layers_of(model_or_layers)

@@ -26,15 +26,18 @@ def _torch_state(module):
     return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
 
 
-def _random_pytorch_state(rng, *, input_size, hidden_size, num_layers, bidirectional, bias=True):
+def _random_pytorch_state(rng, *, input_size, hidden_size, num_layers, bidirectional, bias=True, proj_size=0):
     """A torch.nn.LSTM-shaped state dict made with NumPy (no torch needed)."""
     h, d = hidden_size, 2 if bidirectional else 1
+    p = proj_size or h
     sd = {}
     for layer in range(num_layers):
         for s in ("", "_reverse")[:d]:
-            width = input_size if layer == 0 else d * h
+            width = input_size if layer == 0 else d * p
             sd[f"weight_ih_l{layer}{s}"] = rng.uniform(-0.5, 0.5, (4 * h, width))
-            sd[f"weight_hh_l{layer}{s}"] = rng.uniform(-0.5, 0.5, (4 * h, h))
+            sd[f"weight_hh_l{layer}{s}"] = rng.uniform(-0.5, 0.5, (4 * h, p))
+            if proj_size:
+                sd[f"weight_hr_l{layer}{s}"] = rng.uniform(-0.8, 0.8, (p, h))
             if bias:
                 sd[f"bias_ih_l{layer}{s}"] = rng.uniform(-0.5, 0.5, 4 * h)
                 sd[f"bias_hh_l{layer}{s}"] = rng.uniform(-0.5, 0.5, 4 * h)
@@ -50,8 +53,9 @@ def _pytorch_lstm_equations(sd, x, num_layers, bidirectional):
         for k, s in enumerate(("", "_reverse")[:d]):
             w_ih, w_hh = sd[f"weight_ih_l{layer}{s}"], sd[f"weight_hh_l{layer}{s}"]
             b = sd.get(f"bias_ih_l{layer}{s}", 0.0) + sd.get(f"bias_hh_l{layer}{s}", 0.0)
+            w_hr = sd.get(f"weight_hr_l{layer}{s}")  # proj_size: h = W_hr (o * tanh(c))
             h = np.zeros((x.shape[1], w_hh.shape[1]))
-            c = np.zeros_like(h)
+            c = np.zeros((x.shape[1], w_hh.shape[0] // 4))
             y = np.zeros((x.shape[0], x.shape[1], w_hh.shape[1]))
             steps = range(x.shape[0])
             for t in (reversed(steps) if k == 1 else steps):
@@ -59,6 +63,8 @@ def _pytorch_lstm_equations(sd, x, num_layers, bidirectional):
                 i, f, g, o = np.split(z, 4, axis=1)
                 c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
                 h = _sigmoid(o) * np.tanh(c)
+                if w_hr is not None:
+                    h = h @ w_hr.T
                 y[t] = h
             outputs.append(y)
         layer_input = np.concatenate(outputs, axis=2)
@@ -77,30 +83,35 @@ def _lstm_gradients_as_torch(grads, num_layers, num_directions):
                   for g in grads.gates]
             out[f"weight_ih_l{layer}{s}"] = np.concatenate(iw)
             out[f"weight_hh_l{layer}{s}"] = np.concatenate([g.hidden_weights[layer, k] for g in grads.gates])
+            if grads.projection_weights is not None:
+                out[f"weight_hr_l{layer}{s}"] = grads.projection_weights[layer, k]
             if grads.input_gate.bias is not None:
                 bias = np.concatenate([g.bias[layer, k] for g in grads.gates])
                 out[f"bias_ih_l{layer}{s}"] = out[f"bias_hh_l{layer}{s}"] = bias  # d/d(sum) = d/d(either)
     return out
 
 
-@pytest.mark.parametrize("num_layers, bidirectional, batch_first, bias", [
-    (2, True, True, True),
-    (2, False, False, False),
+@pytest.mark.parametrize("num_layers, bidirectional, batch_first, bias, proj_size", [
+    (2, True, True, True, 0),
+    (2, False, False, False, 0),
+    (2, True, False, True, 3),
 ])
 def test_pytorch_lstm_outputs_and_gradients_match_in_float64(rng, backend_name, num_layers, bidirectional,
-                                                             batch_first, bias):
+                                                             batch_first, bias, proj_size):
     torch = pytest.importorskip("torch")
     i, h, t, n = 3, 4, 4, 2
+    p = proj_size or h
     d = 2 if bidirectional else 1
     torch.manual_seed(0)
     net = torch.nn.LSTM(i, h, num_layers=num_layers, bidirectional=bidirectional, batch_first=batch_first,
-                        bias=bias).double()
+                        bias=bias, proj_size=proj_size).double()
     layer = interop.from_torch(net, filter_parameters=bf.FilterParameters(backend=backend_name))
     assert isinstance(layer, bf.LSTMLayer) and layer.layer_parameters.batch_first == batch_first
+    assert layer.layer_parameters.projection_size == (proj_size or None)
     x = rng.standard_normal((n, t, i) if batch_first else (t, n, i))
-    h0, c0 = rng.standard_normal((2, num_layers * d, n, h))
-    dy = rng.standard_normal((n, t, d * h) if batch_first else (t, n, d * h))
-    dh, dc = rng.standard_normal((2, num_layers * d, n, h))
+    h0, dh = rng.standard_normal((2, num_layers * d, n, p))
+    c0, dc = rng.standard_normal((2, num_layers * d, n, h))
+    dy = rng.standard_normal((n, t, d * p) if batch_first else (t, n, d * p))
 
     tx, th0, tc0 = (torch.from_numpy(a.copy()).requires_grad_() for a in (x, h0, c0))
     ty, (th, tc) = net(tx, (th0, tc0))
@@ -122,11 +133,11 @@ def test_pytorch_lstm_outputs_and_gradients_match_in_float64(rng, backend_name, 
     layer.close()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_pytorch_lstm_round_trip_is_bit_identical(dtype):
+@pytest.mark.parametrize("dtype, proj_size", [("float32", 0), ("float64", 0), ("float32", 2)])
+def test_pytorch_lstm_round_trip_is_bit_identical(dtype, proj_size):
     torch = pytest.importorskip("torch")
     torch.manual_seed(1)
-    net = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True).to(getattr(torch, dtype))
+    net = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True, proj_size=proj_size).to(getattr(torch, dtype))
     with torch.no_grad():
         for p in net.parameters():
             p.uniform_(-1, 1)
@@ -134,6 +145,8 @@ def test_pytorch_lstm_round_trip_is_bit_identical(dtype):
     assert layer.layer_parameters.dtype == np.dtype(dtype)
     back = interop.to_torch(layer)
     assert type(back) is torch.nn.LSTM and back.bidirectional and back.num_layers == 2
+    assert back.proj_size == proj_size
+    assert set(back.state_dict()) == set(net.state_dict())
     for key, value in net.state_dict().items():
         assert torch.equal(value, back.state_dict()[key]), key
     # Through a saved and reloaded copy of the layer too (the split is found by the bias's bytes).
@@ -173,13 +186,14 @@ def test_pytorch_packed_sequences_are_sequence_lengths(rng):
     np.testing.assert_allclose(out.cell, tc.numpy(), atol=1e-5)
 
 
-@pytest.mark.parametrize("num_layers, bidirectional, bias",
-                         [(1, False, True), (2, True, True), (3, True, False)])
-def test_lstm_state_dict_needs_no_torch(rng, num_layers, bidirectional, bias):
+@pytest.mark.parametrize("num_layers, bidirectional, bias, proj_size",
+                         [(1, False, True, 0), (2, True, True, 0), (3, True, False, 0), (2, True, True, 2)])
+def test_lstm_state_dict_needs_no_torch(rng, num_layers, bidirectional, bias, proj_size):
     i, h = 4, 3
     sd = _random_pytorch_state(rng, input_size=i, hidden_size=h, num_layers=num_layers,
-                               bidirectional=bidirectional, bias=bias)
+                               bidirectional=bidirectional, bias=bias, proj_size=proj_size)
     params = interop.from_state_dict("LSTM", sd)
+    assert params.projection_size == (proj_size or None)
     assert (params.input_size, params.hidden_size, params.num_layers, params.bidirectional) == (
         i, h, num_layers, bidirectional)
     assert params.dtype == np.float64
@@ -189,6 +203,7 @@ def test_lstm_state_dict_needs_no_torch(rng, num_layers, bidirectional, bias):
         np.testing.assert_allclose(layer.apply(x).output, expected, rtol=1e-10, atol=1e-12)
     state = interop.to_state_dict(params)
     assert state.module_type == "LSTM" and state.options["num_layers"] == num_layers
+    assert state.options["proj_size"] == proj_size
     assert set(state.state_dict) == set(sd)
     for key in sd:
         np.testing.assert_array_equal(state.state_dict[key], sd[key])
@@ -200,7 +215,11 @@ def test_lstm_state_dict_errors_name_the_problem(rng):
         interop.from_state_dict("LSTM", {**sd, "weight_hh_l0": np.zeros((8, 3))})
     with pytest.raises(bf.InvalidParameterError, match="extra"):
         interop.from_state_dict("LSTM", {**sd, "extra": np.zeros(1)})
-    with pytest.raises(bf.UnsupportedError, match="proj_size"):
+    with pytest.raises(bf.ShapeError, match="weight_hr_l0"):
+        interop.from_state_dict("LSTM", {**sd, "weight_hr_l0": np.zeros((1, 3))})
+    with pytest.raises(bf.InvalidParameterError, match="weight_hr_l0"):
+        interop.from_state_dict("LSTM", sd, proj_size=1)
+    with pytest.raises(bf.ShapeError, match="weight_hh_l0"):  # with a projection, (4·H, P)
         interop.from_state_dict("LSTM", {**sd, "weight_hr_l0": np.zeros((1, 2))})
     with pytest.raises(bf.ShapeError, match="hidden_size"):
         interop.from_state_dict("LSTM", sd, hidden_size=3)
@@ -212,14 +231,23 @@ def test_lstm_state_dict_errors_name_the_problem(rng):
     relu = bf.LSTMParameters.random(input_size=2, hidden_size=2, hidden_activation=bf.Activation.relu())
     with pytest.raises(bf.UnsupportedError, match="relu"):
         interop.to_state_dict(relu)
+    two = bf.LSTMActivations.onnx(["Sigmoid", "Tanh", "Tanh", "Sigmoid", "Relu", "Tanh"])
+    per_direction = bf.LSTMParameters.random(input_size=2, hidden_size=2, bidirectional=True,
+                                             direction_activations=two)
+    with pytest.raises(bf.UnsupportedError, match="relu"):
+        interop.to_state_dict(per_direction)
+    for option, value in (("reverse", True), ("clip", 3.0), ("cell_clip", 3.0), ("input_forget", True),
+                          ("layer_norm", True)):
+        if option == "layer_norm":
+            params = bf.LSTMParameters.random(input_size=2, hidden_size=2, layer_norm=True)
+        else:
+            params = bf.LSTMParameters.random(input_size=2, hidden_size=2, **{option: value})
+        with pytest.raises(bf.UnsupportedError, match=option):
+            interop.to_state_dict(params)
 
 
-def test_pending_pytorch_features_are_refused_by_name():
+def test_what_pytorch_cannot_express_is_refused_by_name():
     torch = pytest.importorskip("torch")
-    with pytest.raises(bf.UnsupportedError, match="proj_size"):
-        interop.from_torch(torch.nn.LSTM(3, 4, proj_size=2))
-    with pytest.raises(bf.UnsupportedError, match="RMS"):
-        interop.from_torch(torch.nn.RMSNorm(3))
     with pytest.raises(bf.UnsupportedError, match="momentum"):
         interop.from_torch(torch.nn.BatchNorm1d(3, momentum=None))
     with pytest.raises(bf.UnsupportedError, match="Conv1d"):
@@ -240,12 +268,16 @@ def _norm_modules(torch):
         (torch.nn.GroupNorm(2, 4, eps=1e-3), (4, 5)),
         (torch.nn.LayerNorm([2, 3]), (4, 2, 3)),
         (torch.nn.LayerNorm(5), (5,)),
+        (torch.nn.RMSNorm([2, 3], eps=1e-4), (4, 2, 3)),
+        (torch.nn.RMSNorm(5), (5,)),  # eps=None: the dtype's machine epsilon
+        (torch.nn.RMSNorm(3, elementwise_affine=False), (2, 3)),
     ]
     with torch.no_grad():
         for module, _ in cases:
             module.double()
             if getattr(module, "weight", None) is not None:
                 module.weight.uniform_(0.5, 1.5)
+            if getattr(module, "bias", None) is not None:
                 module.bias.uniform_(-1, 1)
             if getattr(module, "running_mean", None) is not None:
                 module.running_mean.uniform_(-1, 1)
@@ -253,11 +285,11 @@ def _norm_modules(torch):
     return cases
 
 
-@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("case", range(11))
 def test_pytorch_norms_match_in_both_phases_with_gradients(rng, backend_name, case):
     torch = pytest.importorskip("torch")
     module, shape = _norm_modules(torch)[case]
-    layer = interop.from_torch(module, input_shape=shape,
+    layer = interop.from_torch(module, input_shape=shape, dtype=np.float64,  # (some have no parameters)
                                filter_parameters=bf.FilterParameters(backend=backend_name))
     assert layer.dtype == np.float64
     tight = {"rtol": 1e-10, "atol": 1e-12}
@@ -275,8 +307,10 @@ def test_pytorch_norms_match_in_both_phases_with_gradients(rng, backend_name, ca
         np.testing.assert_allclose(grads.input, tx.grad.numpy(), err_msg=phase, **tight)
         if module.weight is not None:
             np.testing.assert_allclose(grads.gamma, module.weight.grad.numpy(), **tight)
+            module.weight.grad = None
+        if getattr(module, "bias", None) is not None:
             np.testing.assert_allclose(grads.beta, module.bias.grad.numpy(), **tight)
-            module.weight.grad = module.bias.grad = None
+            module.bias.grad = None
         if getattr(module, "running_mean", None) is not None:
             np.testing.assert_allclose(layer.moving_mean, module.running_mean.numpy(), **tight)
     back = interop.to_torch(layer)
@@ -284,7 +318,7 @@ def test_pytorch_norms_match_in_both_phases_with_gradients(rng, backend_name, ca
     layer.close()
 
 
-@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("case", range(11))
 def test_pytorch_norm_round_trip_is_bit_identical(case):
     torch = pytest.importorskip("torch")
     module, shape = _norm_modules(torch)[case]
@@ -348,6 +382,20 @@ def test_norm_state_dicts_without_torch(rng):
         interop.from_state_dict("GroupNorm", {"weight": gamma, "bias": beta})
     layer_norm = interop.from_state_dict("LayerNorm", {"weight": gamma, "bias": beta}, input_shape=(3, 4))
     assert layer_norm.type.normalization_axis == 1
+    rms = interop.from_state_dict("RMSNorm", {"weight": gamma}, input_shape=(3, 4), eps=0.25)
+    assert rms.type.root_mean_square and rms.type.normalization_axis == 1 and rms.epsilon == 0.25
+    x = rng.standard_normal((2, 3, 4))
+    with bf.NormalizationLayer(rms) as layer:
+        expected = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 0.25) * gamma
+        np.testing.assert_allclose(layer.apply(x), expected, rtol=1e-12)
+    state = interop.to_state_dict(rms)
+    assert state.module_type == "RMSNorm" and set(state.state_dict) == {"weight"}
+    assert state.options == {"normalized_shape": [4], "eps": 0.25}
+    default_eps = interop.from_state_dict("RMSNorm", {"weight": gamma})  # PyTorch's eps=None
+    assert default_eps.epsilon == np.finfo(np.float64).eps
+    assert interop.to_state_dict(default_eps).options["eps"] is None
+    with pytest.raises(bf.InvalidParameterError, match="bias"):
+        interop.from_state_dict("RMSNorm", {"weight": gamma, "bias": beta})
     with pytest.raises(bf.UnsupportedError, match="activation"):
         interop.to_state_dict(bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(2,),
                                                          activation=bf.Activation.relu()))
@@ -438,8 +486,15 @@ def test_keras_normalization_weights(rng):
     gn = interop.from_keras("GroupNormalization", [np.ones(4), np.zeros(4)], {"groups": 2, "axis": 1},
                             input_shape=(4, 6))
     assert gn.type.group_count == 2
-    with pytest.raises(bf.UnsupportedError, match="rms_scaling"):
+    with pytest.raises(bf.UnsupportedError, match="var"):  # Keras's rms_scaling is not RMS normalization
         interop.from_keras("LayerNormalization", [gamma], {"rms_scaling": True, "center": False})
+    rms = interop.from_keras("RMSNormalization", [gamma], {"epsilon": 0.25}, input_shape=(5, 3))
+    assert rms.type.root_mean_square and rms.type.normalization_axis == 1
+    x = rng.standard_normal((2, 5, 3))
+    with bf.NormalizationLayer(rms) as layer:  # Keras 3: x · rsqrt(mean(x²) + ε) · scale
+        expected = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 0.25) * gamma
+        np.testing.assert_allclose(layer.apply(x), expected, rtol=1e-12)
+    assert interop.from_keras("RMSNormalization", [gamma]).epsilon == 1e-6
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Keras's own, from its torch backend

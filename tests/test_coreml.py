@@ -134,3 +134,39 @@ def test_what_would_change_the_values_is_refused(tmp_path):
         bc.export([bf.LSTMLayer(params), no_stats], tmp_path / "e")
     with pytest.raises(bf.InvalidParameterError, match="at least one layer"):
         bc.export([], tmp_path / "f")
+
+
+def test_reverse_lstm_and_rms_normalization_survive(tmp_path):
+    """A reverse-only LSTM is Core ML's direction="reverse"; RMS normalization is written as
+    x · rsqrt(mean(x²) + ε) · γ over its axes (Core ML has no RMS operation)."""
+    rng = np.random.default_rng(3)
+    lstm = bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=4, reverse=True, seed=4))
+    same = bf.LSTMActivations.onnx(["Sigmoid", "Relu", "Tanh"] * 2)
+    both = bf.LSTMLayer(bf.LSTMParameters.random(input_size=4, hidden_size=2, bidirectional=True,
+                                                 direction_activations=same, seed=5))
+    rms = bf.NormalizationLayer(bf.NormalizationParameters(
+        type=bf.NormalizationType.rms(), input_shape=(4,), gamma=rng.uniform(0.5, 1.5, 4), epsilon=0.125))
+    report = bc.export([lstm, both, rms], tmp_path / "model")
+    _, program = _program(report.path)
+    first, second = _ops(program, "lstm")
+    assert str(_value(first, "direction")) == "reverse"
+    assert str(_value(second, "direction")) == "bidirectional"
+    assert str(_value(second, "cell_activation")) == "relu"
+    (mean,) = _ops(program, "reduce_mean")
+    assert list(_value(mean, "axes")) == [-1]
+    (rsqrt,) = _ops(program, "rsqrt")
+    assert float(_value(rsqrt, "epsilon")) == 0.125
+    assert any(np.array_equal(np.asarray(op.inputs["y"].val), rms.gamma.astype(np.float32))
+               for op in _ops(program, "mul") if op.inputs["y"].val is not None)
+    assert "layer_norm" not in report.operations
+
+
+def test_lstm_variants_core_ml_cannot_express_are_refused_by_name(tmp_path):
+    two = bf.LSTMActivations.onnx(["Sigmoid", "Tanh", "Tanh", "Sigmoid", "Relu", "Tanh"])
+    cases = {"clip": {"clip": 2.0}, "cell_clip": {"cell_clip": 2.0}, "input_forget": {"input_forget": True},
+             "projection_size": {"projection_size": 1}, "layer_norm": {"layer_norm": True},
+             "direction_activations": {"bidirectional": True, "direction_activations": two}}
+    for index, (name, options) in enumerate(cases.items()):
+        with bf.LSTMLayer(bf.LSTMParameters.random(input_size=2, hidden_size=2, **options)) as layer:
+            with pytest.raises(bf.UnsupportedError, match=name):
+                bc.export(layer, tmp_path / f"v{index}")

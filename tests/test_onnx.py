@@ -11,6 +11,7 @@ import importlib
 import io
 import warnings
 
+import attrs
 import numpy as np
 import pytest
 
@@ -47,11 +48,6 @@ def _node_test_cases():
 _CASES = _node_test_cases()
 
 
-def _blocked(name: str) -> bool:
-    """Node tests of an operator bnnsfw's layers cannot express yet (RMS normalization)."""
-    return name.startswith("test_rms_normalization_") and "expanded" not in name
-
-
 def test_every_node_test_of_the_operators_is_collected():
     names = {case.name for case in _CASES}
     assert len(names) >= 111
@@ -61,10 +57,6 @@ def test_every_node_test_of_the_operators_is_collected():
 
 @pytest.mark.parametrize("case", _CASES, ids=[case.name for case in _CASES])
 def test_onnx_node_test(case):
-    if _blocked(case.name):
-        with pytest.raises(bf.UnsupportedError, match="RMSNormalization"):
-            bo.load(case.model)
-        return
     session = bo.load(case.model)
     for inputs, outputs in case.data_sets:
         feed = {arg.name: value for arg, value in zip(session.get_inputs(), inputs)}
@@ -82,30 +74,43 @@ def _sigmoid(z):
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def _onnx_lstm(x, w, r, b=None, p=None, initial_h=None, initial_c=None, direction="forward"):
-    """The ONNX LSTM operator (layout 0, default activations), transcribed from its equations."""
+def _onnx_lstm(x, w, r, b=None, p=None, initial_h=None, initial_c=None, direction="forward", *,
+               activations=None, clip=None, input_forget=False, lengths=None):
+    """The ONNX LSTM operator (layout 0), transcribed from its equations and SPEC §4.1:
+    ``activations`` one (f, g, h) triple of callables per direction; ``clip`` clamps every
+    activation input, the argument of h included; a length of 0 gives zero final states."""
     t_len, n, _ = x.shape
     d_len, h = w.shape[0], w.shape[1] // 4
+    activations = activations or [(_sigmoid, np.tanh, np.tanh)] * d_len
+    lengths = np.full(n, t_len) if lengths is None else np.asarray(lengths)
     y = np.zeros((t_len, d_len, n, h))
     y_h, y_c = np.zeros((d_len, n, h)), np.zeros((d_len, n, h))
+
+    def clamp(z):
+        return z if clip is None else np.clip(z, -clip, clip)
+
     for d in range(d_len):
+        f, g, act_h = activations[d]
         wi, wo, wf, wc = np.split(w[d], 4)
         ri, ro, rf, rc = np.split(r[d], 4)
         wbi, wbo, wbf, wbc, rbi, rbo, rbf, rbc = np.split(np.zeros(8 * h) if b is None else b[d], 8)
         pi, po, pf = np.split(np.zeros(3 * h) if p is None else p[d], 3)
-        ht = np.zeros((n, h)) if initial_h is None else initial_h[d]
-        ct = np.zeros((n, h)) if initial_c is None else initial_c[d]
         backwards = d == 1 or direction == "reverse"
-        for t in reversed(range(t_len)) if backwards else range(t_len):
-            xt = x[t]
-            it = _sigmoid(xt @ wi.T + ht @ ri.T + pi * ct + wbi + rbi)
-            ft = _sigmoid(xt @ wf.T + ht @ rf.T + pf * ct + wbf + rbf)
-            gt = np.tanh(xt @ wc.T + ht @ rc.T + wbc + rbc)
-            ct = ft * ct + it * gt
-            ot = _sigmoid(xt @ wo.T + ht @ ro.T + po * ct + wbo + rbo)
-            ht = ot * np.tanh(ct)
-            y[t, d] = ht
-        y_h[d], y_c[d] = ht, ct
+        for k in range(n):
+            ht = np.zeros(h) if initial_h is None else initial_h[d, k]
+            ct = np.zeros(h) if initial_c is None else initial_c[d, k]
+            steps = range(lengths[k])
+            for t in reversed(steps) if backwards else steps:
+                xt = x[t, k]
+                it = f(clamp(wi @ xt + ri @ ht + pi * ct + wbi + rbi))
+                ft = 1.0 - it if input_forget else f(clamp(wf @ xt + rf @ ht + pf * ct + wbf + rbf))
+                gt = g(clamp(wc @ xt + rc @ ht + wbc + rbc))
+                ct = ft * ct + it * gt
+                ot = f(clamp(wo @ xt + ro @ ht + po * ct + wbo + rbo))
+                ht = ot * act_h(clamp(ct))
+                y[t, d, k] = ht
+            if lengths[k]:
+                y_h[d, k], y_c[d, k] = ht, ct
     return y, y_h, y_c
 
 
@@ -201,30 +206,108 @@ def test_lstm_optional_outputs_and_constant_weights_make_a_layer(rng):
     np.testing.assert_allclose(y_h, layer.apply(a["X"]).hidden, rtol=1e-12)
 
 
-@pytest.mark.parametrize("attributes, feed_change, match", [
-    ({"clip": 2.0}, {}, "clip"),
-    ({"input_forget": 1}, {}, "input_forget"),
+def _hard_sigmoid(z):
+    return np.clip(0.25 * z + 0.375, 0.0, 1.0)
+
+
+_VARIANT_CASES = {
+    "clip": ({"direction": "forward", "clip": 0.875}, {}),  # values exact in float32 (ONNX attributes)
+    "clip, bidirectional, lengths with a zero": ({"direction": "bidirectional", "clip": 1.125},
+                                                 {"lengths": [5, 0, 3]}),
+    "input_forget, reverse": ({"direction": "reverse", "input_forget": 1}, {"lengths": [4, 5, 1]}),
+    "activations per direction": (
+        {"direction": "bidirectional",
+         "activations": ["Sigmoid", "Tanh", "Tanh", "HardSigmoid", "LeakyRelu", "Softsign"],
+         "activation_alpha": [0.25, 0.125], "activation_beta": [0.375]},
+        {"activations": [(_sigmoid, np.tanh, np.tanh),
+                         (_hard_sigmoid, lambda z: np.where(z > 0, z, 0.125 * z),
+                          lambda z: z / (1 + np.abs(z)))]}),
+    "zero lengths, reverse": ({"direction": "reverse"}, {"lengths": [0, 5, 0]}),
+}
+
+
+@pytest.mark.parametrize("case", list(_VARIANT_CASES))
+def test_lstm_variant_attributes_match_the_onnx_equations(rng, backend_name, case):
+    """clip (with SPEC §4.1's clamp before h), input_forget, per-direction activations,
+    direction="reverse" and zero sequence lengths against the transcription above."""
+    attributes, reference = _VARIANT_CASES[case]
+    d = 2 if attributes["direction"] == "bidirectional" else 1
+    a = _lstm_arrays(rng, d=d, h=4, i=3, n=3, t=5)
+    a["W"] *= 3.0  # pre-activations beyond the clip
+    lengths = reference.get("lengths")
+    names = ["X", "W", "R", "B", "sequence_lens" if lengths else "", "initial_h", "initial_c", "P"]
+    model = _lstm_model(names, {"hidden_size": 4, **attributes})
+    feed = dict(a, **({"sequence_lens": np.array(lengths, np.int32)} if lengths else {}))
+    got = bo.load(model, filter_parameters=bf.FilterParameters(backend=backend_name)).run(None, feed)
+    expected = _onnx_lstm(a["X"], a["W"], a["R"], a["B"], a["P"], a["initial_h"], a["initial_c"],
+                          attributes["direction"], activations=reference.get("activations"),
+                          clip=attributes.get("clip"), input_forget=bool(attributes.get("input_forget")),
+                          lengths=lengths)
+    for ours, theirs in zip(got, expected):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12)
+    if lengths and 0 in lengths:
+        k = lengths.index(0)
+        assert not got[0][:, :, k].any() and not got[1][:, k].any() and not got[2][:, k].any()
+
+
+@pytest.mark.parametrize("attributes, lengths", [
+    ({"direction": "bidirectional", "input_forget": 1}, [5, 2, 4]),
+    ({"direction": "reverse", "activations": ["HardSigmoid", "Tanh", "Softsign"]}, [5, 0, 3]),
     ({"direction": "bidirectional", "activations": ["Sigmoid", "Tanh", "Tanh", "Sigmoid", "Relu", "Tanh"]},
-     {},
-     "activations"),
-    ({"activations": ["Sigmoid", "Gelu", "Tanh"]}, {}, "Gelu"),
+     [0, 5, 1]),
+    ({"direction": "forward", "clip": 3.0}, [5, 2, 4]),
 ])
-def test_lstm_attributes_bnnsfw_cannot_express_are_refused_by_name(attributes, feed_change, match):
+def test_lstm_variant_attributes_match_onnx_runtime(rng, attributes, lengths):
+    """ONNX Runtime as a second reference. Its clip (<= 1.32) leaves the argument of h
+    unclamped (SPEC §4.1): the clip case checks that no cell reaches the clip, where the
+    two readings agree, and that some pre-activation does."""
+    d = 2 if attributes["direction"] == "bidirectional" else 1
+    a = _lstm_arrays(rng, d=d, h=4, i=3, n=3, t=5, dtype=np.float32)
+    a["W"] *= 4.0
+    names = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]
+    feed = dict(a, sequence_lens=np.array(lengths, np.int32))
+    model = _lstm_model(names, {"hidden_size": 4, **attributes}, dtype=TensorProto.FLOAT)
+    theirs = _ort_run(model, feed)
+    ours = bo.load(model).run(None, feed)
+    for mine, other in zip(ours, theirs):
+        np.testing.assert_allclose(mine, other, rtol=1e-5, atol=1e-6)
+    if "clip" in attributes:
+        x, w = a["X"].astype(np.float64), a["W"][0].astype(np.float64)
+        assert np.abs(x @ w.T).max() > attributes["clip"]  # the gates' clamp is active
+        unclipped = _onnx_lstm(x, w[None], a["R"].astype(np.float64), a["B"].astype(np.float64),
+                               a["P"].astype(np.float64), a["initial_h"].astype(np.float64),
+                               a["initial_c"].astype(np.float64), lengths=lengths)
+        clipped = _onnx_lstm(x, w[None], a["R"].astype(np.float64), a["B"].astype(np.float64),
+                             a["P"].astype(np.float64), a["initial_h"].astype(np.float64),
+                             a["initial_c"].astype(np.float64), clip=attributes["clip"], lengths=lengths)
+        assert np.abs(clipped[2]).max() < attributes["clip"]  # no cell reaches the clip
+        assert not np.allclose(clipped[0], unclipped[0])
+
+
+@pytest.mark.parametrize("attributes, match", [
+    ({"activations": ["Sigmoid", "Gelu", "Tanh"]}, "Gelu"),
+    ({"direction": "sideways"}, "direction"),
+])
+def test_lstm_attributes_bnnsfw_cannot_express_are_refused_by_name(attributes, match):
     model = _lstm_model(["X", "W", "R"], {"hidden_size": 2, **attributes})
     with pytest.raises(bf.UnsupportedError, match=match) as info:
-        bo.load(model).run(None, {"X": np.zeros((2, 1, 1)),
-                                  "W": np.zeros((2 if "bidirectional" in str(attributes)
-                                                                            else 1, 8, 1)),
-                                  "R": np.zeros((2 if "bidirectional" in str(attributes) else 1, 8, 2))})
+        bo.load(model).run(None, {"X": np.zeros((2, 1, 1)), "W": np.zeros((1, 8, 1)),
+                                  "R": np.zeros((1, 8, 2))})
     assert "'lstm' (LSTM)" in str(info.value)
 
 
-def test_zero_sequence_lengths_are_refused_until_the_layer_has_them(rng):
-    a = _lstm_arrays(rng, d=1, h=2, i=2, n=2, t=3, peepholes=False, dtype=np.float32)
-    model = _lstm_model(["X", "W", "R", "", "sequence_lens"], {"hidden_size": 2}, dtype=TensorProto.FLOAT)
-    with pytest.raises(bf.UnsupportedError, match="sequence_lens"):
-        bo.load(model).run(None, {"X": a["X"], "W": a["W"], "R": a["R"],
-                                  "sequence_lens": np.array([3, 0], np.int32)})
+@pytest.mark.parametrize("attributes, match", [
+    ({"activations": ["Sigmoid", "Tanh", "Tanh"], "activation_alpha": [0.5]}, "activation_alpha"),
+    ({"clip": -1.0}, "clip"),
+    ({"input_forget": 2}, "input_forget"),
+    ({"activations": ["Sigmoid", "Tanh"]}, "activations"),
+])
+def test_malformed_lstm_attributes_are_named(attributes, match):
+    model = _lstm_model(["X", "W", "R"], {"hidden_size": 2, **attributes})
+    with pytest.raises(bf.InvalidParameterError, match=match) as info:
+        bo.load(model).run(None, {"X": np.zeros((2, 1, 1)), "W": np.zeros((1, 8, 1)),
+                                  "R": np.zeros((1, 8, 2))})
+    assert "'lstm' (LSTM)" in str(info.value)
 
 
 def test_unsupported_operators_attributes_and_domains_are_named():
@@ -271,6 +354,28 @@ def test_batch_norm_training_mode_outputs_statistics_and_leaves_the_layer(rng):
     layer = session.layer("bn")
     np.testing.assert_array_equal(layer.moving_mean, mean)          # a run does not change the layer
     np.testing.assert_array_equal(layer.moving_variance, var)
+
+
+@pytest.mark.parametrize("axis", [1, -2, 2, -1])
+def test_rms_normalization_node_is_an_rms_layer(rng, axis):
+    """RMSNormalization (opset 23) with a constant scale: SPEC §4.1's formula, a layer over
+    the axes from ``axis`` on (ONNX's axis counts the batch axis), and older opsets refused."""
+    x = rng.standard_normal((2, 3, 4))
+    normalized = x.shape[axis:]
+    scale = rng.uniform(0.5, 1.5, normalized)
+    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], name="rms", axis=axis, epsilon=0.25)
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)],
+                              [onnx.numpy_helper.from_array(scale, "scale")])
+    session = bo.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]))
+    (y,) = session.run(None, {"x": x})
+    axes = tuple(range(axis % 3, 3))
+    np.testing.assert_allclose(y, x / np.sqrt((x ** 2).mean(axes, keepdims=True) + 0.25) * scale, rtol=1e-12)
+    layer = session.layer("rms")
+    assert layer.layer_parameters.type.root_mean_square and layer.input_shape == normalized
+    with pytest.raises(bf.UnsupportedError, match="opset 23"):
+        bo.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]))
 
 
 def test_session_interface_is_onnx_runtimes(rng, tmp_path):
@@ -398,6 +503,88 @@ def test_export_runs_in_onnx_runtime(case):
         np.testing.assert_allclose(outputs[2], out.cell, rtol=1e-5, atol=2e-6)
 
 
+def _variant_layers(dtype):
+    """LSTM variants ONNX has attributes for, and RMS normalization: (layers, input shape)."""
+    lstm = bf.LSTMParameters.random
+    two = bf.LSTMActivations.onnx(["Sigmoid", "Tanh", "Tanh", "HardSigmoid", "LeakyRelu", "Softsign"],
+                                  activation_alpha=[0.25, 0.125], activation_beta=[0.375])
+    rng = np.random.default_rng(5)
+
+    def rms(shape, axis):
+        return bf.NormalizationLayer(bf.NormalizationParameters(
+            type=bf.NormalizationType.rms(normalization_axis=axis), input_shape=shape,
+            gamma=rng.uniform(0.5, 1.5, shape[axis:]), epsilon=2.0 ** -10, dtype=dtype))
+
+    reverse = lstm(input_size=3, hidden_size=4, reverse=True, input_forget=True, peepholes="diagonal", seed=6,
+                   dtype=dtype)
+    both = lstm(input_size=3, hidden_size=4, bidirectional=True, direction_activations=two, seed=7,
+                dtype=dtype)
+    return {
+        "reverse, input_forget": ([bf.LSTMLayer(reverse)], (5, 3, 3)),
+        "per-direction activations, RMS norm": ([bf.LSTMLayer(both), rms((8,), 0)], (5, 3, 3)),
+        "RMS norm over trailing axes": ([rms((3, 2, 4), 1)], (5, 3, 2, 4)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_variant_layers(np.float64)))
+@pytest.mark.parametrize("opset", [21, 23])
+def test_export_writes_the_lstm_variants_and_rms_normalization(tmp_path, rng, case, opset):
+    """Written with ONNX's attributes (RMS normalization as primitive nodes before opset 23),
+    loaded back to the original outputs, and run by ONNX Runtime to float32 tolerance."""
+    for dtype in (np.float64, np.float32):
+        layers, shape = _variant_layers(dtype)[case]
+        x = np.random.default_rng(9).standard_normal(shape).astype(dtype)
+        model = bo.export(layers, tmp_path / "v.onnx", opset=opset)
+        onnx.checker.check_model(onnx.load(tmp_path / "v.onnx"), full_check=True)
+        ops = [node.op_type for node in model.graph.node]
+        assert ("RMSNormalization" in ops) == (opset >= 23 and "RMS" in case)
+        if isinstance(layers[0], bf.LSTMLayer):
+            lstm = next(node for node in model.graph.node if node.op_type == "LSTM")
+            attributes = {a.name: helper.get_attribute_value(a) for a in lstm.attribute}
+            p = layers[0].layer_parameters
+            assert attributes["direction"].decode() == p.direction
+            assert attributes.get("input_forget", 0) == int(p.input_forget)
+            if p.direction_activations:
+                names = ["Sigmoid", "Tanh", "Tanh", "HardSigmoid", "LeakyRelu", "Softsign"]
+                assert [a.decode() for a in attributes["activations"]] == names
+                assert list(attributes["activation_alpha"]) == [0.25, 0.125]
+                assert list(attributes["activation_beta"]) == [0.375]
+        rtol, atol = TOLERANCE[np.dtype(dtype)]
+        (y,) = bo.load(model).run(["output"], {"input": x})
+        np.testing.assert_allclose(y, _reference(layers, x), rtol=rtol, atol=atol)
+        if dtype == np.float32:
+            ort = pytest.importorskip("onnxruntime")
+            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            np.testing.assert_allclose(session.run(None, {"input": x})[0], _reference(layers, x), rtol=1e-5,
+                                       atol=2e-6)
+
+
+def test_export_writes_clip(tmp_path, rng):
+    """clip is written as ONNX's attribute and comes back. ONNX Runtime (<= 1.32) does not
+    clamp the argument of h (SPEC §4.1), so it is compared where no cell reaches the clip
+    while the gates' clamp is active: there both readings agree."""
+    clip = 1.5
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, clip=clip, seed=8, dtype=np.float32)
+    x = (rng.standard_normal((6, 2, 3)) * 4).astype(np.float32)
+    with bf.LSTMLayer(params) as layer:
+        model = bo.export(layer)
+        lstm = next(node for node in model.graph.node if node.op_type == "LSTM")
+        assert {a.name: helper.get_attribute_value(a) for a in lstm.attribute}["clip"] == clip
+        expected = layer.apply(x)
+        np.testing.assert_allclose(bo.load(model).run(None, {"input": x})[0], expected.output, rtol=2e-4,
+                                   atol=2e-5)
+        assert np.abs(x @ params.input_gate.input_weights[0][0].T).max() > clip  # the gates' clamp acts
+        assert max(np.abs(layer.apply(x[:t]).cell).max() for t in range(1, 7)) < clip  # no cell reaches it
+        unclipped = bf.LSTMLayer(attrs.evolve(params, clip=None))
+        assert not np.allclose(unclipped.apply(x).output, expected.output, atol=1e-3)
+        unclipped.close()
+        ort = pytest.importorskip("onnxruntime")
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        got = session.run(None, {"input": x})
+        for ours, theirs in zip((expected.output, expected.hidden, expected.cell), got):
+            np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=2e-6)
+
+
 def test_export_refuses_what_onnx_cannot_express():
     full = bf.LSTMLayer(bf.LSTMParameters.random(input_size=2, hidden_size=2, peepholes="full"))
     with pytest.raises(bf.UnsupportedError, match="full peephole"):
@@ -409,6 +596,11 @@ def test_export_refuses_what_onnx_cannot_express():
                                                                        activation=bf.Activation.relu())))
     with pytest.raises(bf.UnsupportedError, match="input, forget and output"):
         bo.export(mixed)
+    for option, value in (("projection_size", 1), ("layer_norm", True), ("cell_clip", 2.0)):
+        variant = bf.LSTMLayer(bf.LSTMParameters.random(input_size=2, hidden_size=2, **{option: value}))
+        with pytest.raises(bf.UnsupportedError, match=option):
+            bo.export(variant)
+        variant.close()
     layer_norm = bf.NormalizationLayer(bf.NormalizationParameters(type=bf.NormalizationType.layer(),
                                                                   input_shape=(3,)))
     with pytest.raises(bf.UnsupportedError, match="17"):
