@@ -999,3 +999,26 @@ def test_numba_thread_counts_agree_and_the_callers_setting_is_restored(kind, rng
         if a is not None:
             np.testing.assert_array_equal(a, b)
             np.testing.assert_allclose(a, c, rtol=rtol, atol=atol)
+
+
+@pytest.mark.skipif("numba" not in BACKENDS, reason="needs the numba backend (Numba installed)")
+def test_numba_keeps_small_calls_on_the_calling_thread(monkeypatch, rng):
+    """Below PARALLEL_MIN_ELEMENTS a call runs on one thread (waking the others costs more, and
+    stalls on a busy machine); larger calls use Numba's threads."""
+    import numba
+
+    from bnnsfw.backends import _numba_normalization
+
+    counts = []
+    real = numba.set_num_threads
+    monkeypatch.setattr(numba, "set_num_threads", lambda n: (counts.append(n), real(n))[1])
+    most = getattr(numba.config, "NUMBA_NUM_THREADS")
+    for shape in ((64, 32), (64, 1024)):
+        counts.clear()
+        params = NormalizationParameters(type=NormalizationType.layer(), input_shape=shape[1:])
+        x = rng.standard_normal(shape).astype(np.float32)
+        with NormalizationLayer(params, bf.FilterParameters(backend="numba")) as layer:
+            y = layer.apply(x, phase="training")
+            layer.apply_backward(x, np.ones_like(x), output=y, phase="training")
+        small = x.size < _numba_normalization.PARALLEL_MIN_ELEMENTS
+        assert counts[0::2] == [1 if small else most] * 2, (shape, counts)
