@@ -156,6 +156,14 @@ class ForecastResult:
         return self.model_rmse < min(self.repeat_last_rmse, self.linear_fit_rmse)
 
 
+def _save(path: str, model: Sequential, out: Any) -> None:
+    """Write the trained model where ``--save`` says, and say where it went."""
+    from ..serialization import save_weights, weights_path
+
+    save_weights(path, model)
+    print(f"weights saved to {weights_path(path)} (bnnsfw.load_weights reads them back)", file=out)
+
+
 def run_forecast(*, epochs: int = 30, hidden: int = 32, batch_size: int = 64, learning_rate: float = 1e-2,
                  seed: int = 0, backend: str | None = None, save: str | None = None, plot: str | None = None,
                  progress: bool = False, out: Any = None) -> ForecastResult:
@@ -206,10 +214,7 @@ def run_forecast(*, epochs: int = 30, hidden: int = 32, batch_size: int = 64, le
     verdict = "beats both baselines" if result.beats_baselines else "does NOT beat both baselines"
     print(f"the model {verdict} ({result.seconds:.1f} s)", file=out)
     if save:
-        from ..serialization import save_weights, weights_path
-
-        save_weights(save, model)
-        print(f"weights saved to {weights_path(save)} (bnnsfw.load_weights reads them back)", file=out)
+        _save(save, model, out)
     if plot:
         _plot(plot, result, task, prediction, epochs=epochs, hidden=hidden)
         print(f"plot written to {plot}", file=out)
@@ -332,10 +337,7 @@ def run_digits(*, epochs: int = 15, hidden: int = 64, batch_size: int = 32, lear
     verdict = "beats" if result.beats_baseline else "does NOT beat"
     print(f"the model {verdict} the logistic-regression baseline", file=out)
     if save:
-        from ..serialization import save_weights, weights_path
-
-        save_weights(save, model)
-        print(f"weights saved to {weights_path(save)} (bnnsfw.load_weights reads them back)", file=out)
+        _save(save, model, out)
     model.close()
     return result
 
