@@ -17,13 +17,15 @@ What is compiled, and why:
 - **Time in chunks.** The input projection ``W x_t`` is one product per chunk of steps, and
   backward's weight and input gradients are one product each per chunk, so the scratch memory
   is bounded by the chunk (:data:`CHUNK_COLUMNS` columns of ``T·N``), not by the sequence
-  length, while each product stays large. The benchmark shapes fit in one chunk.
+  length, while each product stays large (every benchmark shape but the long sequence is one
+  chunk).
 - **One fused pass per step** over the ``H·N`` units adds the step's projection and bias,
   applies the four gate functions and the peepholes, updates the cell and the hidden state,
   writes the cache block and the output. Backward is one fused pass computing ``dz`` for the
-  four gates, the cell gradient, and the bias and peephole gradients, then one product
-  ``Uᵀ dz``. The sequences (``n``) are the unit-stride inner loop; a single sequence runs the
-  units (``j``) innermost instead, which is then the unit-stride axis.
+  four gates and the cell gradient, then one product ``Uᵀ dz``; the bias and peephole
+  gradients are one pass per chunk over its ``dz``. The sequences (``n``) are the unit-stride
+  inner loop; a single sequence runs the units (``j``) innermost instead, which is then the
+  unit-stride axis.
 - float32 uses a rational tanh (an odd polynomial over an even one on ``|x| ≤ 7.9``; largest
   error about 2e-7 absolute, inside the contract's float32 tolerance), which is pure
   multiply-add and one division, so with ``fastmath`` and the NumPy error model (no
@@ -32,8 +34,8 @@ What is compiled, and why:
   float64 tolerance is 1e-9).
 
 Kernels are compiled on first use and cached on disk (``cache=True``; Numba keeps the cache
-beside the module, or in ``NUMBA_CACHE_DIR``, which :mod:`bnnsfw.backends.numba` points at a
-user cache folder when the package folder is read only).
+beside the module, in the user's cache folder when the package folder is read only, or in
+``NUMBA_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from ._lstm_kernels import LSTMStepPlan, LSTMWeights
 __all__ = ["CHUNK_COLUMNS", "serves", "chunk_steps", "forward", "backward"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
-#: products. 4096 keeps each product efficient (every benchmark shape is one chunk) and bounds
+#: products. 4096 keeps each product efficient (most benchmark shapes are one chunk) and bounds
 #: the scratch at ``4H × 4096`` elements: 16 MiB at H = 256 in float32.
 CHUNK_COLUMNS = 4096
 
@@ -81,7 +83,7 @@ _Q0, _Q1, _Q2, _Q3 = (np.float32(4.89352518554385e-03), np.float32(2.26843463243
 
 def serves(plan: LSTMStepPlan) -> bool:
     """True for the cells these kernels compute: the default activations, and no peepholes
-    or diagonal ones (any lengths in [1, T])."""
+    or diagonal ones (any lengths; the stack zeroes the states of length-0 sequences)."""
     acts = plan.activations
     return (acts[0].function is AF.tanh and all(plan.halved[1:])
             and plan.hidden_activation.function is AF.tanh
