@@ -19,3 +19,22 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261122)
+
+
+class PackRecorder(bnnsfw.backends.NumpyBackend):
+    """The reference backend, noting the ``version`` of every packing it is asked for."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.versions: list[int] = []
+
+    def lstm_pack_weights(self, request):
+        self.versions.append(request.version)
+        return super().lstm_pack_weights(request)
+
+
+@pytest.fixture
+def pack_recorder() -> PackRecorder:
+    """A backend that records the versions of the LSTM weight packings it makes."""
+    return PackRecorder()

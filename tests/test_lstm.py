@@ -537,26 +537,18 @@ def test_same_inputs_give_bitwise_the_same_results_on_one_backend(backend_name, 
             np.testing.assert_array_equal(a, b)
 
 
-def test_weights_are_packed_once_and_again_only_when_client_weights_change(rng):
+def test_weights_are_packed_once_and_again_only_when_client_weights_change(rng, pack_recorder):
     """The backend packs the weights when the layer is created; with client pointers it is
     asked again (with the next version) only after the caller changed an array."""
-    packs = []
-
-    class Recording(bf.backends.NumpyBackend):
-        name = "recording"
-
-        def lstm_pack_weights(self, request):
-            packs.append(request.version)
-            return super().lstm_pack_weights(request)
-
+    packs = pack_recorder.versions
     params = LSTMParameters.random(input_size=2, hidden_size=3, seed=0, dtype=np.float64)
     x = rng.standard_normal((4, 2, 2))
-    with LSTMLayer(params, bf.FilterParameters(backend=Recording())) as copied:
+    with LSTMLayer(params, bf.FilterParameters(backend=pack_recorder)) as copied:
         for _ in range(3):
             copied.apply(x)
     assert packs == [0]
     packs.clear()
-    with LSTMLayer(params, bf.FilterParameters(backend=Recording(), use_client_pointer=True)) as client:
+    with LSTMLayer(params, bf.FilterParameters(backend=pack_recorder, use_client_pointer=True)) as client:
         before = client.apply(x).output
         client.apply(x, training=True)
         assert packs == [0]

@@ -101,21 +101,13 @@ def test_in_place_updates_reach_the_next_call(backend_name, options, rng):
                 np.testing.assert_allclose(run(fresh), before, rtol=1e-12, atol=1e-12)
 
 
-def test_an_lstm_packs_once_until_its_arrays_leave_it_then_only_when_they_change(rng):
+def test_an_lstm_packs_once_until_its_arrays_leave_it_then_only_when_they_change(rng, pack_recorder):
     """Default options: no comparison until parameters() hands the arrays out; after that the
     backend is asked again only when an array changed."""
-    packs = []
-
-    class Recording(bf.backends.NumpyBackend):
-        name = "recording"
-
-        def lstm_pack_weights(self, request):
-            packs.append(request.version)
-            return super().lstm_pack_weights(request)
-
+    packs = pack_recorder.versions
     params = LSTMParameters.random(input_size=2, hidden_size=3, seed=0, dtype=np.float64)
     x = rng.standard_normal((4, 2, 2))
-    with LSTMLayer(params, bf.FilterParameters(backend=Recording())) as layer:
+    with LSTMLayer(params, bf.FilterParameters(backend=pack_recorder)) as layer:
         assert layer._watched is False
         first = layer(x).output
         named = layer.parameters()
