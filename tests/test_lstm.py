@@ -626,7 +626,10 @@ def test_fast_kernels_agree_with_the_reference(case, dtype, fast_backend, rng):
     with layer_for(params, fast_backend) as probe:
         plan = probe._packed.payload.plan
         forward = probe.backend._lstm_direction_kernels(plan, None, batch).forward
-        kernel = forward.args[0] if isinstance(forward, functools.partial) else forward  # what it wraps
+        if isinstance(forward, functools.partial):  # what it wraps: a kernel, or options for one
+            kernel = forward.args[0] if forward.args else forward.func
+        else:
+            kernel = forward
         assert kernel.__module__ in ("bnnsfw.backends._fast_lstm", "bnnsfw.backends.numba")
     x_shape, y_shape, state_shape = shapes(params, seq_len, batch)
     x, dy = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(y_shape).astype(dtype)
@@ -649,7 +652,8 @@ def test_numba_compiles_the_default_cell_with_diagonal_peepholes_and_lengths_and
         layer = LSTMLayer(LSTMParameters.random(input_size=2, hidden_size=4, seed=0, **options),
                           bf.FilterParameters(backend=backend))
         plan = layer._packed.payload.plan
-        return backend._lstm_direction_kernels(plan, np.array([2, 1]), 2).forward is _compiled_forward
+        forward = backend._lstm_direction_kernels(plan, np.array([2, 1]), 2).forward
+        return getattr(forward, "func", forward) is _compiled_forward
 
     assert served() and served(peepholes="diagonal") and served(default_activations=True)
     assert not served(peepholes="full")
@@ -688,6 +692,63 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, monkeypatch, rng)
     rtol, atol = TOLERANCE[np.dtype(dtype)]
     for k, (got, want) in enumerate(zip(results[1], results[0])):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("hidden_size", [5, 37])
+def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, monkeypatch,
+                                                                   rng):
+    """Inference with each step's units shared out over threads (a thread may get no unit:
+    H = 5 over 2 or 3 parts cut at multiples of 16) agrees with the reference, with lengths
+    (one of 0), diagonal peepholes, both directions, two layers, initial states and chunks of
+    steps; training keeps the calling thread's kernels."""
+    from bnnsfw.backends import _numba_lstm
+
+    used = []
+    original = _numba_lstm._forward_threads
+
+    def spy(*args):
+        used.append(args[0])
+        return original(*args)
+
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
+    monkeypatch.setattr(_numba_lstm, "_forward_threads", spy)
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
+    params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2, bidirectional=True,
+                                   peepholes="diagonal", seed=4, dtype=dtype)
+    x = rng.standard_normal((6, 4, 3)).astype(dtype)
+    states = tuple(rng.standard_normal((4, 4, hidden_size)).astype(dtype) for _ in range(2))
+    lengths = np.array([6, 2, 0, 5])
+    results = []
+    for name in ("numpy", "numba"):
+        with layer_for(params, name) as layer:
+            inference = layer.apply(x, *states, sequence_lengths=lengths)
+            plain = layer.apply(x)
+            trained = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+        results.append([inference.output, inference.hidden, inference.cell, plain.output, plain.hidden,
+                        trained.output])
+    assert used == [parts] * 8  # 2 inference calls × 2 layers × 2 directions; training: none
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
+    for k, (got, want) in enumerate(zip(results[1], results[0])):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_shares_steps_over_threads_only_where_it_pays():
+    """Threads share a step only for several sequences and a step product of at least
+    ``THREADED_STEP_MIN`` multiply-adds, and only as many as Numba has."""
+    import numba
+
+    from bnnsfw.backends import _numba_lstm
+
+    threads = numba.get_num_threads()
+    assert _numba_lstm.step_parts(64, 1) == 1  # one sequence: one thread
+    assert _numba_lstm.step_parts(32, 32) == 1  # the demo's model: 2**17 multiply-adds
+    big = _numba_lstm.step_parts(256, 8)  # the long row: 2**21
+    cheap = threads > 1 and _numba_lstm._cheap_parallel_regions()
+    assert big == (threads if cheap else 1)
 
 
 @pytest.mark.skipif("scipy-blas" not in bf.available_backends(), reason="needs the scipy-blas backend")

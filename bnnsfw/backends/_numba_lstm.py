@@ -40,6 +40,7 @@ beside the module, in the user's cache folder when the package folder is read on
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numba
@@ -48,10 +49,11 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
+from .._threadpool import blas_limit
 from ..enums import ActivationFunction as AF
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
 
-__all__ = ["CHUNK_COLUMNS", "serves", "chunk_steps", "forward", "backward"]
+__all__ = ["CHUNK_COLUMNS", "THREADED_STEP_MIN", "serves", "step_parts", "chunk_steps", "forward", "backward"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 4096 keeps each product efficient (most benchmark shapes are one chunk) and bounds
@@ -60,6 +62,7 @@ CHUNK_COLUMNS = 4096
 
 #: Compiled kernels: no GIL, fast math, the NumPy error model, cached on disk.
 _kernel = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
+_threaded = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True, parallel=True)
 _inline = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True, inline="always")
 
 # BLAS ?gemm through Numba's own helper, which calls SciPy's BLAS (scipy.linalg.cython_blas);
@@ -88,6 +91,32 @@ def serves(plan: LSTMStepPlan) -> bool:
     return (acts[0].function is AF.tanh and all(plan.halved[1:])
             and plan.hidden_activation.function is AF.tanh
             and all(kind in (None, "diagonal") for kind in plan.peepholes))
+
+
+#: Smallest product ``4H·H·N`` of a step whose units are shared out over threads in inference
+#: (:func:`step_parts`); below it one thread with BLAS is faster (the demo's model, 2¹⁷: 0.70 ms
+#: against 0.85 with two threads).
+THREADED_STEP_MIN = 1 << 19
+
+
+@functools.cache
+def _cheap_parallel_regions() -> bool:
+    """True when Numba's threading layer starts a parallel region in about a microsecond (OpenMP
+    or TBB, whose threads wait spinning); its ``workqueue`` layer takes about 80 µs a region,
+    more than a step's work."""
+    _touch_threads(np.zeros(max(numba.get_num_threads(), 1)))
+    return bool(numba.threading_layer() in ("omp", "tbb"))
+
+
+def step_parts(hidden_size: int, batch: int) -> int:
+    """Threads that share out the units of each step of an inference call
+    (:func:`_forward_threads`): Numba's thread count for steps of at least
+    :data:`THREADED_STEP_MIN` multiply-adds over several sequences when parallel regions are
+    cheap, else 1 (the steps on the calling thread, BLAS's own threads in the product)."""
+    threads = numba.get_num_threads()
+    if threads < 2 or batch < 2 or 4 * hidden_size * hidden_size * batch < THREADED_STEP_MIN:
+        return 1
+    return threads if _cheap_parallel_regions() else 1
 
 
 def chunk_steps(seq_len: int, batch: int) -> int:
@@ -119,6 +148,13 @@ def _tanh_typed(x):
         return x * p / q
 
     return rational
+
+
+@_threaded
+def _touch_threads(flags):
+    """A parallel region that does nothing useful: it makes Numba choose its threading layer."""
+    for p in numba.prange(flags.size):
+        flags[p] = 1.0
 
 
 @_kernel
@@ -183,63 +219,50 @@ def _gates(zg, zf, zi, zo, c_prev, pg, pf, pi, po, half):
 
 
 @_inline
-def _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid):
-    """The fused pass of one step over every unit and sequence: reads ``z`` (U h) and the
-    projection columns (a single sequence's ``z`` holds both), writes the cache block's rows,
-    the new cell and hidden state. ``peep`` (4, H) holds the diagonal peepholes (zeros
-    without them); ``cell`` and ``hid`` (H,) are scratch.
+def _forward_step(h, z, pe, block, c_next, h_next, cell, hid):
+    """The fused pass of one step over every unit and sequence: reads ``z`` (4H, N) (``U h``
+    plus the projection), writes the cache block's rows, the new cell and hidden state. ``pe``
+    (4, H·N) holds the diagonal peepholes repeated over the sequences (zeros without them);
+    ``cell`` and ``hid`` (H·N,) are scratch.
 
-    The sequences are the unit-stride inner loop. A single sequence runs the units innermost
-    instead, on one 1-D view per gate row: indexing one array at offsets ``r·H + j`` left the
-    loop scalar (13.3 ns per unit, against 1.6 with the views; H = 64, float32). Array writes
-    stay in the loop bodies: inside a helper function, or behind a branch in the loop, they
-    kept the nest from vectorizing too (15× slower; checked in the assembly, scalar
-    ``vfmadd…ss`` instead of packed ``…ps``)."""
+    The pass runs over the ``H·N`` elements of each gate row block as one unit-stride loop, on
+    one 1-D view per row block: a nest over units and sequences, vectorized along the
+    sequences, left 8 sequences scalar (8.3 ns per unit at H = 256, against 2.5 for 16 or
+    more), and indexing one array at offsets ``r·H + j`` left the loop scalar too (13.3 ns per
+    unit, against 1.6 with the views; H = 64, N = 1, float32). Array writes stay in the loop
+    body: inside a helper function, or behind a branch in the loop, they kept it from
+    vectorizing (15× slower; checked in the assembly, scalar ``vfmadd…ss`` instead of packed
+    ``…ps``)."""
     half = block.dtype.type(0.5)
-    if block.shape[1] == 1:
-        zs = z.reshape(4 * h)
-        c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * h), h, 6)
-        zg, zf, zi, zo = _rows(zs, h, 4)
-        pg, pf, pi, po = peep[0], peep[1], peep[2], peep[3]
-        for j in range(h):
-            g, f, i, o, c, a = _gates(zg[j], zf[j], zi[j], zo[j], c_prev[j], pg[j], pf[j], pi[j], po[j], half)
-            g_row[j] = g
-            f_row[j] = f
-            i_row[j] = i
-            o_row[j] = o
-            a_row[j] = a
-            cell[j] = c
-            hid[j] = o * a
-        for j in range(h):
-            c_next[j, 0] = cell[j]
-            h_next[j, 0] = hid[j]
-        return
+    batch = block.shape[1]
+    m = h * batch
+    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 6)
+    zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 4)
+    pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
+    for e in range(m):
+        g, f, i, o, c, a = _gates(zg[e], zf[e], zi[e], zo[e], c_prev[e], pg[e], pf[e], pi[e], po[e], half)
+        g_row[e] = g
+        f_row[e] = f
+        i_row[e] = i
+        o_row[e] = o
+        a_row[e] = a
+        cell[e] = c
+        hid[e] = o * a
     for j in range(h):
-        pg, pf, pi, po = peep[0, j], peep[1, j], peep[2, j], peep[3, j]
-        for n in range(block.shape[1]):
-            col = first + n
-            g, f, i, o, c, a = _gates(z[j, n] + projection[j, col], z[h + j, n] + projection[h + j, col],
-                                      z[2 * h + j, n] + projection[2 * h + j, col],
-                                      z[3 * h + j, n] + projection[3 * h + j, col], block[j, n],
-                                      pg, pf, pi, po, half)
-            block[h + j, n] = g
-            block[2 * h + j, n] = f
-            block[3 * h + j, n] = i
-            block[4 * h + j, n] = o
-            block[5 * h + j, n] = a
-            c_next[j, n] = c
-            h_next[j, n] = o * a
+        for n in range(batch):
+            c_next[j, n] = cell[j * batch + n]
+            h_next[j, n] = hid[j * batch + n]
 
 
 # --------------------------------------------------------------------------------------
 # Forward.
 # --------------------------------------------------------------------------------------
 @_kernel
-def _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
+def _recur(projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
            k_begin, k_end):
     """The forward steps ``k_begin … k_end − 1`` (in walking order); ``projection`` holds
     ``W x + b`` of the chunk that starts at time step ``chunk_first``. Arrays as in
-    :func:`_forward`; ``peep`` is (4, H) (zeros without them)."""
+    :func:`_forward`."""
     six_h, batch = steps.shape[1], steps.shape[2]
     seq_len = out.shape[0]
     h = six_h // 6
@@ -248,8 +271,8 @@ def _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out
     # fused pass then needs few enough run-time overlap checks to be vectorized (measured: with
     # z handed in, the pass stayed scalar and the step took 1.8× as long).
     z = np.empty((4 * h, batch), steps.dtype)
-    cell = np.empty(h, steps.dtype)
-    hid = np.empty(h, steps.dtype)
+    cell = np.empty(h * batch, steps.dtype)
+    hid = np.empty(h * batch, steps.dtype)
     for k in range(k_begin, k_end):
         t = seq_len - 1 - k if reverse else k
         block = steps[t % blocks]
@@ -267,16 +290,12 @@ def _recur(projection, chunk_first, u, peep, h0, c0, lengths, steps, hidden, out
             c_next = steps[following % blocks, :h]
             h_next = hidden[following % blocks]
         first = (t - chunk_first) * batch
-        if batch == 1:  # z = the projection column + U h: the fused pass then reads z alone
-            for r in range(4 * h):
-                z[r, 0] = projection[r, first]
-            if k > 0 or h0.size:
-                _mm(u, False, h_prev, False, z, 1.0)
-        elif k == 0 and not h0.size:  # U @ 0 adds nothing
-            z[:, :] = 0.0
-        else:
-            _mm(u, False, h_prev, False, z, 0.0)
-        _forward_step(h, z, projection, first, peep, block, c_next, h_next, cell, hid)
+        for r in range(4 * h):  # z = the projection's columns + U h: the fused pass reads z alone
+            for n in range(batch):
+                z[r, n] = projection[r, first + n]
+        if k > 0 or h0.size:  # U @ 0 adds nothing
+            _mm(u, False, h_prev, False, z, 1.0)
+        _forward_step(h, z, pe, block, c_next, h_next, cell, hid)
         out_t = out[t]
         for n in range(batch):
             if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
@@ -299,11 +318,12 @@ def _chunk(seq_len, chunk, q, reverse):
 
 
 @_kernel
-def _forward(x2, wx, bias, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, projection, reverse):
+def _forward(x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, projection, reverse):
     """One layer and direction forward, on one thread (BLAS may use more).
 
-    ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,), ``u``
-    (4H, H) and ``peep`` (4, H) the forward weights (halved rows; zeros without peepholes);
+    ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
+    (4H, H) the forward weights (halved rows), ``pe`` (4, H·N) the diagonal peepholes repeated
+    over the sequences (zeros without them);
     ``h0``/``c0`` (H, N), or (0, 0) for zeros; ``lengths`` (N,) or (0,); ``steps`` (T, 6H, N)
     and ``hidden`` (T, H, N) the cache, or (2, 6H, N) and (2, H, N) taken in turn when nothing
     is kept (inference); ``out`` (T, N, H) the output (any strides); ``h_fin``/``c_fin`` (H, N)
@@ -317,7 +337,7 @@ def _forward(x2, wx, bias, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, 
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
-        _recur(projection, first_t, u, peep, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
+        _recur(projection, first_t, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
                k_begin, k_end)
 
 
@@ -331,6 +351,194 @@ def _project_chunk(wx, bias, x2, projection, first_t, count, batch):
     for r in range(wx.shape[0]):
         for column in range(width):
             projection[r, column] += bias[r]
+
+
+# --------------------------------------------------------------------------------------
+# Steps shared out over threads (few sequences: the recurrent product is skinny).
+# --------------------------------------------------------------------------------------
+@_kernel
+def _dots(a, r0, r1, bt, add, add_col, out):
+    """``out[r − r0, n] = Σ_k a[r, k]·bt[n, k] + add[r, add_col + n]`` for the rows ``r0 … r1 − 1``
+    of ``a`` and every row ``n`` of ``bt``: a product whose rows of ``a`` stay in this thread's
+    cache from step to step (BLAS repacks them at every call). Blocks of two rows by four
+    columns keep eight sums in registers, each vectorized along ``k`` (``a`` and ``bt`` have
+    unit-stride rows); the edges are single sums."""
+    batch, size_k = bt.shape[0], a.shape[1]
+    zero = out.dtype.type(0.0)
+    quads = batch - batch % 4
+    pairs_end = r0 + (r1 - r0) - (r1 - r0) % 2
+    for r in range(r0, pairs_end, 2):
+        u0, u1 = a[r], a[r + 1]
+        for n in range(0, quads, 4):
+            h0, h1, h2, h3 = bt[n], bt[n + 1], bt[n + 2], bt[n + 3]
+            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero
+            for k in range(size_k):
+                x, y = u0[k], u1[k]
+                a0 += h0[k] * x
+                a1 += h1[k] * x
+                a2 += h2[k] * x
+                a3 += h3[k] * x
+                b0 += h0[k] * y
+                b1 += h1[k] * y
+                b2 += h2[k] * y
+                b3 += h3[k] * y
+            out[r - r0, n] = a0 + add[r, add_col + n]
+            out[r - r0, n + 1] = a1 + add[r, add_col + n + 1]
+            out[r - r0, n + 2] = a2 + add[r, add_col + n + 2]
+            out[r - r0, n + 3] = a3 + add[r, add_col + n + 3]
+            out[r + 1 - r0, n] = b0 + add[r + 1, add_col + n]
+            out[r + 1 - r0, n + 1] = b1 + add[r + 1, add_col + n + 1]
+            out[r + 1 - r0, n + 2] = b2 + add[r + 1, add_col + n + 2]
+            out[r + 1 - r0, n + 3] = b3 + add[r + 1, add_col + n + 3]
+    for r in range(r0, r1):
+        first_n = quads if r < pairs_end else 0
+        row = a[r]
+        for n in range(first_n, batch):
+            col = bt[n]
+            total = zero
+            for k in range(size_k):
+                total += row[k] * col[k]
+            out[r - r0, n] = total + add[r, add_col + n]
+
+
+@_inline
+def _part(h, parts, p):
+    """Thread ``p``'s units ``j0 … j1 − 1`` of ``h``: ``parts`` near-equal runs, cut at multiples
+    of 16 units so that no two threads write one cache line of a state row."""
+    j0 = (p * h // parts) // 16 * 16
+    j1 = h if p == parts - 1 else ((p + 1) * h // parts) // 16 * 16
+    return j0, j1
+
+
+@_kernel
+def _forward_part(j0, j1, u, ht_prev, projection, first, pe, block, h_prev, c_next, h_next, ht_next, out_t,
+                  lengths, t, with_product):
+    """One step for the units ``j0 … j1 − 1``: their four gate rows of ``U h + W x + b`` (``U h``
+    left out for a zero state), the fused cell update, the cache block's rows, the new states
+    (``c_next``/``h_next`` (H, N), ``ht_next`` (N, H)) and the output row ``out_t`` (N, H); a
+    sequence past its length keeps its state and outputs zeros. ``pe`` (4, H·N) holds the
+    diagonal peepholes repeated over the sequences (zeros without them)."""
+    h = u.shape[1]
+    batch = block.shape[1]
+    count = j1 - j0
+    m = count * batch
+    if m == 0:
+        return
+    half = block.dtype.type(0.5)
+    zl = np.empty((4, m), block.dtype)  # the thread's own: aliases nothing, so the pass vectorizes
+    for g in range(4):
+        rows = zl[g].reshape((count, batch))
+        if with_product:
+            _dots(u, g * h + j0, g * h + j1, ht_prev, projection, first, rows)
+        else:
+            for jj in range(count):
+                for n in range(batch):
+                    rows[jj, n] = projection[g * h + j0 + jj, first + n]
+    hn, a0 = h * batch, j0 * batch
+    flat = block.reshape(6 * hn)
+    c_prev, g_row, f_row = flat[a0:a0 + m], flat[hn + a0:hn + a0 + m], flat[2 * hn + a0:2 * hn + a0 + m]
+    i_row, o_row, a_row = (flat[3 * hn + a0:3 * hn + a0 + m], flat[4 * hn + a0:4 * hn + a0 + m],
+                           flat[5 * hn + a0:5 * hn + a0 + m])
+    pg, pf, pi, po = pe[0, a0:a0 + m], pe[1, a0:a0 + m], pe[2, a0:a0 + m], pe[3, a0:a0 + m]
+    zg, zf, zi, zo = zl[0], zl[1], zl[2], zl[3]
+    cell = np.empty(m, block.dtype)
+    hid = np.empty(m, block.dtype)
+    for e in range(m):
+        g, f, i, o, c, a = _gates(zg[e], zf[e], zi[e], zo[e], c_prev[e], pg[e], pf[e], pi[e], po[e], half)
+        g_row[e] = g
+        f_row[e] = f
+        i_row[e] = i
+        o_row[e] = o
+        a_row[e] = a
+        cell[e] = c
+        hid[e] = o * a
+    for jj in range(count):
+        for n in range(batch):
+            c_next[j0 + jj, n] = cell[jj * batch + n]
+            h_next[j0 + jj, n] = hid[jj * batch + n]
+    for n in range(batch):
+        if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
+            for jj in range(count):
+                j = j0 + jj
+                c_next[j, n] = c_prev[jj * batch + n]
+                h_next[j, n] = h_prev[j, n]
+                ht_next[n, j] = h_prev[j, n]
+                out_t[n, j] = 0.0
+        else:
+            for jj in range(count):
+                ht_next[n, j0 + jj] = hid[jj * batch + n]
+                out_t[n, j0 + jj] = hid[jj * batch + n]
+
+
+@_threaded
+def _forward_step_threads(parts, u, ht_prev, projection, first, pe, block, h_prev, c_next, h_next, ht_next,
+                          out_t, lengths, t, with_product):
+    """One forward step, its units shared out over ``parts`` threads (:func:`_forward_part`)."""
+    h = u.shape[1]
+    for p in numba.prange(parts):
+        j0, j1 = _part(h, parts, p)
+        _forward_part(j0, j1, u, ht_prev, projection, first, pe, block, h_prev, c_next, h_next, ht_next,
+                      out_t, lengths, t, with_product)
+
+
+@_threaded
+def _project_threads(parts, wx, bias, x2, projection, first_t, count, batch):
+    """:func:`_project_chunk` with the rows shared out over ``parts`` threads, each calling a
+    one-thread BLAS (the caller holds BLAS to one thread: its own pool would fight these
+    threads for the cores)."""
+    rows = wx.shape[0]
+    width = count * batch
+    x_rows = x2[first_t * batch:first_t * batch + width]
+    for p in numba.prange(parts):
+        r0, r1 = p * rows // parts, (p + 1) * rows // parts
+        _mm(wx[r0:r1], False, x_rows, True, projection[r0:r1, :width], 0.0)
+        for r in range(r0, r1):
+            for column in range(width):
+                projection[r, column] += bias[r]
+
+
+@_kernel
+def _recur_threads(parts, projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, ht, out, h_fin,
+                   c_fin, reverse, k_begin, k_end):
+    """:func:`_recur` with each step shared out over ``parts`` threads; ``ht`` (2, N, H) holds
+    the hidden state sequence-major for the product, taken in turn."""
+    six_h, batch = steps.shape[1], steps.shape[2]
+    seq_len = out.shape[0]
+    h = six_h // 6
+    blocks = steps.shape[0]
+    for k in range(k_begin, k_end):
+        t = seq_len - 1 - k if reverse else k
+        block = steps[t % blocks]
+        h_prev = hidden[t % blocks]
+        if k == 0:
+            for j in range(h):
+                for n in range(batch):
+                    h_prev[j, n] = h0[j, n] if h0.size else 0.0
+                    ht[0, n, j] = h_prev[j, n]
+                    block[j, n] = c0[j, n] if c0.size else 0.0
+        if k == seq_len - 1:
+            c_next = c_fin
+            h_next = h_fin
+        else:
+            following = t - 1 if reverse else t + 1
+            c_next = steps[following % blocks, :h]
+            h_next = hidden[following % blocks]
+        _forward_step_threads(parts, u, ht[k % 2], projection, (t - chunk_first) * batch, pe, block, h_prev,
+                              c_next, h_next, ht[(k + 1) % 2], out[t], lengths, t, k > 0 or h0.size > 0)
+
+
+@_kernel
+def _forward_threads(parts, x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden, ht, out, h_fin, c_fin,
+                     projection, reverse):
+    """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` has unit-stride
+    rows, ``pe`` (4, H·N) as in :func:`_forward_part`, ``ht`` (2, N, H) scratch."""
+    seq_len, batch = out.shape[0], out.shape[1]
+    chunk = projection.shape[1] // batch
+    for q in range((seq_len + chunk - 1) // chunk):
+        k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
+        _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
+        _recur_threads(parts, projection, first_t, u, pe, h0, c0, lengths, steps, hidden, ht, out, h_fin,
+                       c_fin, reverse, k_begin, k_end)
 
 
 # --------------------------------------------------------------------------------------
@@ -511,14 +719,19 @@ def _diagonal(peepholes: tuple[np.ndarray | None, ...], h: int, dtype: np.dtype)
 
 def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
             lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None, output: np.ndarray,
-            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch) -> None:
+            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch, parts: int = 1) -> None:
     """One layer and direction forward (:func:`_forward`); ``steps`` is (T, 6H, N), with a
-    zero stride along T in inference (then ``hidden`` is None)."""
+    zero stride along T in inference (then ``hidden`` is None). An inference call with
+    ``parts`` > 1 shares out each step's units over that many threads (:func:`_forward_threads`,
+    BLAS held to one thread meanwhile); training keeps BLAS's threads, which backward uses: two
+    pools of waiting threads in turn took the cores from each other (the L row's training step
+    took 105 ms instead of 53)."""
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
     chunk = chunk_steps(seq_len, batch)
-    if hidden is None or not steps.strides[0]:  # nothing kept: two blocks taken in turn
+    inference = hidden is None or not steps.strides[0]
+    if inference:  # nothing kept: two blocks taken in turn
         steps = scratch.array("lstm_numba_blocks", (2, six_h, batch), dtype)
         hidden = scratch.array("lstm_numba_hidden", (2, h, batch), dtype)
     projection = scratch.array("lstm_numba_projection", (4 * h, chunk * batch), dtype)
@@ -529,8 +742,16 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     peep = _diagonal(w.peepholes.diagonal, h, dtype)
     h0f, c0f = _feature_major(h0, dtype), _feature_major(c0, dtype)
     lengths = _NO_LENGTHS if lengths is None else lengths
-    _forward(x2, wx, bias, w.u, peep, h0f, c0f, lengths, steps, hidden, output, h_fin, c_fin, projection,
-             reverse)
+    pe = np.repeat(peep, batch, axis=1)
+    if parts > 1 and inference:
+        u = np.ascontiguousarray(w.u)
+        ht = scratch.array("lstm_numba_ht", (2, batch, h), dtype)
+        with blas_limit(1):
+            _forward_threads(parts, x2, wx, bias, u, pe, h0f, c0f, lengths, steps, hidden, ht, output, h_fin,
+                             c_fin, projection, reverse)
+    else:
+        _forward(x2, wx, bias, w.u, pe, h0f, c0f, lengths, steps, hidden, output, h_fin, c_fin, projection,
+                 reverse)
     np.copyto(h_final, h_fin.T)
     np.copyto(c_final, c_fin.T)
 

@@ -13,6 +13,7 @@ request" below, and nowhere else.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -37,10 +38,11 @@ def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarra
                       hidden: np.ndarray | None,
                       output: np.ndarray, h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool,
                       lengths: np.ndarray | None, inactive: Sequence[np.ndarray | None],
-                      workspace: Workspace) -> None:
-    """One layer and direction forward, compiled (``DirectionKernels.forward``)."""
+                      workspace: Workspace, parts: int = 1) -> None:
+    """One layer and direction forward, compiled (``DirectionKernels.forward``); ``parts``
+    threads share out each step's units when it is above 1."""
     _numba_lstm.forward(w, layer_input, h0, c0, lengths, steps, hidden, output, h_final, c_final,
-                        reverse=reverse, scratch=workspace)
+                        reverse=reverse, scratch=workspace, parts=parts)
 
 
 def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
@@ -72,7 +74,8 @@ class NumbaBackend(ScipyBlasBackend):
         """The compiled kernels for the cells :func:`._numba_lstm.serves` names (the default
         activations, no or diagonal peepholes, any lengths); what ``scipy-blas`` picks otherwise."""
         if _numba_lstm.serves(plan):
-            return DirectionKernels(_compiled_forward, _compiled_backward)
+            parts = _numba_lstm.step_parts(plan.hidden_size, batch)
+            return DirectionKernels(functools.partial(_compiled_forward, parts=parts), _compiled_backward)
         return super()._lstm_direction_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
