@@ -23,9 +23,15 @@ What is compiled, and why:
   applies the four gate functions and the peepholes, updates the cell and the hidden state,
   writes the cache block and the output. Backward is one fused pass computing ``dz`` for the
   four gates and the cell gradient, then one product ``Uᵀ dz``; the bias and peephole
-  gradients are one pass per chunk over its ``dz``. The sequences (``n``) are the unit-stride
-  inner loop; a single sequence runs the units (``j``) innermost instead, which is then the
-  unit-stride axis.
+  gradients are one pass per chunk over its ``dz``. The forward pass runs over each gate's
+  ``H·N`` elements as one unit-stride loop (feature-major blocks keep them consecutive).
+- **Inference steps shared out over threads** (:func:`step_parts`): for several sequences and
+  a step product of at least :data:`THREADED_STEP_MIN` multiply-adds, each of Numba's threads
+  takes a run of units and computes their four gate rows of ``U h`` with its own dot-product
+  kernel (its rows of ``U`` stay in its cache from step to step, where BLAS repacks all of
+  ``U`` at every call), then their fused update: one parallel region per step. BLAS is held
+  to one thread meanwhile and the input projection is shared out by rows, so the two thread
+  pools never wait for the cores at once.
 - float32 uses a rational tanh (an odd polynomial over an even one on ``|x| ≤ 7.9``; largest
   error about 2e-7 absolute, inside the contract's float32 tolerance), which is pure
   multiply-add and one division, so with ``fastmath`` and the NumPy error model (no
@@ -248,6 +254,11 @@ def _forward_step(h, z, pe, block, c_next, h_next, cell, hid):
         a_row[e] = a
         cell[e] = c
         hid[e] = o * a
+    if batch == 1:  # one loop, not a nest of one-trip loops (0.1 µs of a 0.4 µs step at H = 64)
+        for j in range(h):
+            c_next[j, 0] = cell[j]
+            h_next[j, 0] = hid[j]
+        return
     for j in range(h):
         for n in range(batch):
             c_next[j, n] = cell[j * batch + n]

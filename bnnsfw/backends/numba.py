@@ -1,8 +1,9 @@
 """A backend with compiled (Numba) kernels, on top of the ``scipy-blas`` backend.
 
 It runs each layer and direction of the LSTM as compiled loops (:mod:`._numba_lstm`: per step
-one BLAS product and one fused, vectorized pass, forward and backward; the input projection
-and the weight gradients one product per chunk of steps) for the cell almost every model uses,
+one BLAS product and one fused, vectorized pass, forward and backward, or in inference one
+parallel region whose threads each take a run of units; the input projection and the weight
+gradients one product per chunk of steps) for the cell almost every model uses,
 with or without diagonal peepholes, over full or variable lengths; and normalization with the
 statistics of the batch and the identity activation with compiled, multithreaded row kernels
 (:mod:`._numba_normalization`; statistics sets too large for their arithmetic go to the
