@@ -120,14 +120,33 @@ class BenchRow:
         return d
 
 
+#: Untimed calls open every block of a comparison for at least this long: a library's threads
+#: keep spinning after a call, waiting for the next one (OpenBLAS's for about 0.1 s of CPU
+#: time, PyTorch's about 0.03 s), and a block started right after the other library's pays
+#: for it (PyTorch's L-row forward took 23 ms right after 20 ms of NumPy products, 11 ms
+#: after a rest). Resting instead of calling let the machine slow down (a sleep of the same
+#: length made both libraries' next blocks up to 1.6 times slower).
+BLOCK_LEAD_IN_S = 0.15
+
+
+def _lead_in(f: Callable[[], object]) -> None:
+    """Call ``f`` untimed for :data:`BLOCK_LEAD_IN_S` seconds (at least once)."""
+    end = time.perf_counter() + BLOCK_LEAD_IN_S
+    f()
+    while time.perf_counter() < end:
+        f()
+
+
 def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float,
           other: Callable[[], object] | None = None) -> tuple[float, float, float | None]:
     """Median and minimum seconds per call of ``fn`` (and the median of ``other``).
 
     After ``warmup`` calls of each, the two are run in alternating blocks of calls, each block
     long enough (about 20 ms) that the switch between libraries is a small part of it; the
-    first call of every block is left out of the figures. Rounds go on until each function
-    has at least ``repeats`` timed calls and, within ``budget`` seconds, up to 50.
+    first call of every block is left out of the figures. In a comparison every block opens
+    with :data:`BLOCK_LEAD_IN_S` seconds of untimed calls (:func:`_lead_in`), so that the other
+    library's waiting threads have gone quiet. Rounds go on until each function has at least
+    ``repeats`` timed calls and, within ``budget`` seconds, up to 50.
     """
     functions = [fn] if other is None else [fn, other]
     for f in functions:
@@ -143,6 +162,8 @@ def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float,
     while (min(len(t) for t in times) < repeats
            or (time.perf_counter() - start < budget and min(len(t) for t in times) < 50)):
         for f, block, bucket in zip(functions, blocks, times):
+            if other is not None:
+                _lead_in(f)
             for k in range(block):
                 t0 = time.perf_counter()
                 f()
