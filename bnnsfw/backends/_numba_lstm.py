@@ -569,39 +569,26 @@ def _cell_backward(c_prev, g, f, i, o, a, d, dc, pg, pf, pi, po, one):
 
 
 @_inline
-def _backward_step(h, block, dh, dc, d_gates, first, peep, dz):
-    """The fused backward pass of one step: ``dz`` of the four gates into ``d_gates`` and the
-    cell gradient carried to the step before (``dc`` in place). ``peep`` (4, H) as in
-    :func:`_forward_step`, loop nests too, for the same reasons; ``dz`` (4H,) is scratch."""
+def _backward_step(h, block, dh, dc, dz, pe):
+    """The fused backward pass of one step: ``dz`` (4H, N) of the four gates and the cell
+    gradient carried to the step before (``dc`` (H, N) in place); ``pe`` (4, H·N) as in
+    :func:`_forward_step`, and one unit-stride loop over the ``H·N`` elements for the same
+    reasons. ``dz`` is the kernel's own (contiguous, aliasing nothing); the caller copies it
+    into the chunk's gate gradients."""
     one = block.dtype.type(1.0)
-    if dh.shape[1] == 1:
-        c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * h), h, 6)
-        d_h, d_c = dh.reshape(h), dc.reshape(h)
-        dz_g, dz_f, dz_i, dz_o = _rows(dz, h, 4)
-        pg, pf, pi, po = peep[0], peep[1], peep[2], peep[3]
-        for j in range(h):
-            dz_g[j], dz_f[j], dz_i[j], dz_o[j], d_c[j] = _cell_backward(
-                c_prev[j], g_row[j], f_row[j], i_row[j], o_row[j], a_row[j], d_h[j], d_c[j],
-                pg[j], pf[j], pi[j], po[j], one)
-        for r in range(4 * h):
-            d_gates[r, first] = dz[r]
-        return
-    for j in range(h):
-        pg, pf, pi, po = peep[0, j], peep[1, j], peep[2, j], peep[3, j]
-        for n in range(dh.shape[1]):
-            col = first + n
-            dz_gj, dz_fj, dz_ij, dz_oj, dc_prev = _cell_backward(
-                block[j, n], block[h + j, n], block[2 * h + j, n], block[3 * h + j, n], block[4 * h + j, n],
-                block[5 * h + j, n], dh[j, n], dc[j, n], pg, pf, pi, po, one)
-            dc[j, n] = dc_prev
-            d_gates[j, col] = dz_gj
-            d_gates[h + j, col] = dz_fj
-            d_gates[2 * h + j, col] = dz_ij
-            d_gates[3 * h + j, col] = dz_oj
+    m = h * dh.shape[1]
+    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 6)
+    d_h, d_c = dh.reshape(m), dc.reshape(m)
+    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * m), m, 4)
+    pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
+    for e in range(m):
+        dz_g[e], dz_f[e], dz_i[e], dz_o[e], d_c[e] = _cell_backward(
+            c_prev[e], g_row[e], f_row[e], i_row[e], o_row[e], a_row[e], d_h[e], d_c[e],
+            pg[e], pf[e], pi[e], po[e], one)
 
 
 @_kernel
-def _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
+def _backprop(steps, dy, lengths, u_t, pe, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
               chunk_first):
     """Backward through the walking steps ``k_end − 1`` down to ``k_begin`` (one chunk, whose
     first time step is ``chunk_first``): ``dz`` into
@@ -610,7 +597,7 @@ def _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first,
     ``dh`` and ``dc`` through."""
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
-    dz = np.empty(4 * h, steps.dtype)
+    dz = np.empty((4 * h, batch), steps.dtype)
     for k in range(k_end - 1, k_begin - 1, -1):
         t = seq_len - 1 - k if reverse else k
         block = steps[t]
@@ -620,27 +607,33 @@ def _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first,
             active = not lengths.size or t < lengths[n]
             for j in range(h):
                 dh[j, n] = carried[j, n] + dy[t, n, j] if dy.size and active else carried[j, n]
-                carried[j, n] = dc[j, n]  # kept for the sequences past their length
-        _backward_step(h, block, dh, dc, d_gates, first, peep, dz)
+        if lengths.size:
+            for j in range(h):
+                for n in range(batch):
+                    carried[j, n] = dc[j, n]  # kept for the sequences past their length
+        _backward_step(h, block, dh, dc, dz, pe)
         some_inactive = False
         for n in range(batch):
             if lengths.size and t >= lengths[n]:  # dz = 0; dh and dc pass through
                 some_inactive = True
                 for r in range(4 * h):
-                    d_gates[r, first + n] = 0.0
+                    dz[r, n] = 0.0
                 for j in range(h):
                     dc[j, n] = carried[j, n]
                     carried[j, n] = dh[j, n]
-            else:
+            elif lengths.size:  # the base of the product below (beta = 1)
                 for j in range(h):
                     carried[j, n] = 0.0
+        for r in range(4 * h):
+            for n in range(batch):
+                d_gates[r, first + n] = dz[r, n]
         target = dh_first if k == 0 else carried
         if k == 0:
             for j in range(h):
                 for n in range(batch):
-                    dh_first[j, n] = carried[j, n]
+                    dh_first[j, n] = carried[j, n] if lengths.size else 0.0
         beta = 1.0 if some_inactive or k == 0 else 0.0
-        _mm(u_t, False, d_gates[:, first:first + batch], False, target, beta)
+        _mm(u_t, False, dz, False, target, beta)
 
 
 @_kernel
@@ -683,13 +676,14 @@ def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d
 
 
 @_kernel
-def _backward(x2, wx_t, u_t, peep, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u, d_bias,
+def _backward(x2, wx_t, u_t, peep, pe, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u, d_bias,
               d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, reverse):
     """One layer and direction backward from a training forward's cache, on one thread (BLAS
     may use more).
 
     ``x2`` (T·N, I) the layer input; ``wx_t`` (I, 4H), ``u_t`` (H, 4H) and ``peep`` (4, H) the
-    true weights (zero peepholes when ``has_peep`` is false); ``steps``/``hidden`` the cache;
+    true weights (zero peepholes when ``has_peep`` is false), ``pe`` (4, H·N) the peepholes
+    repeated over the sequences; ``steps``/``hidden`` the cache;
     ``dy`` (T, N, H) (any strides) or (0, 0, 0); ``carried`` (H, N) the final hidden state's
     gradient and ``dc`` (H, N) the final cell's, updated to the initial cell's. Writes
     (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), ``d_peep``, ``dh_first``
@@ -701,7 +695,7 @@ def _backward(x2, wx_t, u_t, peep, has_peep, lengths, steps, hidden, dy, dc, car
     n_chunks = (seq_len + chunk - 1) // chunk
     for q in range(n_chunks - 1, -1, -1):  # backward walks the chunks, and their steps, in reverse
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-        _backprop(steps, dy, lengths, u_t, peep, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
+        _backprop(steps, dy, lengths, u_t, pe, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
                   first_t)
         _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
                         d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0)
@@ -800,7 +794,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     dh = scratch.array("lstm_numba_dh", (h, batch), dtype)
     dy = _EMPTY3[dtype] if dy is None else dy
     lengths = _NO_LENGTHS if lengths is None else lengths
-    _backward(x2, w.wx_t, w.u_t, peep, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u, d_bias,
+    _backward(x2, w.wx_t, w.u_t, peep, np.repeat(peep, batch, axis=1), has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u, d_bias,
               d_peep, d_input, 1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, reverse)
     np.copyto(dh_initial, dh_first.T)
     np.copyto(dc_initial, dc.T)
