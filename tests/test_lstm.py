@@ -700,36 +700,46 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, monkeypatch, rng)
 @pytest.mark.parametrize("hidden_size", [5, 37])
 def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, monkeypatch,
                                                                    rng):
-    """Inference with each step's units shared out over threads (a thread may get no unit:
-    H = 5 over 2 or 3 parts cut at multiples of 16) agrees with the reference, with lengths
-    (one of 0), diagonal peepholes, both directions, two layers, initial states and chunks of
-    steps; training keeps the calling thread's kernels."""
+    """Each step's units and each product shared out over threads (a thread may get no unit:
+    H = 5 over 2 or 3 parts cut at multiples of 16) agree with the reference, forward and
+    backward, inference and training, with lengths (one of 0), diagonal peepholes, both
+    directions, two layers, initial states, final-state gradients and chunks of steps."""
     from bnnsfw.backends import _numba_lstm
 
     used = []
-    original = _numba_lstm._forward_threads
+    for name in ("_forward_threads", "_backward_threads"):
+        original = getattr(_numba_lstm, name)
 
-    def spy(*args):
-        used.append(args[0])
-        return original(*args)
+        def spy(*args, _original=original, _name=name):
+            used.append((_name, args[0]))
+            return _original(*args)
 
+        monkeypatch.setattr(_numba_lstm, name, spy)
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
-    monkeypatch.setattr(_numba_lstm, "_forward_threads", spy)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
     params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2, bidirectional=True,
                                    peepholes="diagonal", seed=4, dtype=dtype)
     x = rng.standard_normal((6, 4, 3)).astype(dtype)
+    dy = rng.standard_normal((6, 4, 2 * hidden_size)).astype(dtype)
     states = tuple(rng.standard_normal((4, 4, hidden_size)).astype(dtype) for _ in range(2))
+    final_grads = tuple(rng.standard_normal((4, 4, hidden_size)).astype(dtype) for _ in range(2))
     lengths = np.array([6, 2, 0, 5])
     results = []
     for name in ("numpy", "numba"):
         with layer_for(params, name) as layer:
             inference = layer.apply(x, *states, sequence_lengths=lengths)
             plain = layer.apply(x)
-            trained = layer.apply(x, *states, training=True, sequence_lengths=lengths)
-        results.append([inference.output, inference.hidden, inference.cell, plain.output, plain.hidden,
-                        trained.output])
-    assert used == [parts] * 8  # 2 inference calls × 2 layers × 2 directions; training: none
+            out = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+            grads = layer.apply_backward(x, dy, *states, *final_grads, sequence_lengths=lengths,
+                                         training_cache=out.training_cache)
+        arrays = [inference.output, inference.hidden, inference.cell, plain.output, plain.hidden, out.output,
+                  out.hidden, out.cell, grads.input, grads.hidden, grads.cell]
+        for gate in grads.gates:
+            arrays += [a for a in (*gate.input_weights, gate.hidden_weights, gate.bias, gate.cell_weights)
+                       if a is not None]
+        results.append(arrays)
+    # 3 forward calls and 1 backward, each 2 layers × 2 directions
+    assert sorted(used) == [("_backward_threads", parts)] * 4 + [("_forward_threads", parts)] * 12
     rtol, atol = TOLERANCE[np.dtype(dtype)]
     for k, (got, want) in enumerate(zip(results[1], results[0])):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")

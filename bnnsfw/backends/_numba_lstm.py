@@ -25,13 +25,14 @@ What is compiled, and why:
   four gates and the cell gradient, then one product ``Uᵀ dz``; the bias and peephole
   gradients are one pass per chunk over its ``dz``. The forward pass runs over each gate's
   ``H·N`` elements as one unit-stride loop (feature-major blocks keep them consecutive).
-- **Inference steps shared out over threads** (:func:`step_parts`): for several sequences and
+- **Steps shared out over threads** (:func:`step_parts`): for several sequences and
   a step product of at least :data:`THREADED_STEP_MIN` multiply-adds, each of Numba's threads
   takes a run of units and computes their four gate rows of ``U h`` with its own dot-product
   kernel (its rows of ``U`` stay in its cache from step to step, where BLAS repacks all of
-  ``U`` at every call), then their fused update: one parallel region per step. BLAS is held
-  to one thread meanwhile and the input projection is shared out by rows, so the two thread
-  pools never wait for the cores at once.
+  ``U`` at every call), then their fused update: one parallel region per step (two in
+  backward: the pass, then ``Uᵀ dz`` by rows of units). BLAS is held to one thread meanwhile
+  and the chunk products are shared out by rows, each thread calling a one-thread BLAS, so
+  the two thread pools never wait for the cores at once.
 - float32 uses a rational tanh (an odd polynomial over an even one on ``|x| ≤ 7.9``; largest
   error about 2e-7 absolute, inside the contract's float32 tolerance), which is pure
   multiply-add and one division, so with ``fastmath`` and the NumPy error model (no
@@ -99,9 +100,9 @@ def serves(plan: LSTMStepPlan) -> bool:
             and all(kind in (None, "diagonal") for kind in plan.peepholes))
 
 
-#: Smallest product ``4H·H·N`` of a step whose units are shared out over threads in inference
+#: Smallest product ``4H·H·N`` of a step whose units are shared out over threads
 #: (:func:`step_parts`); below it one thread with BLAS is faster (the demo's model, 2¹⁷: 0.70 ms
-#: against 0.85 with two threads).
+#: against 0.85 forward with two threads, 2.4 against 5.7 for a training step).
 THREADED_STEP_MIN = 1 << 19
 
 
@@ -115,10 +116,11 @@ def _cheap_parallel_regions() -> bool:
 
 
 def step_parts(hidden_size: int, batch: int) -> int:
-    """Threads that share out the units of each step of an inference call
-    (:func:`_forward_threads`): Numba's thread count for steps of at least
-    :data:`THREADED_STEP_MIN` multiply-adds over several sequences when parallel regions are
-    cheap, else 1 (the steps on the calling thread, BLAS's own threads in the product)."""
+    """Threads that share out the units of each step and the products of a call
+    (:func:`_forward_threads`, :func:`_backward_threads`): Numba's thread count for steps of
+    at least :data:`THREADED_STEP_MIN` multiply-adds over several sequences when parallel
+    regions are cheap, else 1 (the steps on the calling thread, BLAS's own threads in the
+    products)."""
     threads = numba.get_num_threads()
     if threads < 2 or batch < 2 or 4 * hidden_size * hidden_size * batch < THREADED_STEP_MIN:
         return 1
@@ -702,6 +704,170 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, lengths, steps, hidden, dy, dc,
 
 
 # --------------------------------------------------------------------------------------
+# Backward with the steps shared out over threads (as forward's, :func:`_forward_threads`).
+# --------------------------------------------------------------------------------------
+@_kernel
+def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, dzt, d_gates, first):
+    """One backward step for the units ``j0 … j1 − 1``: ``dh = carried + dy`` (the output's
+    gradient only within a sequence's length), the fused pass into their rows of ``dz`` (4H, N),
+    copied to ``d_gates``'s step columns and to ``dzt`` (N, 4H) for the product; ``dc`` updated.
+    ``carried`` is left as the base the product adds to: the pass-through ``dh`` of a sequence
+    past its length, 0 for the others (whose ``dc`` passes through as well)."""
+    h = carried.shape[0]
+    batch = carried.shape[1]
+    count = j1 - j0
+    m = count * batch
+    if m == 0:
+        return
+    one = block.dtype.type(1.0)
+    for jj in range(count):
+        j = j0 + jj
+        for n in range(batch):
+            active = not lengths.size or t < lengths[n]
+            dh[j, n] = carried[j, n] + dy[t, n, j] if dy.size and active else carried[j, n]
+    hn, a0 = h * batch, j0 * batch
+    flat = block.reshape(6 * hn)
+    c_prev, g_row, f_row = flat[a0:a0 + m], flat[hn + a0:hn + a0 + m], flat[2 * hn + a0:2 * hn + a0 + m]
+    i_row, o_row, a_row = (flat[3 * hn + a0:3 * hn + a0 + m], flat[4 * hn + a0:4 * hn + a0 + m],
+                           flat[5 * hn + a0:5 * hn + a0 + m])
+    pg, pf, pi, po = pe[0, a0:a0 + m], pe[1, a0:a0 + m], pe[2, a0:a0 + m], pe[3, a0:a0 + m]
+    d_h, d_c = dh.reshape(hn)[a0:a0 + m], dc.reshape(hn)[a0:a0 + m]
+    zs = dz.reshape(4 * hn)
+    dz_g, dz_f, dz_i, dz_o = zs[a0:a0 + m], zs[hn + a0:hn + a0 + m], zs[2 * hn + a0:2 * hn + a0 + m], \
+        zs[3 * hn + a0:3 * hn + a0 + m]
+    kept = np.empty(m, block.dtype)  # dc before the pass, for the sequences past their length
+    for e in range(m):
+        kept[e] = d_c[e]
+    for e in range(m):
+        dz_g[e], dz_f[e], dz_i[e], dz_o[e], d_c[e] = _cell_backward(
+            c_prev[e], g_row[e], f_row[e], i_row[e], o_row[e], a_row[e], d_h[e], d_c[e],
+            pg[e], pf[e], pi[e], po[e], one)
+    for n in range(batch):
+        if lengths.size and t >= lengths[n]:  # dz = 0; dh and dc pass through
+            for jj in range(count):
+                j = j0 + jj
+                for g in range(4):
+                    dz[g * h + j, n] = 0.0
+                dc[j, n] = kept[jj * batch + n]
+                carried[j, n] = dh[j, n]
+        else:
+            for jj in range(count):
+                carried[j0 + jj, n] = 0.0
+    for g in range(4):
+        for jj in range(count):
+            r = g * h + j0 + jj
+            for n in range(batch):
+                d_gates[r, first + n] = dz[r, n]
+                dzt[n, r] = dz[r, n]
+
+
+@_threaded
+def _backward_step_threads(parts, block, dy, t, lengths, pe, dc, carried, dh, dz, dzt, d_gates, first):
+    """The pass of one backward step, its units shared out over ``parts`` threads."""
+    h = carried.shape[0]
+    for p in numba.prange(parts):
+        j0, j1 = _part(h, parts, p)
+        _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, dzt, d_gates, first)
+
+
+@_threaded
+def _carry_threads(parts, u_t, dzt, carried, target):
+    """``target = carried + U^T dz`` (the gradient for the hidden state before the step), its
+    rows (units) shared out over ``parts`` threads; ``u_t`` (H, 4H) with unit-stride rows."""
+    h = carried.shape[0]
+    for p in numba.prange(parts):
+        j0, j1 = _part(h, parts, p)
+        if j1 > j0:
+            _dots(u_t, j0, j1, dzt, carried, 0, target[j0:j1])
+
+
+@_kernel
+def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, dzt, d_gates, dh_first,
+                      reverse, k_begin, k_end, chunk_first):
+    """:func:`_backprop` with each step shared out over ``parts`` threads: one region for the
+    pass, one for the product."""
+    seq_len, batch = steps.shape[0], steps.shape[2]
+    for k in range(k_end - 1, k_begin - 1, -1):
+        t = seq_len - 1 - k if reverse else k
+        first = (t - chunk_first) * batch
+        _backward_step_threads(parts, steps[t], dy, t, lengths, pe, dc, carried, dh, dz, dzt, d_gates, first)
+        _carry_threads(parts, u_t, dzt, carried, dh_first if k == 0 else carried)
+
+
+@_threaded
+def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
+                            d_peep, d_input, input_beta, chunk_first, count, beta):
+    """:func:`_chunk_products` shared out over ``parts`` threads, each calling a one-thread
+    BLAS: rows of the weight gradients, of the input gradient, units for the columns and the
+    peepholes."""
+    batch = steps.shape[2]
+    h = steps.shape[1] // 6
+    width = count * batch
+    x0 = chunk_first * batch
+    for p in numba.prange(parts):
+        j0, j1 = _part(h, parts, p)
+        for s in range(count):
+            state = hidden[chunk_first + s]
+            for j in range(j0, j1):
+                for n in range(batch):
+                    columns[j, s * batch + n] = state[j, n]
+    for p in numba.prange(parts):
+        r0, r1 = p * 4 * h // parts, (p + 1) * 4 * h // parts
+        c0, c1 = p * width // parts, (p + 1) * width // parts
+        if r1 > r0:
+            _mm(d_gates[r0:r1, :width], False, x2[x0:x0 + width], False, d_wx[r0:r1], beta)
+            _mm(d_gates[r0:r1, :width], False, columns[:, :width], True, d_u[r0:r1], beta)
+        if c1 > c0:
+            _mm(d_gates[:, c0:c1], True, wx_t, True,
+                d_input[x0 + c0:x0 + c1], input_beta)
+        for r in range(r0, r1):
+            total = d_bias.dtype.type(0.0)
+            for column in range(width):
+                total += d_gates[r, column]
+            d_bias[r] = total if beta == 0.0 else d_bias[r] + total
+        if has_peep:
+            j0, j1 = _part(h, parts, p)
+            for j in range(j0, j1):
+                s0 = s1 = s2 = s3 = d_peep.dtype.type(0.0)
+                for s in range(count):
+                    block = steps[chunk_first + s]
+                    for n in range(batch):
+                        column = s * batch + n
+                        c_prev = block[j, n]
+                        s0 += d_gates[j, column] * c_prev
+                        s1 += d_gates[h + j, column] * c_prev
+                        s2 += d_gates[2 * h + j, column] * c_prev
+                        c_new = block[2 * h + j, n] * c_prev + block[3 * h + j, n] * block[h + j, n]
+                        s3 += d_gates[3 * h + j, column] * c_new
+                if beta == 0.0:
+                    d_peep[0, j], d_peep[1, j], d_peep[2, j], d_peep[3, j] = s0, s1, s2, s3
+                else:
+                    d_peep[0, j] += s0
+                    d_peep[1, j] += s1
+                    d_peep[2, j] += s2
+                    d_peep[3, j] += s3
+
+
+@_kernel
+def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx,
+                      d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, dzt,
+                      reverse):
+    """:func:`_backward` with every step and every product shared out over ``parts`` threads
+    (BLAS held to one thread by the caller); ``u_t`` with unit-stride rows, scratch ``dz``
+    (4H, N) and ``dzt`` (N, 4H)."""
+    seq_len, batch = steps.shape[0], steps.shape[2]
+    chunk = d_gates.shape[1] // batch
+    n_chunks = (seq_len + chunk - 1) // chunk
+    for q in range(n_chunks - 1, -1, -1):
+        k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
+        _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, dzt, d_gates, dh_first,
+                          reverse, k_begin, k_end, first_t)
+        _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
+                                d_peep, d_input, input_beta, first_t, k_end - k_begin,
+                                0.0 if q == n_chunks - 1 else 1.0)
+
+
+# --------------------------------------------------------------------------------------
 # The per-sequence kernels the stack calls (``LSTMStack`` signatures).
 # --------------------------------------------------------------------------------------
 _EMPTY: dict[np.dtype, np.ndarray] = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
@@ -726,11 +892,9 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
             lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None, output: np.ndarray,
             h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch, parts: int = 1) -> None:
     """One layer and direction forward (:func:`_forward`); ``steps`` is (T, 6H, N), with a
-    zero stride along T in inference (then ``hidden`` is None). An inference call with
-    ``parts`` > 1 shares out each step's units over that many threads (:func:`_forward_threads`,
-    BLAS held to one thread meanwhile); training keeps BLAS's threads, which backward uses: two
-    pools of waiting threads in turn took the cores from each other (the L row's training step
-    took 105 ms instead of 53)."""
+    zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
+    units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
+    thread meanwhile); :func:`backward` then takes the same ``parts``."""
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -748,7 +912,7 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     h0f, c0f = _feature_major(h0, dtype), _feature_major(c0, dtype)
     lengths = _NO_LENGTHS if lengths is None else lengths
     pe = np.repeat(peep, batch, axis=1)
-    if parts > 1 and inference:
+    if parts > 1:
         u = np.ascontiguousarray(w.u)
         ht = scratch.array("lstm_numba_ht", (2, batch, h), dtype)
         with blas_limit(1):
@@ -765,7 +929,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
              hidden: np.ndarray, dy: np.ndarray | None, dh_final: np.ndarray | None,
              dc_final: np.ndarray | None, dh_initial: np.ndarray, dc_initial: np.ndarray,
              d_input: np.ndarray, *, accumulate_input: bool, reverse: bool,
-             scratch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+             scratch, parts: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """One layer and direction backward (:func:`_backward`). Returns the stacked
     internal-order gradients ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,) and the
     diagonal peepholes' (4, H) (None without peepholes); writes ``d_input`` (added to it with
@@ -794,8 +958,19 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     dh = scratch.array("lstm_numba_dh", (h, batch), dtype)
     dy = _EMPTY3[dtype] if dy is None else dy
     lengths = _NO_LENGTHS if lengths is None else lengths
-    _backward(x2, w.wx_t, w.u_t, peep, np.repeat(peep, batch, axis=1), has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u, d_bias,
-              d_peep, d_input, 1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, reverse)
+    pe = np.repeat(peep, batch, axis=1)
+    if parts > 1:
+        dz = scratch.array("lstm_numba_dz", (4 * h, batch), dtype)
+        dzt = scratch.array("lstm_numba_dzt", (batch, 4 * h), dtype)
+        with blas_limit(1):
+            _backward_threads(parts, x2, w.wx_t, np.ascontiguousarray(w.u_t), pe, has_peep, lengths, steps,
+                              hidden, dy, dc, carried, d_wx, d_u, d_bias, d_peep, d_input,
+                              1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, dz, dzt,
+                              reverse)
+    else:
+        _backward(x2, w.wx_t, w.u_t, peep, pe, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u,
+                  d_bias, d_peep, d_input, 1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh,
+                  reverse)
     np.copyto(dh_initial, dh_first.T)
     np.copyto(dc_initial, dc.T)
     return d_wx, d_u, d_bias, (d_peep if has_peep else None)

@@ -1,8 +1,8 @@
 """A backend with compiled (Numba) kernels, on top of the ``scipy-blas`` backend.
 
 It runs each layer and direction of the LSTM as compiled loops (:mod:`._numba_lstm`: per step
-one BLAS product and one fused, vectorized pass, forward and backward, or in inference one
-parallel region whose threads each take a run of units; the input projection and the weight
+one BLAS product and one fused, vectorized pass, forward and backward, or for larger steps
+parallel regions whose threads each take a run of units; the input projection and the weight
 gradients one product per chunk of steps) for the cell almost every model uses,
 with or without diagonal peepholes, over full or variable lengths; and normalization with the
 statistics of the batch and the identity activation with compiled, multithreaded row kernels
@@ -51,14 +51,15 @@ def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, l
                        dc_final: np.ndarray | None, dh_initial: np.ndarray, dc_initial: np.ndarray,
                        d_input: np.ndarray, gates: Sequence[LSTMGateArrays], *, lengths: np.ndarray | None,
                        active: np.ndarray | None, inactive: Sequence[np.ndarray | None],
-                       workspace: Workspace) -> None:
+                       workspace: Workspace, parts: int = 1) -> None:
     """One layer and direction backward, compiled, weight gradients included
-    (``DirectionKernels.backward``)."""
+    (``DirectionKernels.backward``); ``parts`` threads share out each step and each product
+    when it is above 1."""
     hidden = views.hidden[layer][d]
     assert hidden is not None  # a training cache keeps the states
     d_wx, d_u, d_bias, d_peep = _numba_lstm.backward(
         w, layer_input, lengths, views.steps[layer][d], hidden, dy, dh_final, dc_final, dh_initial,
-        dc_initial, d_input, accumulate_input=d > 0, reverse=d == 1, scratch=workspace)
+        dc_initial, d_input, accumulate_input=d > 0, reverse=d == 1, scratch=workspace, parts=parts)
     scatter_gradients(layer, d, d_wx, d_u, d_bias, [None] * 4 if d_peep is None else list(d_peep), gates)
 
 
@@ -76,7 +77,8 @@ class NumbaBackend(ScipyBlasBackend):
         activations, no or diagonal peepholes, any lengths); what ``scipy-blas`` picks otherwise."""
         if _numba_lstm.serves(plan):
             parts = _numba_lstm.step_parts(plan.hidden_size, batch)
-            return DirectionKernels(functools.partial(_compiled_forward, parts=parts), _compiled_backward)
+            return DirectionKernels(functools.partial(_compiled_forward, parts=parts),
+                                    functools.partial(_compiled_backward, parts=parts))
         return super()._lstm_direction_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
