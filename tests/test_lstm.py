@@ -698,12 +698,14 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, monkeypatch, rng)
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("hidden_size", [5, 37])
-def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, monkeypatch,
-                                                                   rng):
+@pytest.mark.parametrize("blas_steps", [False, True])
+def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, blas_steps,
+                                                                   monkeypatch, rng):
     """Each step's units and each product shared out over threads (a thread may get no unit:
-    H = 5 over 2 or 3 parts cut at multiples of 16) agree with the reference, forward and
-    backward, inference and training, with lengths (one of 0), diagonal peepholes, both
-    directions, two layers, initial states, final-state gradients and chunks of steps."""
+    H = 5 over 2 or 3 parts cut at multiples of 16), each thread's share of a step's product
+    made by the dots kernel or by BLAS, agree with the reference, forward and backward,
+    inference and training, with lengths (one of 0), diagonal peepholes, both directions, two
+    layers, initial states, final-state gradients and chunks of steps."""
     from bnnsfw.backends import _numba_lstm
 
     used = []
@@ -717,6 +719,7 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
         monkeypatch.setattr(_numba_lstm, name, spy)
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
+    monkeypatch.setattr(_numba_lstm, "BLAS_STEP_MIN_BATCH", 1 if blas_steps else 1000)
     params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2, bidirectional=True,
                                    peepholes="diagonal", seed=4, dtype=dtype)
     x = rng.standard_normal((6, 4, 3)).astype(dtype)

@@ -424,13 +424,17 @@ def _part(h, parts, p):
 
 
 @_kernel
-def _forward_part(j0, j1, u, ht_prev, projection, first, pe, block, h_prev, c_next, h_next, ht_next, out_t,
-                  lengths, t, with_product):
+def _forward_part(j0, j1, u, u_parts, ht_prev, projection, first, pe, block, h_prev, c_next, h_next, ht_next,
+                  out_t, lengths, t, with_product):
     """One step for the units ``j0 … j1 − 1``: their four gate rows of ``U h + W x + b`` (``U h``
     left out for a zero state), the fused cell update, the cache block's rows, the new states
     (``c_next``/``h_next`` (H, N), ``ht_next`` (N, H)) and the output row ``out_t`` (N, H); a
     sequence past its length keeps its state and outputs zeros. ``pe`` (4, H·N) holds the
-    diagonal peepholes repeated over the sequences (zeros without them)."""
+    diagonal peepholes repeated over the sequences (zeros without them).
+
+    ``U h`` is one one-thread BLAS product of the thread's rows of ``u_parts`` (``U``'s rows
+    regrouped so that each thread's four gate blocks are consecutive: rows ``4·j0 … 4·j1 − 1``)
+    when ``u_parts`` is not empty, else :func:`_dots` on ``u``'s rows."""
     h = u.shape[1]
     batch = block.shape[1]
     count = j1 - j0
@@ -439,14 +443,17 @@ def _forward_part(j0, j1, u, ht_prev, projection, first, pe, block, h_prev, c_ne
         return
     half = block.dtype.type(0.5)
     zl = np.empty((4, m), block.dtype)  # the thread's own: aliases nothing, so the pass vectorizes
+    blas = u_parts.size > 0
     for g in range(4):
         rows = zl[g].reshape((count, batch))
-        if with_product:
+        if with_product and not blas:
             _dots(u, g * h + j0, g * h + j1, ht_prev, projection, first, rows)
         else:
             for jj in range(count):
                 for n in range(batch):
                     rows[jj, n] = projection[g * h + j0 + jj, first + n]
+    if with_product and blas:
+        _mm(u_parts[4 * j0:4 * j1], False, h_prev, False, zl.reshape((4 * count, batch)), 1.0)
     hn, a0 = h * batch, j0 * batch
     flat = block.reshape(6 * hn)
     c_prev, g_row, f_row = flat[a0:a0 + m], flat[hn + a0:hn + a0 + m], flat[2 * hn + a0:2 * hn + a0 + m]
@@ -484,14 +491,14 @@ def _forward_part(j0, j1, u, ht_prev, projection, first, pe, block, h_prev, c_ne
 
 
 @_threaded
-def _forward_step_threads(parts, u, ht_prev, projection, first, pe, block, h_prev, c_next, h_next, ht_next,
-                          out_t, lengths, t, with_product):
+def _forward_step_threads(parts, u, u_parts, ht_prev, projection, first, pe, block, h_prev, c_next, h_next,
+                          ht_next, out_t, lengths, t, with_product):
     """One forward step, its units shared out over ``parts`` threads (:func:`_forward_part`)."""
     h = u.shape[1]
     for p in numba.prange(parts):
         j0, j1 = _part(h, parts, p)
-        _forward_part(j0, j1, u, ht_prev, projection, first, pe, block, h_prev, c_next, h_next, ht_next,
-                      out_t, lengths, t, with_product)
+        _forward_part(j0, j1, u, u_parts, ht_prev, projection, first, pe, block, h_prev, c_next, h_next,
+                      ht_next, out_t, lengths, t, with_product)
 
 
 @_threaded
@@ -511,8 +518,8 @@ def _project_threads(parts, wx, bias, x2, projection, first_t, count, batch):
 
 
 @_kernel
-def _recur_threads(parts, projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, ht, out, h_fin,
-                   c_fin, reverse, k_begin, k_end):
+def _recur_threads(parts, projection, chunk_first, u, u_parts, pe, h0, c0, lengths, steps, hidden, ht, out,
+                   h_fin, c_fin, reverse, k_begin, k_end):
     """:func:`_recur` with each step shared out over ``parts`` threads; ``ht`` (2, N, H) holds
     the hidden state sequence-major for the product, taken in turn."""
     six_h, batch = steps.shape[1], steps.shape[2]
@@ -536,13 +543,14 @@ def _recur_threads(parts, projection, chunk_first, u, pe, h0, c0, lengths, steps
             following = t - 1 if reverse else t + 1
             c_next = steps[following % blocks, :h]
             h_next = hidden[following % blocks]
-        _forward_step_threads(parts, u, ht[k % 2], projection, (t - chunk_first) * batch, pe, block, h_prev,
-                              c_next, h_next, ht[(k + 1) % 2], out[t], lengths, t, k > 0 or h0.size > 0)
+        _forward_step_threads(parts, u, u_parts, ht[k % 2], projection, (t - chunk_first) * batch, pe, block,
+                              h_prev, c_next, h_next, ht[(k + 1) % 2], out[t], lengths, t,
+                              k > 0 or h0.size > 0)
 
 
 @_kernel
-def _forward_threads(parts, x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden, ht, out, h_fin, c_fin,
-                     projection, reverse):
+def _forward_threads(parts, x2, wx, bias, u, u_parts, pe, h0, c0, lengths, steps, hidden, ht, out, h_fin,
+                     c_fin, projection, reverse):
     """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` has unit-stride
     rows, ``pe`` (4, H·N) as in :func:`_forward_part`, ``ht`` (2, N, H) scratch."""
     seq_len, batch = out.shape[0], out.shape[1]
@@ -550,8 +558,8 @@ def _forward_threads(parts, x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden,
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
-        _recur_threads(parts, projection, first_t, u, pe, h0, c0, lengths, steps, hidden, ht, out, h_fin,
-                       c_fin, reverse, k_begin, k_end)
+        _recur_threads(parts, projection, first_t, u, u_parts, pe, h0, c0, lengths, steps, hidden, ht, out,
+                       h_fin, c_fin, reverse, k_begin, k_end)
 
 
 # --------------------------------------------------------------------------------------
@@ -771,18 +779,26 @@ def _backward_step_threads(parts, block, dy, t, lengths, pe, dc, carried, dh, dz
 
 
 @_threaded
-def _carry_threads(parts, u_t, dzt, carried, target):
+def _carry_threads(parts, u_t, dz, dzt, blas, carried, target):
     """``target = carried + U^T dz`` (the gradient for the hidden state before the step), its
-    rows (units) shared out over ``parts`` threads; ``u_t`` (H, 4H) with unit-stride rows."""
+    rows (units) shared out over ``parts`` threads; ``u_t`` (H, 4H) with unit-stride rows. A
+    one-thread BLAS product per thread with ``blas``, else :func:`_dots` on ``dzt``."""
     h = carried.shape[0]
+    batch = carried.shape[1]
     for p in numba.prange(parts):
         j0, j1 = _part(h, parts, p)
-        if j1 > j0:
+        if j1 > j0 and blas:
+            if target.ctypes.data != carried.ctypes.data:
+                for j in range(j0, j1):
+                    for n in range(batch):
+                        target[j, n] = carried[j, n]
+            _mm(u_t[j0:j1], False, dz, False, target[j0:j1], 1.0)
+        elif j1 > j0:
             _dots(u_t, j0, j1, dzt, carried, 0, target[j0:j1])
 
 
 @_kernel
-def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, dzt, d_gates, dh_first,
+def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, dzt, blas, d_gates, dh_first,
                       reverse, k_begin, k_end, chunk_first):
     """:func:`_backprop` with each step shared out over ``parts`` threads: one region for the
     pass, one for the product."""
@@ -791,7 +807,7 @@ def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, d
         t = seq_len - 1 - k if reverse else k
         first = (t - chunk_first) * batch
         _backward_step_threads(parts, steps[t], dy, t, lengths, pe, dc, carried, dh, dz, dzt, d_gates, first)
-        _carry_threads(parts, u_t, dzt, carried, dh_first if k == 0 else carried)
+        _carry_threads(parts, u_t, dz, dzt, blas, carried, dh_first if k == 0 else carried)
 
 
 @_threaded
@@ -850,7 +866,7 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
 
 @_kernel
 def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx,
-                      d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, dzt,
+                      d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, dzt, blas,
                       reverse):
     """:func:`_backward` with every step and every product shared out over ``parts`` threads
     (BLAS held to one thread by the caller); ``u_t`` with unit-stride rows, scratch ``dz``
@@ -860,8 +876,8 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
     n_chunks = (seq_len + chunk - 1) // chunk
     for q in range(n_chunks - 1, -1, -1):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-        _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, dzt, d_gates, dh_first,
-                          reverse, k_begin, k_end, first_t)
+        _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, dzt, blas, d_gates,
+                          dh_first, reverse, k_begin, k_end, first_t)
         _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
                                 d_peep, d_input, input_beta, first_t, k_end - k_begin,
                                 0.0 if q == n_chunks - 1 else 1.0)
@@ -873,6 +889,24 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
 _EMPTY: dict[np.dtype, np.ndarray] = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
 _EMPTY3: dict[np.dtype, np.ndarray] = {np.dtype(t): np.empty((0, 0, 0), t) for t in (np.float32, np.float64)}
 _NO_LENGTHS = np.empty(0, np.int64)
+
+
+#: Fewest sequences for which a thread's share of a step's product is a one-thread BLAS call
+#: rather than :func:`_dots`. Measured on two threads, whole layers, BLAS against the dots:
+#: XL (N = 64) 57.7 against 62.4 ms forward and 160 against 170 training; L (N = 32) 16.4
+#: against 14.4 and 47.6 against 46.0; M (N = 16) even; long (N = 8) 203 against 164 and 556
+#: against 466.
+BLAS_STEP_MIN_BATCH = 64
+
+
+def _part_rows(h: int, parts: int) -> np.ndarray:
+    """The rows of ``U`` (4H, ·) regrouped per thread (:func:`_part`): thread ``p``'s four gate
+    blocks, its units each, consecutive, at rows ``4·j0 … 4·j1 − 1``."""
+    runs = []
+    for p in range(parts):
+        j0, j1 = _part(h, parts, p)
+        runs += [np.arange(g * h + j0, g * h + j1) for g in range(4)]
+    return np.concatenate(runs)
 
 
 def _feature_major(state: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
@@ -914,10 +948,11 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     pe = np.repeat(peep, batch, axis=1)
     if parts > 1:
         u = np.ascontiguousarray(w.u)
+        u_parts = u[_part_rows(h, parts)] if batch >= BLAS_STEP_MIN_BATCH else _EMPTY[dtype]
         ht = scratch.array("lstm_numba_ht", (2, batch, h), dtype)
         with blas_limit(1):
-            _forward_threads(parts, x2, wx, bias, u, pe, h0f, c0f, lengths, steps, hidden, ht, output, h_fin,
-                             c_fin, projection, reverse)
+            _forward_threads(parts, x2, wx, bias, u, u_parts, pe, h0f, c0f, lengths, steps, hidden, ht,
+                             output, h_fin, c_fin, projection, reverse)
     else:
         _forward(x2, wx, bias, w.u, pe, h0f, c0f, lengths, steps, hidden, output, h_fin, c_fin, projection,
                  reverse)
@@ -966,7 +1001,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
             _backward_threads(parts, x2, w.wx_t, np.ascontiguousarray(w.u_t), pe, has_peep, lengths, steps,
                               hidden, dy, dc, carried, d_wx, d_u, d_bias, d_peep, d_input,
                               1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, dz, dzt,
-                              reverse)
+                              batch >= BLAS_STEP_MIN_BATCH, reverse)
     else:
         _backward(x2, w.wx_t, w.u_t, peep, pe, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u,
                   d_bias, d_peep, d_input, 1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh,
