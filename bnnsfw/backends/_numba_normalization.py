@@ -14,7 +14,10 @@ identity activation:
 - **batch statistics** (batch norm): one statistics set per channel ``g`` over ``N`` and ``S``;
   channels go to the threads.
 
-Sums are accumulated in float64 whatever the data's dtype. A statistics set whose values are
+The statistics (mean and centred sum of squares) are summed in float64 whatever the data's
+dtype. Backward's sums are summed in the data's dtype along one run (a row of S elements, or
+for layer norm 16 rows of a column) and in float64 across runs: a loop mixing float32 data
+with float64 sums runs at half the vector width. A statistics set whose values are
 too large for the loops' arithmetic (a centred spread beyond 1e38 in float32, 1e150 in
 float64), or holds NaN, is skipped by the loops and handed to ``redo``: the backend's
 reference kernels, which scale such sets before normalizing them. The gamma and beta gradients are
@@ -81,6 +84,7 @@ def _row_backward(x, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_beta_bloc
     count = k_size * s_size
     per_group = gamma.shape[0] > 1
     blocks = d_gamma_blocks.shape[0]
+    zero = x.dtype.type(0.0)
     for b in numba.prange(blocks):
         d_gamma = d_gamma_blocks[b]
         d_beta = d_beta_blocks[b]
@@ -102,26 +106,26 @@ def _row_backward(x, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_beta_bloc
                 wide[r] = True
                 continue
             rstd = 1.0 / math.sqrt(squares / count + epsilon)
+            mean_x, rstd_x = x.dtype.type(mean), x.dtype.type(rstd)
             a = 0.0  # Σ γ·dy
             c = 0.0  # Σ γ·dy·x̂
             for k in range(k_size):
-                sum_dy = 0.0
-                sum_dy_xhat = 0.0
+                sum_dy = zero  # in the data's dtype along one row of S (vectorized at full width),
+                sum_dy_xhat = zero  # in float64 across them
                 for s in range(s_size):
-                    xhat = (x[r, k, s] - mean) * rstd
+                    xhat = (x[r, k, s] - mean_x) * rstd_x
                     sum_dy += dy[r, k, s]
                     sum_dy_xhat += dy[r, k, s] * xhat
                 d_beta[g, k] += sum_dy
                 d_gamma[g, k] += sum_dy_xhat
-                a += gamma[g, k] * sum_dy
-                c += gamma[g, k] * sum_dy_xhat
-            a /= count
-            c /= count
+                a += gamma[g, k] * float(sum_dy)
+                c += gamma[g, k] * float(sum_dy_xhat)
+            a_x, c_x = x.dtype.type(a / count), x.dtype.type(c / count)
             for k in range(k_size):
-                scale = rstd * gamma[g, k]
+                scale = x.dtype.type(rstd * gamma[g, k])
                 for s in range(s_size):
-                    xhat = (x[r, k, s] - mean) * rstd
-                    dx[r, k, s] = scale * dy[r, k, s] - rstd * (a + xhat * c)
+                    xhat = (x[r, k, s] - mean_x) * rstd_x
+                    dx[r, k, s] = scale * dy[r, k, s] - rstd_x * (a_x + xhat * c_x)
 
 
 @_parallel
@@ -150,17 +154,28 @@ def _flat_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide):
         variances[r] = variance
 
 
+#: Rows whose gamma and beta gradients layer norm's backward sums in the data's dtype before
+#: adding them to its float64 sums (a mixed float32/float64 loop ran at half the vector width).
+FLAT_RUN = 16
+
+
 @_parallel
 def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks, limit, wide):
     """Layer norm backward on (R, M) rows; gamma and beta gradients per block of rows."""
     rows, m = x.shape
     blocks = d_gamma_blocks.shape[0]
+    zero = x.dtype.type(0.0)
     for b in numba.prange(blocks):
         d_gamma = d_gamma_blocks[b]
         d_beta = d_beta_blocks[b]
         d_gamma[:] = 0.0
         d_beta[:] = 0.0
-        for r in range(b * rows // blocks, (b + 1) * rows // blocks):
+        # the column sums in the data's dtype over runs of FLAT_RUN rows (full-width vectors),
+        # in float64 across runs
+        run_gamma = np.zeros(m, x.dtype)
+        run_beta = np.zeros(m, x.dtype)
+        first, last = b * rows // blocks, (b + 1) * rows // blocks
+        for r in range(first, last):
             total = 0.0
             for j in range(m):
                 total += x[r, j]
@@ -174,15 +189,21 @@ def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks, lim
                 continue
             rstd = x.dtype.type(1.0 / math.sqrt(squares / m + epsilon))
             mean_x = x.dtype.type(mean)
-            a = 0.0  # Σ γ·dy
-            c = 0.0  # Σ γ·dy·x̂
+            a = zero  # Σ γ·dy
+            c = zero  # Σ γ·dy·x̂
             for j in range(m):
                 xhat = (x[r, j] - mean_x) * rstd
                 gdy = gamma[j] * dy[r, j]
                 a += gdy
                 c += gdy * xhat
-                d_beta[j] += dy[r, j]
-                d_gamma[j] += dy[r, j] * xhat
+                run_beta[j] += dy[r, j]
+                run_gamma[j] += dy[r, j] * xhat
+            if (r - first) % FLAT_RUN == FLAT_RUN - 1 or r == last - 1:
+                for j in range(m):
+                    d_beta[j] += run_beta[j]
+                    d_gamma[j] += run_gamma[j]
+                    run_beta[j] = 0.0
+                    run_gamma[j] = 0.0
             a_x = x.dtype.type(a / m)
             c_x = x.dtype.type(c / m)
             for j in range(m):
