@@ -749,6 +749,39 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_steps_shared_over_threads_from_several_caller_threads(monkeypatch, rng):
+    """Layers whose steps are shared out over Numba's threads, called from three Python threads
+    at once (each launching its own parallel regions, each holding BLAS to one thread), all
+    train to the reference's results."""
+    import threading
+
+    from bnnsfw.backends import _numba_lstm
+
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    params = LSTMParameters.random(input_size=4, hidden_size=20, seed=6, dtype=np.float64)
+    x = rng.standard_normal((9, 5, 4))
+    dy = rng.standard_normal((9, 5, 20))
+    with layer_for(params, "numpy") as reference:
+        out = reference.apply(x, training=True)
+        want = reference.apply_backward(x, dy, training_cache=out.training_cache).input
+    errors: list[float] = []
+
+    def work() -> None:
+        with layer_for(params, "numba") as layer:
+            for _ in range(20):
+                out = layer.apply(x, training=True)
+                got = layer.apply_backward(x, dy, training_cache=out.training_cache).input
+                errors.append(float(np.abs(got - want).max()))
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(errors) == 60 and max(errors) < 1e-10
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_shares_steps_over_threads_only_where_it_pays():
     """Threads share a step only for several sequences and a step product of at least
     ``THREADED_STEP_MIN`` multiply-adds, and only as many as Numba has."""
