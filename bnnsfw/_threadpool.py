@@ -18,7 +18,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
-__all__ = ["blas_controller", "blas_limit"]
+__all__ = ["blas_controller", "blas_limit", "current_limit"]
 
 _controller: Any = None
 _lock = threading.Lock()
@@ -77,3 +77,9 @@ def blas_limit(n_threads: int) -> Iterator[None]:
             elif n_threads < min(_active):
                 _apply(min(_active))
 
+
+
+def current_limit() -> int:
+    """The BLAS thread limit :func:`blas_limit` blocks hold now (the smallest), 0 for none."""
+    with _limit_lock:
+        return min(_active) if _active else 0

@@ -795,6 +795,31 @@ def test_numba_shares_steps_over_threads_only_where_it_pays():
     big = _numba_lstm.step_parts(256, 8)  # the long row: 2**21
     cheap = threads > 1 and _numba_lstm._cheap_parallel_regions()
     assert big == (threads if cheap else 1)
+    from bnnsfw._threadpool import blas_limit
+
+    with blas_limit(1):  # a layer's n_threads = 1 holds this while it computes
+        assert _numba_lstm.step_parts(256, 8) == 1
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_layer_with_one_thread_keeps_its_steps_on_the_calling_thread(monkeypatch, rng):
+    """``FilterParameters(n_threads=1)`` keeps a layer on one thread: no step is shared out."""
+    from bnnsfw.backends import _numba_lstm
+
+    used = []
+    original = _numba_lstm._forward_threads
+    def spy(*args):
+        used.append(args[0])
+        return original(*args)
+
+    monkeypatch.setattr(_numba_lstm, "_forward_threads", spy)
+    params = LSTMParameters.random(input_size=8, hidden_size=256, seed=0)
+    x = rng.standard_normal((3, 8, 8)).astype(np.float32)
+    for n_threads, shared in ((1, False), (0, _numba_lstm.step_parts(256, 8) > 1)):
+        used.clear()
+        with LSTMLayer(params, bf.FilterParameters(backend="numba", n_threads=n_threads)) as layer:
+            layer.apply(x)
+        assert bool(used) == shared
 
 
 @pytest.mark.skipif("scipy-blas" not in bf.available_backends(), reason="needs the scipy-blas backend")
