@@ -211,9 +211,10 @@ def _leading(m):
 
 
 @numba.njit(cache=True, inline="always")
-def _rows(flat, h, count):
-    """The first ``count`` consecutive runs of ``h`` elements of a 1-D array, as views."""
-    return [flat[k * h:(k + 1) * h] for k in range(count)]
+def _rows(flat, stride, start, length, count):
+    """Views of ``count`` runs of ``length`` elements of a 1-D array, run ``k`` starting at
+    ``k·stride + start`` (a thread's units in each row block of a feature-major array)."""
+    return [flat[k * stride + start:k * stride + start + length] for k in range(count)]
 
 
 @_inline
@@ -227,6 +228,24 @@ def _gates(zg, zf, zi, zo, c_prev, pg, pf, pi, po, half):
     c = f * c_prev + i * g
     o = half * _tanh(zo + po * c) + half
     return g, f, i, o, c, _tanh(c)
+
+
+@_inline
+def _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid):
+    """The fused forward pass over one run of elements (1-D views of equal length, unit
+    stride): the gates from their pre-activations ``z*`` and peepholes ``p*`` into the cache
+    rows, the new cell and hidden values into ``cell`` and ``hid``. Inlined, so each caller's
+    loop is compiled (and vectorized) in place."""
+    half = cell.dtype.type(0.5)
+    for e in range(cell.size):
+        g, f, i, o, c, a = _gates(zg[e], zf[e], zi[e], zo[e], c_prev[e], pg[e], pf[e], pi[e], po[e], half)
+        g_row[e] = g
+        f_row[e] = f
+        i_row[e] = i
+        o_row[e] = o
+        a_row[e] = a
+        cell[e] = c
+        hid[e] = o * a
 
 
 @_inline
@@ -244,21 +263,12 @@ def _forward_step(h, z, pe, block, c_next, h_next, cell, hid):
     body: inside a helper function, or behind a branch in the loop, they kept it from
     vectorizing (15× slower; checked in the assembly, scalar ``vfmadd…ss`` instead of packed
     ``…ps``)."""
-    half = block.dtype.type(0.5)
     batch = block.shape[1]
     m = h * batch
-    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 6)
-    zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 4)
+    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
+    zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 0, m, 4)
     pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
-    for e in range(m):
-        g, f, i, o, c, a = _gates(zg[e], zf[e], zi[e], zo[e], c_prev[e], pg[e], pf[e], pi[e], po[e], half)
-        g_row[e] = g
-        f_row[e] = f
-        i_row[e] = i
-        o_row[e] = o
-        a_row[e] = a
-        cell[e] = c
-        hid[e] = o * a
+    _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
     if batch == 1:  # one loop, not a nest of one-trip loops (0.1 µs of a 0.4 µs step at H = 64)
         for j in range(h):
             c_next[j, 0] = cell[j]
@@ -273,6 +283,27 @@ def _forward_step(h, z, pe, block, c_next, h_next, cell, hid):
 # --------------------------------------------------------------------------------------
 # Forward.
 # --------------------------------------------------------------------------------------
+@_inline
+def _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin, c_fin):
+    """Walking step ``k``'s time step ``t``, its cache block and hidden state before the step
+    (set from ``h0``/``c0``, or zeros, at ``k = 0``), and where the new cell and hidden state go:
+    the next step's block and hidden state, or the final states at the last step."""
+    h = steps.shape[1] // 6
+    blocks = steps.shape[0]
+    t = seq_len - 1 - k if reverse else k
+    block = steps[t % blocks]
+    h_prev = hidden[t % blocks]
+    if k == 0:
+        for j in range(h):
+            for n in range(steps.shape[2]):
+                h_prev[j, n] = h0[j, n] if h0.size else 0.0
+                block[j, n] = c0[j, n] if c0.size else 0.0
+    if k == seq_len - 1:
+        return t, block, h_prev, c_fin[:, :], h_fin[:, :]
+    following = t - 1 if reverse else t + 1
+    return t, block, h_prev, steps[following % blocks, :h], hidden[following % blocks][:, :]
+
+
 @_kernel
 def _recur(projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
            k_begin, k_end):
@@ -282,7 +313,6 @@ def _recur(projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, out, 
     six_h, batch = steps.shape[1], steps.shape[2]
     seq_len = out.shape[0]
     h = six_h // 6
-    blocks = steps.shape[0]
     # U h lands in memory of the kernel's own, which the compiler knows aliases nothing else: the
     # fused pass then needs few enough run-time overlap checks to be vectorized (measured: with
     # z handed in, the pass stayed scalar and the step took 1.8× as long).
@@ -290,21 +320,8 @@ def _recur(projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, out, 
     cell = np.empty(h * batch, steps.dtype)
     hid = np.empty(h * batch, steps.dtype)
     for k in range(k_begin, k_end):
-        t = seq_len - 1 - k if reverse else k
-        block = steps[t % blocks]
-        h_prev = hidden[t % blocks]
-        if k == 0:
-            for j in range(h):
-                for n in range(batch):
-                    h_prev[j, n] = h0[j, n] if h0.size else 0.0
-                    block[j, n] = c0[j, n] if c0.size else 0.0
-        if k == seq_len - 1:
-            c_next = c_fin
-            h_next = h_fin
-        else:
-            following = t - 1 if reverse else t + 1
-            c_next = steps[following % blocks, :h]
-            h_next = hidden[following % blocks]
+        t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
+                                                        c_fin)
         first = (t - chunk_first) * batch
         if batch == 1:  # z = the projection's columns + U h: the fused pass reads z alone
             for r in range(4 * h):  # (one loop: a nest of one-trip loops cost 0.2 µs a step here)
@@ -448,7 +465,6 @@ def _forward_part(j0, j1, u, u_parts, ht_prev, projection, first, pe, block, h_p
     m = count * batch
     if m == 0:
         return
-    half = block.dtype.type(0.5)
     zl = np.empty((4, m), block.dtype)  # the thread's own: aliases nothing, so the pass vectorizes
     blas = u_parts.size > 0
     for g in range(4):
@@ -462,23 +478,12 @@ def _forward_part(j0, j1, u, u_parts, ht_prev, projection, first, pe, block, h_p
     if with_product and blas:
         _mm(u_parts[4 * j0:4 * j1], False, h_prev, False, zl.reshape((4 * count, batch)), 1.0)
     hn, a0 = h * batch, j0 * batch
-    flat = block.reshape(6 * hn)
-    c_prev, g_row, f_row = flat[a0:a0 + m], flat[hn + a0:hn + a0 + m], flat[2 * hn + a0:2 * hn + a0 + m]
-    i_row, o_row, a_row = (flat[3 * hn + a0:3 * hn + a0 + m], flat[4 * hn + a0:4 * hn + a0 + m],
-                           flat[5 * hn + a0:5 * hn + a0 + m])
-    pg, pf, pi, po = pe[0, a0:a0 + m], pe[1, a0:a0 + m], pe[2, a0:a0 + m], pe[3, a0:a0 + m]
+    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * hn), hn, a0, m, 6)
+    pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m, 4)
     zg, zf, zi, zo = zl[0], zl[1], zl[2], zl[3]
     cell = np.empty(m, block.dtype)
     hid = np.empty(m, block.dtype)
-    for e in range(m):
-        g, f, i, o, c, a = _gates(zg[e], zf[e], zi[e], zo[e], c_prev[e], pg[e], pf[e], pi[e], po[e], half)
-        g_row[e] = g
-        f_row[e] = f
-        i_row[e] = i
-        o_row[e] = o
-        a_row[e] = a
-        cell[e] = c
-        hid[e] = o * a
+    _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
     for jj in range(count):
         for n in range(batch):
             c_next[j0 + jj, n] = cell[jj * batch + n]
@@ -529,27 +534,15 @@ def _recur_threads(parts, projection, chunk_first, u, u_parts, pe, h0, c0, lengt
                    h_fin, c_fin, reverse, k_begin, k_end):
     """:func:`_recur` with each step shared out over ``parts`` threads; ``ht`` (2, N, H) holds
     the hidden state sequence-major for the product, taken in turn."""
-    six_h, batch = steps.shape[1], steps.shape[2]
+    batch = steps.shape[2]
     seq_len = out.shape[0]
-    h = six_h // 6
-    blocks = steps.shape[0]
     for k in range(k_begin, k_end):
-        t = seq_len - 1 - k if reverse else k
-        block = steps[t % blocks]
-        h_prev = hidden[t % blocks]
+        t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
+                                                        c_fin)
         if k == 0:
-            for j in range(h):
+            for j in range(h_prev.shape[0]):
                 for n in range(batch):
-                    h_prev[j, n] = h0[j, n] if h0.size else 0.0
                     ht[0, n, j] = h_prev[j, n]
-                    block[j, n] = c0[j, n] if c0.size else 0.0
-        if k == seq_len - 1:
-            c_next = c_fin
-            h_next = h_fin
-        else:
-            following = t - 1 if reverse else t + 1
-            c_next = steps[following % blocks, :h]
-            h_next = hidden[following % blocks]
         _forward_step_threads(parts, u, u_parts, ht[k % 2], projection, (t - chunk_first) * batch, pe, block,
                               h_prev, c_next, h_next, ht[(k + 1) % 2], out[t], lengths, t,
                               k > 0 or h0.size > 0)
@@ -586,22 +579,30 @@ def _cell_backward(c_prev, g, f, i, o, a, d, dc, pg, pf, pi, po, one):
 
 
 @_inline
+def _cell_run(c_prev, g_row, f_row, i_row, o_row, a_row, pg, pf, pi, po, d_h, d_c, dz_g, dz_f, dz_i, dz_o):
+    """The fused backward pass over one run of elements (1-D views, unit stride): ``dz`` of
+    the four gates from the cached gates, ``d_h`` and ``d_c`` (updated in place to the cell
+    gradient carried to the step before). Inlined, as :func:`_gate_run`."""
+    one = d_c.dtype.type(1.0)
+    for e in range(d_c.size):
+        dz_g[e], dz_f[e], dz_i[e], dz_o[e], d_c[e] = _cell_backward(
+            c_prev[e], g_row[e], f_row[e], i_row[e], o_row[e], a_row[e], d_h[e], d_c[e],
+            pg[e], pf[e], pi[e], po[e], one)
+
+
+@_inline
 def _backward_step(h, block, dh, dc, dz, pe):
     """The fused backward pass of one step: ``dz`` (4H, N) of the four gates and the cell
     gradient carried to the step before (``dc`` (H, N) in place); ``pe`` (4, H·N) as in
     :func:`_forward_step`, and one unit-stride loop over the ``H·N`` elements for the same
     reasons. ``dz`` is the kernel's own (contiguous, aliasing nothing); the caller copies it
     into the chunk's gate gradients."""
-    one = block.dtype.type(1.0)
     m = h * dh.shape[1]
-    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 6)
+    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
     d_h, d_c = dh.reshape(m), dc.reshape(m)
-    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * m), m, 4)
+    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * m), m, 0, m, 4)
     pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
-    for e in range(m):
-        dz_g[e], dz_f[e], dz_i[e], dz_o[e], d_c[e] = _cell_backward(
-            c_prev[e], g_row[e], f_row[e], i_row[e], o_row[e], a_row[e], d_h[e], d_c[e],
-            pg[e], pf[e], pi[e], po[e], one)
+    _cell_run(c_prev, g_row, f_row, i_row, o_row, a_row, pg, pf, pi, po, d_h, d_c, dz_g, dz_f, dz_i, dz_o)
 
 
 @_kernel
@@ -734,29 +735,20 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, dzt, 
     m = count * batch
     if m == 0:
         return
-    one = block.dtype.type(1.0)
     for jj in range(count):
         j = j0 + jj
         for n in range(batch):
             active = not lengths.size or t < lengths[n]
             dh[j, n] = carried[j, n] + dy[t, n, j] if dy.size and active else carried[j, n]
     hn, a0 = h * batch, j0 * batch
-    flat = block.reshape(6 * hn)
-    c_prev, g_row, f_row = flat[a0:a0 + m], flat[hn + a0:hn + a0 + m], flat[2 * hn + a0:2 * hn + a0 + m]
-    i_row, o_row, a_row = (flat[3 * hn + a0:3 * hn + a0 + m], flat[4 * hn + a0:4 * hn + a0 + m],
-                           flat[5 * hn + a0:5 * hn + a0 + m])
-    pg, pf, pi, po = pe[0, a0:a0 + m], pe[1, a0:a0 + m], pe[2, a0:a0 + m], pe[3, a0:a0 + m]
+    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * hn), hn, a0, m, 6)
+    pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m, 4)
     d_h, d_c = dh.reshape(hn)[a0:a0 + m], dc.reshape(hn)[a0:a0 + m]
-    zs = dz.reshape(4 * hn)
-    dz_g, dz_f, dz_i, dz_o = zs[a0:a0 + m], zs[hn + a0:hn + a0 + m], zs[2 * hn + a0:2 * hn + a0 + m], \
-        zs[3 * hn + a0:3 * hn + a0 + m]
+    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * hn), hn, a0, m, 4)
     kept = np.empty(m, block.dtype)  # dc before the pass, for the sequences past their length
     for e in range(m):
         kept[e] = d_c[e]
-    for e in range(m):
-        dz_g[e], dz_f[e], dz_i[e], dz_o[e], d_c[e] = _cell_backward(
-            c_prev[e], g_row[e], f_row[e], i_row[e], o_row[e], a_row[e], d_h[e], d_c[e],
-            pg[e], pf[e], pi[e], po[e], one)
+    _cell_run(c_prev, g_row, f_row, i_row, o_row, a_row, pg, pf, pi, po, d_h, d_c, dz_g, dz_f, dz_i, dz_o)
     for n in range(batch):
         if lengths.size and t >= lengths[n]:  # dz = 0; dh and dc pass through
             for jj in range(count):
