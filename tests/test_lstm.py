@@ -644,7 +644,7 @@ def test_fast_kernels_agree_with_the_reference(case, dtype, fast_backend, rng):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-def test_numba_compiles_the_default_cell_with_diagonal_peepholes_and_lengths_and_leaves_the_rest():
+def test_numba_compiles_the_default_cell_with_peepholes_and_lengths_and_leaves_the_rest():
     backend = bf.get_backend("numba")
     from bnnsfw.backends.numba import _compiled_forward
 
@@ -656,23 +656,37 @@ def test_numba_compiles_the_default_cell_with_diagonal_peepholes_and_lengths_and
         return getattr(forward, "func", forward) is _compiled_forward
 
     assert served() and served(peepholes="diagonal") and served(default_activations=True)
-    assert not served(peepholes="full")
+    assert served(peepholes="full")
+    # full peepholes keep the steps on the calling thread, whatever the size
+    big = LSTMLayer(LSTMParameters.random(input_size=2, hidden_size=256, seed=0, peepholes="full"),
+                    bf.FilterParameters(backend=backend))
+    kernels = backend._lstm_direction_kernels(big._packed.payload.plan, None, 64)
+    assert kernels.forward.keywords["parts"] == kernels.backward.keywords["parts"] == 1
+    big.close()
     relu = bf.Activation(bf.ActivationFunction.relu)
     assert not served(hidden_activation=relu)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_numba_chunks_of_steps_agree_with_the_reference(dtype, monkeypatch, rng):
+@pytest.mark.parametrize("peepholes", ["diagonal", "full", "mixed"])
+def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, monkeypatch, rng):
     """Long sequences run the input projection and the weight gradients a chunk of steps at a
     time; with chunks of 6 columns (2 steps of 3 sequences, the last chunk shorter) every
-    output and gradient still agrees with the reference, with lengths, peepholes, both
-    directions, initial states and final-state gradients."""
+    output and gradient still agrees with the reference, with lengths, diagonal, full or mixed
+    peepholes (compiled, not handed on), both directions, initial states and final-state
+    gradients."""
     from bnnsfw.backends import _numba_lstm
 
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 6)
     params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, bidirectional=True,
-                                   peepholes="diagonal", seed=2, dtype=dtype)
+                                   peepholes="full" if peepholes == "mixed" else peepholes, seed=2,
+                                   dtype=dtype)
+    if peepholes == "mixed":
+        params = mixed_peepholes(params, rng)
+    with layer_for(params, "numba") as probe:
+        plan = probe._packed.payload.plan
+        assert _numba_lstm.serves(plan)
     x, dy = rng.standard_normal((7, 3, 3)).astype(dtype), rng.standard_normal((7, 3, 10)).astype(dtype)
     states = tuple(rng.standard_normal((4, 3, 5)).astype(dtype) for _ in range(2))
     final_grads = tuple(rng.standard_normal((4, 3, 5)).astype(dtype) for _ in range(2))

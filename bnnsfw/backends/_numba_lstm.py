@@ -1,7 +1,7 @@
 """Compiled (Numba) LSTM kernels: one layer and direction, forward and backward, per call.
 
 They serve the cell almost every model uses (tanh candidate, sigmoid forget, input and output
-gates, tanh hidden activation), with or without diagonal peepholes, over full or variable
+gates, tanh hidden activation), with no, diagonal or full peepholes, over full or variable
 lengths, in float32 and float64 (:func:`serves` says which). They read and write the
 reference's training cache (``docs/lstm.md``): per step a feature-major ``(6H, N)`` block
 holding the cell before the step, the activated gates in the internal order g, f, i, o and
@@ -25,6 +25,11 @@ What is compiled, and why:
   four gates and the cell gradient, then one product ``Uᵀ dz``; the bias and peephole
   gradients are one pass per chunk over its ``dz``. The forward pass runs over each gate's
   ``H·N`` elements as one unit-stride loop (feature-major blocks keep them consecutive).
+- **Full peepholes** add a product per step: ``P c_{t−1}`` for the candidate, forget and
+  input gates goes into ``z`` with ``U h``; the output gate's ``P_o c_t`` needs every unit's
+  new cell, so the pass splits in two around it (backward: ``P_oᵀ dz_o`` between two passes,
+  ``Pᵀ dz`` into the cell gradient after them), and their gradients are one product per
+  chunk against the cells as columns. Such cells keep their steps on the calling thread.
 - **Steps shared out over threads** (:func:`step_parts`): for several sequences and
   a step product of at least :data:`THREADED_STEP_MIN` multiply-adds, each of Numba's threads
   takes a run of units and computes their four gate rows of ``U h`` with its own dot-product
@@ -92,12 +97,11 @@ _Q0, _Q1, _Q2, _Q3 = (np.float32(4.89352518554385e-03), np.float32(2.26843463243
 
 
 def serves(plan: LSTMStepPlan) -> bool:
-    """True for the cells these kernels compute: the default activations, and no peepholes
-    or diagonal ones (any lengths; the stack zeroes the states of length-0 sequences)."""
+    """True for the cells these kernels compute: the default activations, with no, diagonal
+    or full peepholes (any lengths; the stack zeroes the states of length-0 sequences)."""
     acts = plan.activations
     return (acts[0].function is AF.tanh and all(plan.halved[1:])
-            and plan.hidden_activation.function is AF.tanh
-            and all(kind in (None, "diagonal") for kind in plan.peepholes))
+            and plan.hidden_activation.function is AF.tanh)
 
 
 #: Smallest product ``4H·H·N`` of a step whose units are shared out over threads
@@ -222,12 +226,24 @@ def _gates(zg, zf, zi, zo, c_prev, pg, pf, pi, po, half):
     """The cell's update from its pre-activations (halved for the sigmoid gates, bias
     included) and the diagonal peepholes (0 without them): ``(g, f, i, o, c_t, tanh(c_t))``;
     ``half`` is 0.5 in the dtype."""
+    g, f, i, c = _pre_cell(zg, zf, zi, c_prev, pg, pf, pi, half)
+    o, a = _post_cell(zo, c, po, half)
+    return g, f, i, o, c, a
+
+
+@_inline
+def _pre_cell(zg, zf, zi, c_prev, pg, pf, pi, half):
+    """The candidate, forget and input gates and the new cell: ``(g, f, i, c_t)``."""
     g = _tanh(zg + pg * c_prev)
     f = half * _tanh(zf + pf * c_prev) + half
     i = half * _tanh(zi + pi * c_prev) + half
-    c = f * c_prev + i * g
-    o = half * _tanh(zo + po * c) + half
-    return g, f, i, o, c, _tanh(c)
+    return g, f, i, f * c_prev + i * g
+
+
+@_inline
+def _post_cell(zo, c, po, half):
+    """The output gate, which sees the new cell, and ``tanh(c_t)``: ``(o, tanh(c_t))``."""
+    return half * _tanh(zo + po * c) + half, _tanh(c)
 
 
 @_inline
@@ -246,6 +262,35 @@ def _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row
         a_row[e] = a
         cell[e] = c
         hid[e] = o * a
+
+
+@_inline
+def _forward_step_full(h, z, pe, block, c_next, h_next, cell, hid, full_out):
+    """:func:`_forward_step` for a full output peephole ``full_out`` (H, H), which sees the new
+    cell of every unit: one pass to the new cell, the product ``P_o c_t`` into the output
+    gate's rows of ``z``, one pass for the output gate and the hidden state."""
+    half = block.dtype.type(0.5)
+    batch = block.shape[1]
+    m = h * batch
+    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
+    zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 0, m, 4)
+    pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
+    for e in range(m):
+        g, f, i, c = _pre_cell(zg[e], zf[e], zi[e], c_prev[e], pg[e], pf[e], pi[e], half)
+        g_row[e] = g
+        f_row[e] = f
+        i_row[e] = i
+        cell[e] = c
+    _mm(full_out, False, cell.reshape((h, batch)), False, z[3 * h:], 1.0)
+    for e in range(m):
+        o, a = _post_cell(zo[e], cell[e], po[e], half)
+        o_row[e] = o
+        a_row[e] = a
+        hid[e] = o * a
+    for j in range(h):
+        for n in range(batch):
+            c_next[j, n] = cell[j * batch + n]
+            h_next[j, n] = hid[j * batch + n]
 
 
 @_inline
@@ -305,8 +350,8 @@ def _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin, c_fin):
 
 
 @_kernel
-def _recur(projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
-           k_begin, k_end):
+def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin,
+           c_fin, reverse, k_begin, k_end):
     """The forward steps ``k_begin … k_end − 1`` (in walking order); ``projection`` holds
     ``W x + b`` of the chunk that starts at time step ``chunk_first``. Arrays as in
     :func:`_forward`."""
@@ -332,7 +377,12 @@ def _recur(projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, out, 
                     z[r, n] = projection[r, first + n]
         if k > 0 or h0.size:  # U @ 0 adds nothing
             _mm(u, False, h_prev, False, z, 1.0)
-        _forward_step(h, z, pe, block, c_next, h_next, cell, hid)
+        if full_pre.size:  # full peepholes of g, f, i on the cell before the step
+            _mm(full_pre, False, block[:h], False, z, 1.0)
+        if full_out.size:
+            _forward_step_full(h, z, pe, block, c_next, h_next, cell, hid, full_out)
+        else:
+            _forward_step(h, z, pe, block, c_next, h_next, cell, hid)
         out_t = out[t]
         for n in range(batch):
             if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
@@ -355,12 +405,14 @@ def _chunk(seq_len, chunk, q, reverse):
 
 
 @_kernel
-def _forward(x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, projection, reverse):
+def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin, c_fin,
+             projection, reverse):
     """One layer and direction forward, on one thread (BLAS may use more).
 
     ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
     (4H, H) the forward weights (halved rows), ``pe`` (4, H·N) the diagonal peepholes repeated
-    over the sequences (zeros without them);
+    over the sequences (zeros without them), ``full_pre`` (4H, H) the full peepholes of the
+    candidate, forget and input gates and ``full_out`` (H, H) the output gate's ((0, 0) without);
     ``h0``/``c0`` (H, N), or (0, 0) for zeros; ``lengths`` (N,) or (0,); ``steps`` (T, 6H, N)
     and ``hidden`` (T, H, N) the cache, or (2, 6H, N) and (2, H, N) taken in turn when nothing
     is kept (inference); ``out`` (T, N, H) the output (any strides); ``h_fin``/``c_fin`` (H, N)
@@ -374,8 +426,8 @@ def _forward(x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
-        _recur(projection, first_t, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin, reverse,
-               k_begin, k_end)
+        _recur(projection, first_t, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin,
+               c_fin, reverse, k_begin, k_end)
 
 
 @_kernel
@@ -570,12 +622,26 @@ def _cell_backward(c_prev, g, f, i, o, a, d, dc, pg, pf, pi, po, one):
     """One unit's backward from its cached values, ``d`` = dL/dh_t and ``dc`` = dL/dc_t from
     later steps: ``(dz_g, dz_f, dz_i, dz_o, dL/dc_{t−1})``; ``p*`` the diagonal peepholes (0
     without them)."""
-    dz_o = d * a * o * (one - o)
-    dcell = dc + d * o * (one - a * a) + dz_o * po
+    dz_o = _out_backward(o, a, d, one)
+    dz_g, dz_f, dz_i, dc_prev = _in_backward(c_prev, g, f, i, o, a, d, dc + dz_o * po, pg, pf, pi, one)
+    return dz_g, dz_f, dz_i, dz_o, dc_prev
+
+
+@_inline
+def _out_backward(o, a, d, one):
+    """The output gate's ``dz`` from ``d`` = dL/dh_t."""
+    return d * a * o * (one - o)
+
+
+@_inline
+def _in_backward(c_prev, g, f, i, o, a, d, dc, pg, pf, pi, one):
+    """``(dz_g, dz_f, dz_i, dL/dc_{t−1})`` from ``d`` = dL/dh_t and ``dc``: dL/dc_t from later
+    steps and through the output gate's peephole."""
+    dcell = dc + d * o * (one - a * a)
     dz_g = dcell * i * (one - g * g)
     dz_f = dcell * c_prev * f * (one - f)
     dz_i = dcell * g * i * (one - i)
-    return dz_g, dz_f, dz_i, dz_o, dcell * f + dz_g * pg + dz_f * pf + dz_i * pi
+    return dz_g, dz_f, dz_i, dcell * f + dz_g * pg + dz_f * pf + dz_i * pi
 
 
 @_inline
@@ -588,6 +654,27 @@ def _cell_run(c_prev, g_row, f_row, i_row, o_row, a_row, pg, pf, pi, po, d_h, d_
         dz_g[e], dz_f[e], dz_i[e], dz_o[e], d_c[e] = _cell_backward(
             c_prev[e], g_row[e], f_row[e], i_row[e], o_row[e], a_row[e], d_h[e], d_c[e],
             pg[e], pf[e], pi[e], po[e], one)
+
+
+@_inline
+def _backward_step_full(h, block, dh, dc, dz, pe, full_out_grad, through):
+    """:func:`_backward_step` for a full output peephole ``full_out_grad`` (H, H): one pass for
+    the output gate's ``dz``, the product ``P_oᵀ dz_o`` into ``through`` (H, N), one pass for the
+    rest."""
+    one = block.dtype.type(1.0)
+    m = h * dh.shape[1]
+    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
+    d_h, d_c = dh.reshape(m), dc.reshape(m)
+    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * m), m, 0, m, 4)
+    pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
+    for e in range(m):
+        dz_o[e] = _out_backward(o_row[e], a_row[e], d_h[e], one)
+    _mm(full_out_grad, True, dz[3 * h:], False, through, 0.0)
+    extra = through.reshape(m)
+    for e in range(m):
+        dz_g[e], dz_f[e], dz_i[e], d_c[e] = _in_backward(
+            c_prev[e], g_row[e], f_row[e], i_row[e], o_row[e], a_row[e], d_h[e],
+            d_c[e] + dz_o[e] * po[e] + extra[e], pg[e], pf[e], pi[e], one)
 
 
 @_inline
@@ -606,8 +693,8 @@ def _backward_step(h, block, dh, dc, dz, pe):
 
 
 @_kernel
-def _backprop(steps, dy, lengths, u_t, pe, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
-              chunk_first):
+def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates, dh_first,
+              reverse, k_begin, k_end, chunk_first):
     """Backward through the walking steps ``k_end − 1`` down to ``k_begin`` (one chunk, whose
     first time step is ``chunk_first``): ``dz`` into
     ``d_gates``, ``dc`` and ``carried`` (the gradient for ``h`` from the step after) updated,
@@ -616,6 +703,7 @@ def _backprop(steps, dy, lengths, u_t, pe, dc, carried, dh, d_gates, dh_first, r
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
     dz = np.empty((4 * h, batch), steps.dtype)
+    through = np.empty((h, batch), steps.dtype)
     for k in range(k_end - 1, k_begin - 1, -1):
         t = seq_len - 1 - k if reverse else k
         block = steps[t]
@@ -629,7 +717,10 @@ def _backprop(steps, dy, lengths, u_t, pe, dc, carried, dh, d_gates, dh_first, r
             for j in range(h):
                 for n in range(batch):
                     carried[j, n] = dc[j, n]  # kept for the sequences past their length
-        _backward_step(h, block, dh, dc, dz, pe)
+        if full_out_grad.size:
+            _backward_step_full(h, block, dh, dc, dz, pe, full_out_grad, through)
+        else:
+            _backward_step(h, block, dh, dc, dz, pe)
         some_inactive = False
         for n in range(batch):
             if lengths.size and t >= lengths[n]:  # dz = 0; dh and dc pass through
@@ -642,6 +733,8 @@ def _backprop(steps, dy, lengths, u_t, pe, dc, carried, dh, d_gates, dh_first, r
             elif lengths.size:  # the base of the product below (beta = 1)
                 for j in range(h):
                     carried[j, n] = 0.0
+        if full_pre_grad.size:  # the cell before the step feeds g, f, i through full peepholes
+            _mm(full_pre_grad, True, dz, False, dc, 1.0)
         for r in range(4 * h):
             for n in range(batch):
                 d_gates[r, first + n] = dz[r, n]
@@ -656,10 +749,11 @@ def _backprop(steps, dy, lengths, u_t, pe, dc, carried, dh, d_gates, dh_first, r
 
 @_kernel
 def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep, d_input,
-                    input_beta, chunk_first, count, beta):
+                    input_beta, chunk_first, count, beta, d_full_pre, d_full_out):
     """The weight, bias, peephole and input gradients of one chunk's ``count`` steps from time
     step ``chunk_first``: one product or one pass each, added to the earlier chunks' with
-    ``beta = 1`` (``d_input`` rows are the chunk's own: ``input_beta``)."""
+    ``beta = 1`` (``d_input`` rows are the chunk's own: ``input_beta``). ``d_full_pre`` (4H, H)
+    and ``d_full_out`` (H, H) are the full peepholes' gradients ((0, 0) without them)."""
     batch = steps.shape[2]
     h = steps.shape[1] // 6
     width = count * batch
@@ -691,32 +785,53 @@ def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d
                     d_peep[2, j] += d_gates[2 * h + j, column] * c_prev
                     c_new = block[2 * h + j, n] * c_prev + block[3 * h + j, n] * block[h + j, n]
                     d_peep[3, j] += d_gates[3 * h + j, column] * c_new
+    if d_full_pre.size or d_full_out.size:  # the cells before the steps, as columns
+        for s in range(count):
+            block = steps[chunk_first + s]
+            for j in range(h):
+                for n in range(batch):
+                    columns[j, s * batch + n] = block[j, n]
+        if d_full_pre.size:
+            _mm(d_gates[:, :width], False, columns[:, :width], True, d_full_pre, beta)
+        if d_full_out.size:  # the output gate sees the new cells, f·c + i·g
+            for s in range(count):
+                block = steps[chunk_first + s]
+                for j in range(h):
+                    for n in range(batch):
+                        column = s * batch + n
+                        f, i, g = block[2 * h + j, n], block[3 * h + j, n], block[h + j, n]
+                        columns[j, column] = f * columns[j, column] + i * g
+            _mm(d_gates[3 * h:, :width], False, columns[:, :width], True, d_full_out, beta)
 
 
 @_kernel
-def _backward(x2, wx_t, u_t, peep, pe, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u, d_bias,
-              d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, reverse):
+def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden, dy, dc,
+              carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta, dh_first,
+              d_gates, columns, dh, reverse):
     """One layer and direction backward from a training forward's cache, on one thread (BLAS
     may use more).
 
     ``x2`` (T·N, I) the layer input; ``wx_t`` (I, 4H), ``u_t`` (H, 4H) and ``peep`` (4, H) the
     true weights (zero peepholes when ``has_peep`` is false), ``pe`` (4, H·N) the peepholes
-    repeated over the sequences; ``steps``/``hidden`` the cache;
+    repeated over the sequences, ``full_pre_grad`` (4H, H) and ``full_out_grad`` (H, H) the
+    true full peepholes ((0, 0) without them); ``steps``/``hidden`` the cache;
     ``dy`` (T, N, H) (any strides) or (0, 0, 0); ``carried`` (H, N) the final hidden state's
     gradient and ``dc`` (H, N) the final cell's, updated to the initial cell's. Writes
-    (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), ``d_peep``, ``dh_first``
-    (H, N), and ``d_input`` (T·N, I) as ``dX + input_beta·d_input``. Scratch: ``d_gates``
-    (4H, chunk·N), ``columns`` (H, chunk·N), ``dh`` (H, N).
+    (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), ``d_peep``, ``d_full_pre``
+    and ``d_full_out`` (shaped as their weights), ``dh_first`` (H, N), and ``d_input`` (T·N, I)
+    as ``dX + input_beta·d_input``. Scratch: ``d_gates`` (4H, chunk·N), ``columns``
+    (H, chunk·N), ``dh`` (H, N).
     """
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
     n_chunks = (seq_len + chunk - 1) // chunk
     for q in range(n_chunks - 1, -1, -1):  # backward walks the chunks, and their steps, in reverse
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-        _backprop(steps, dy, lengths, u_t, pe, dc, carried, dh, d_gates, dh_first, reverse, k_begin, k_end,
-                  first_t)
+        _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
+                  dh_first, reverse, k_begin, k_end, first_t)
         _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
-                        d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0)
+                        d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0,
+                        d_full_pre, d_full_out)
 
 
 # --------------------------------------------------------------------------------------
@@ -945,7 +1060,8 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     h0f, c0f = _feature_major(h0, dtype), _feature_major(c0, dtype)
     lengths = _NO_LENGTHS if lengths is None else lengths
     pe = np.repeat(peep, batch, axis=1)
-    if parts > 1:
+    full_out = w.peepholes.full_output
+    if parts > 1 and w.full_pre is None and full_out is None:
         u = np.ascontiguousarray(w.u)
         u_parts = u[_part_rows(h, parts)] if batch >= BLAS_STEP_MIN_BATCH else _EMPTY[dtype]
         ht = scratch.array("lstm_numba_ht", (2, batch, h), dtype)
@@ -953,8 +1069,9 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
             _forward_threads(parts, x2, wx, bias, u, u_parts, pe, h0f, c0f, lengths, steps, hidden, ht,
                              output, h_fin, c_fin, projection, reverse)
     else:
-        _forward(x2, wx, bias, w.u, pe, h0f, c0f, lengths, steps, hidden, output, h_fin, c_fin, projection,
-                 reverse)
+        _forward(x2, wx, bias, w.u, pe, _EMPTY[dtype] if w.full_pre is None else w.full_pre,
+                 _EMPTY[dtype] if full_out is None else full_out, h0f, c0f, lengths, steps, hidden, output,
+                 h_fin, c_fin, projection, reverse)
     np.copyto(h_final, h_fin.T)
     np.copyto(c_final, c_fin.T)
 
@@ -963,11 +1080,13 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
              hidden: np.ndarray, dy: np.ndarray | None, dh_final: np.ndarray | None,
              dc_final: np.ndarray | None, dh_initial: np.ndarray, dc_initial: np.ndarray,
              d_input: np.ndarray, *, accumulate_input: bool, reverse: bool,
-             scratch, parts: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+             scratch, parts: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
+                                               np.ndarray | None, np.ndarray | None]:
     """One layer and direction backward (:func:`_backward`). Returns the stacked
-    internal-order gradients ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,) and the
-    diagonal peepholes' (4, H) (None without peepholes); writes ``d_input`` (added to it with
-    ``accumulate_input``) and the initial states' gradients."""
+    internal-order gradients ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), the
+    diagonal peepholes' (4, H), the full peepholes' of the candidate, forget and input gates
+    (4H, H) and of the output gate (H, H) (each None without them); writes ``d_input`` (added
+    to it with ``accumulate_input``) and the initial states' gradients."""
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -993,7 +1112,11 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     dy = _EMPTY3[dtype] if dy is None else dy
     lengths = _NO_LENGTHS if lengths is None else lengths
     pe = np.repeat(peep, batch, axis=1)
-    if parts > 1:
+    full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
+    d_full_pre = (_EMPTY[dtype] if full_pre is None
+                  else scratch.array("lstm_numba_d_full_pre", (4 * h, h), dtype))
+    d_full_out = _EMPTY[dtype] if full_out is None else scratch.array("lstm_numba_d_full_out", (h, h), dtype)
+    if parts > 1 and full_pre is None and full_out is None:
         dz = scratch.array("lstm_numba_dz", (4 * h, batch), dtype)
         dzt = scratch.array("lstm_numba_dzt", (batch, 4 * h), dtype)
         with blas_limit(1):
@@ -1002,9 +1125,11 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
                               1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, dz, dzt,
                               batch >= BLAS_STEP_MIN_BATCH, reverse)
     else:
-        _backward(x2, w.wx_t, w.u_t, peep, pe, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx, d_u,
-                  d_bias, d_peep, d_input, 1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh,
-                  reverse)
+        _backward(x2, w.wx_t, w.u_t, peep, pe, has_peep, _EMPTY[dtype] if full_pre is None else full_pre,
+                  _EMPTY[dtype] if full_out is None else full_out, lengths, steps, hidden, dy, dc, carried,
+                  d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input,
+                  1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, reverse)
     np.copyto(dh_initial, dh_first.T)
     np.copyto(dc_initial, dc.T)
-    return d_wx, d_u, d_bias, (d_peep if has_peep else None)
+    return (d_wx, d_u, d_bias, d_peep if has_peep else None, None if full_pre is None else d_full_pre,
+            None if full_out is None else d_full_out)

@@ -4,7 +4,7 @@ It runs each layer and direction of the LSTM as compiled loops (:mod:`._numba_ls
 one BLAS product and one fused, vectorized pass, forward and backward, or for larger steps
 parallel regions whose threads each take a run of units; the input projection and the weight
 gradients one product per chunk of steps) for the cell almost every model uses,
-with or without diagonal peepholes, over full or variable lengths; and normalization with the
+with no, diagonal or full peepholes, over full or variable lengths; and normalization with the
 statistics of the batch and the identity activation with compiled, multithreaded row kernels
 (:mod:`._numba_normalization`; statistics sets too large for their arithmetic go to the
 reference kernels it inherits). Every other request goes to what ``scipy-blas`` does with it.
@@ -57,10 +57,19 @@ def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, l
     when it is above 1."""
     hidden = views.hidden[layer][d]
     assert hidden is not None  # a training cache keeps the states
-    d_wx, d_u, d_bias, d_peep = _numba_lstm.backward(
+    d_wx, d_u, d_bias, d_diagonal, d_full_pre, d_full_out = _numba_lstm.backward(
         w, layer_input, lengths, views.steps[layer][d], hidden, dy, dh_final, dc_final, dh_initial,
         dc_initial, d_input, accumulate_input=d > 0, reverse=d == 1, scratch=workspace, parts=parts)
-    scatter_gradients(layer, d, d_wx, d_u, d_bias, [None] * 4 if d_peep is None else list(d_peep), gates)
+    h = plan.hidden_size
+    d_peep: list[np.ndarray | None] = [None] * 4
+    for k, kind in enumerate(plan.peepholes):  # internal order; the output gate's full one on its own
+        if kind == "diagonal" and d_diagonal is not None:
+            d_peep[k] = d_diagonal[k]
+        elif kind == "full" and k < 3 and d_full_pre is not None:
+            d_peep[k] = d_full_pre[k * h:(k + 1) * h]
+        elif kind == "full":
+            d_peep[k] = d_full_out
+    scatter_gradients(layer, d, d_wx, d_u, d_bias, d_peep, gates)
 
 
 class NumbaBackend(ScipyBlasBackend):
@@ -74,9 +83,11 @@ class NumbaBackend(ScipyBlasBackend):
     def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
                                 batch: int) -> DirectionKernels:
         """The compiled kernels for the cells :func:`._numba_lstm.serves` names (the default
-        activations, no or diagonal peepholes, any lengths); what ``scipy-blas`` picks otherwise."""
+        activations, any peepholes, any lengths); what ``scipy-blas`` picks otherwise. Full
+        peepholes keep the steps on the calling thread: their products need every unit's cell."""
         if _numba_lstm.serves(plan):
-            parts = _numba_lstm.step_parts(plan.hidden_size, batch)
+            full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
+            parts = 1 if full else _numba_lstm.step_parts(plan.hidden_size, batch)
             return DirectionKernels(functools.partial(_compiled_forward, parts=parts),
                                     functools.partial(_compiled_backward, parts=parts))
         return super()._lstm_direction_kernels(plan, lengths, batch)
