@@ -78,7 +78,6 @@ def blas_limit(n_threads: int) -> Iterator[None]:
                 _apply(min(_active))
 
 
-
 def current_limit() -> int:
     """The BLAS thread limit :func:`blas_limit` blocks hold now (the smallest), 0 for none."""
     with _limit_lock:

@@ -1061,7 +1061,8 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     lengths = _NO_LENGTHS if lengths is None else lengths
     pe = np.repeat(peep, batch, axis=1)
     full_out = w.peepholes.full_output
-    if parts > 1 and w.full_pre is None and full_out is None:
+    assert parts == 1 or (w.full_pre is None and full_out is None), "threads serve no full peepholes"
+    if parts > 1:
         u = np.ascontiguousarray(w.u)
         u_parts = u[_part_rows(h, parts)] if batch >= BLAS_STEP_MIN_BATCH else _EMPTY[dtype]
         ht = scratch.array("lstm_numba_ht", (2, batch, h), dtype)
@@ -1116,7 +1117,8 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     d_full_pre = (_EMPTY[dtype] if full_pre is None
                   else scratch.array("lstm_numba_d_full_pre", (4 * h, h), dtype))
     d_full_out = _EMPTY[dtype] if full_out is None else scratch.array("lstm_numba_d_full_out", (h, h), dtype)
-    if parts > 1 and full_pre is None and full_out is None:
+    assert parts == 1 or (full_pre is None and full_out is None), "threads serve no full peepholes"
+    if parts > 1:
         dz = scratch.array("lstm_numba_dz", (4 * h, batch), dtype)
         dzt = scratch.array("lstm_numba_dzt", (batch, 4 * h), dtype)
         with blas_limit(1):
