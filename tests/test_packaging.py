@@ -99,11 +99,27 @@ def test_sdist_carries_no_build_output(unpacked):
     assert not stray
 
 
+def _with_compiled_kernels(unpacked: Path, destination: Path) -> Path:
+    """A copy of the unpacked tree with the checkout's on-disk Numba cache (``*.nbi`` and
+    ``*.nbc`` in the ``__pycache__`` folders beside the kernels), so that the tests run there do
+    not compile every kernel again (about a minute). Numba takes an entry only when the source
+    it was compiled from is byte-identical (the index holds the source's hash; older releases
+    hold its time stamp, and compile afresh): a missing or stale cache costs time, never a
+    wrong answer. The sdist itself carries none (``test_sdist_carries_no_build_output``)."""
+    tree = Path(shutil.copytree(unpacked, destination / unpacked.name))
+    for index in (ROOT / "bnnsfw").rglob("__pycache__/*.nb[ic]"):
+        target = tree / index.relative_to(ROOT)
+        target.parent.mkdir(exist_ok=True)
+        shutil.copy2(index, target)
+    return tree
+
+
 @pytest.mark.slow
-def test_smoke_tests_run_from_the_unpacked_sdist(unpacked):
-    env = {**os.environ, "PYTHONPATH": str(unpacked)}
+def test_smoke_tests_run_from_the_unpacked_sdist(unpacked, tmp_path):
+    tree = _with_compiled_kernels(unpacked, tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     env.pop("PYTHONSTARTUP", None)
-    done = subprocess.run([sys.executable, "-c", RUNNER, *SMOKE], cwd=unpacked, env=env,
+    done = subprocess.run([sys.executable, "-c", RUNNER, *SMOKE], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout and " failed" not in done.stdout
