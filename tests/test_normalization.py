@@ -1022,3 +1022,26 @@ def test_numba_keeps_small_calls_on_the_calling_thread(monkeypatch, rng):
             layer.apply_backward(x, np.ones_like(x), output=y, phase="training")
         small = x.size < _numba_normalization.PARALLEL_MIN_ELEMENTS
         assert counts[0::2] == [1 if small else most] * 2, (shape, counts)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 4100), (2, 2000, 3), (2, 6000)],
+                         ids=["runs-longer-than-a-segment", "short-runs", "runs-of-one"])
+def test_group_statistics_over_long_and_short_runs(backend_name, shape, rng):
+    """Group norm (two groups) whose per-channel runs are longer than the compiled kernels'
+    segments (``_numba_normalization.SEGMENT``, 2048), or so short that one segment holds many
+    channels. The float32 data have a large mean and a trend along each set, so the first
+    segment's mean is far from the set's: forward and backward agree with the float64
+    reference."""
+    channels = shape[1]
+    params = NormalizationParameters(type=NormalizationType.group(group_count=2), input_shape=shape[1:],
+                                     gamma=rng.uniform(0.5, 1.5, channels), beta=rng.uniform(-1, 1, channels),
+                                     dtype=np.float32)
+    trend = np.linspace(0.0, 40.0, math.prod(shape[1:])).reshape(shape[1:])
+    x = (1e3 + trend + rng.standard_normal(shape)).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    ours = _run(params, backend_name, x, dy, "training")
+    wide = attrs.evolve(params, dtype=np.float64)
+    reference = _run(wide, "numpy", x.astype(np.float64), dy.astype(np.float64), "training")
+    for name, a, b in zip(RESULTS, ours, reference):
+        if b is not None:
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4 * np.abs(b).max(), err_msg=name)
