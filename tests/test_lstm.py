@@ -796,6 +796,45 @@ def test_numba_steps_shared_over_threads_from_several_caller_threads(monkeypatch
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("parts", [1, 2])
+def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, parts):
+    """A contiguous output, a bidirectional layer's strided halves and an absent output
+    gradient (only the final states carry one) reach the same compiled kernels: each takes its
+    output, or output gradient, as a 4-D view of layout 'A' (``_numba_lstm._any_layout``),
+    never as a layout of its own. The results agree with the reference, the absent gradient's
+    case included."""
+    import inspect
+
+    from bnnsfw.backends import _numba_lstm
+
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
+    x = rng.standard_normal((5, 3, 4))
+    for bidirectional in (False, True):
+        params = LSTMParameters.random(input_size=4, hidden_size=6, bidirectional=bidirectional, seed=3,
+                                       dtype=np.float64)
+        d = 2 if bidirectional else 1
+        dy = rng.standard_normal((5, 3, d * 6))
+        dh = rng.standard_normal((d, 3, 6))
+        for output_gradient in (dy, None):
+            results = []
+            for backend in ("numba", "numpy"):
+                with layer_for(params, backend) as layer:
+                    out = layer.apply(x, training=True)
+                    grads = layer.apply_backward(x, output_gradient, hidden_gradient=dh,
+                                                 training_cache=out.training_cache)
+                    results.append((out.output, grads.input, grads.hidden))
+            for got, want in zip(*results):
+                np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    kernels = {_numba_lstm._forward: "outs", _numba_lstm._forward_threads: "outs",
+               _numba_lstm._backward: "dys", _numba_lstm._backward_threads: "dys"}
+    for kernel, name in kernels.items():
+        position = list(inspect.signature(kernel.py_func).parameters).index(name)
+        for signature in kernel.signatures:
+            kind = signature[position]
+            assert (kind.ndim, kind.layout) == (4, "A"), (kernel.py_func.__name__, kind)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_shares_steps_over_threads_only_where_it_pays():
     """Threads share a step only for several sequences and a step product of at least
     ``THREADED_STEP_MIN`` multiply-adds, and only as many as Numba has."""

@@ -405,7 +405,7 @@ def _chunk(seq_len, chunk, q, reverse):
 
 
 @_kernel
-def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin, c_fin,
+def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
              projection, reverse):
     """One layer and direction forward, on one thread (BLAS may use more).
 
@@ -415,12 +415,14 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
     candidate, forget and input gates and ``full_out`` (H, H) the output gate's ((0, 0) without);
     ``h0``/``c0`` (H, N), or (0, 0) for zeros; ``lengths`` (N,) or (0,); ``steps`` (T, 6H, N)
     and ``hidden`` (T, H, N) the cache, or (2, 6H, N) and (2, H, N) taken in turn when nothing
-    is kept (inference); ``out`` (T, N, H) the output (any strides); ``h_fin``/``c_fin`` (H, N)
-    the final states; ``projection`` (4H, chunk·N) scratch.
+    is kept (inference); ``outs[0]`` (T, N, H) the output (any strides; ``outs`` as
+    :func:`_any_layout` makes it); ``h_fin``/``c_fin`` (H, N) the final states; ``projection``
+    (4H, chunk·N) scratch.
 
     A sequence past its length keeps its state and outputs zeros; its cache block holds
     finite values that backward ignores (as the reference's does).
     """
+    out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
     chunk = projection.shape[1] // batch
     for q in range((seq_len + chunk - 1) // chunk):
@@ -601,10 +603,11 @@ def _recur_threads(parts, projection, chunk_first, u, u_parts, pe, h0, c0, lengt
 
 
 @_kernel
-def _forward_threads(parts, x2, wx, bias, u, u_parts, pe, h0, c0, lengths, steps, hidden, ht, out, h_fin,
+def _forward_threads(parts, x2, wx, bias, u, u_parts, pe, h0, c0, lengths, steps, hidden, ht, outs, h_fin,
                      c_fin, projection, reverse):
     """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` has unit-stride
     rows, ``pe`` (4, H·N) as in :func:`_forward_part`, ``ht`` (2, N, H) scratch."""
+    out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
     chunk = projection.shape[1] // batch
     for q in range((seq_len + chunk - 1) // chunk):
@@ -712,7 +715,7 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
         for n in range(batch):
             active = not lengths.size or t < lengths[n]
             for j in range(h):
-                dh[j, n] = carried[j, n] + dy[t, n, j] if dy.size and active else carried[j, n]
+                dh[j, n] = carried[j, n] + dy[t, n, j] if active else carried[j, n]
         if lengths.size:
             for j in range(h):
                 for n in range(batch):
@@ -805,8 +808,8 @@ def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d
 
 
 @_kernel
-def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden, dy, dc,
-              carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta, dh_first,
+def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden, dys,
+              dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta, dh_first,
               d_gates, columns, dh, reverse):
     """One layer and direction backward from a training forward's cache, on one thread (BLAS
     may use more).
@@ -815,13 +818,15 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
     true weights (zero peepholes when ``has_peep`` is false), ``pe`` (4, H·N) the peepholes
     repeated over the sequences, ``full_pre_grad`` (4H, H) and ``full_out_grad`` (H, H) the
     true full peepholes ((0, 0) without them); ``steps``/``hidden`` the cache;
-    ``dy`` (T, N, H) (any strides) or (0, 0, 0); ``carried`` (H, N) the final hidden state's
+    ``dys[0]`` (T, N, H) the output's gradient (any strides, ``dys`` as :func:`_any_layout`
+    makes it; zeros when there is none); ``carried`` (H, N) the final hidden state's
     gradient and ``dc`` (H, N) the final cell's, updated to the initial cell's. Writes
     (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), ``d_peep``, ``d_full_pre``
     and ``d_full_out`` (shaped as their weights), ``dh_first`` (H, N), and ``d_input`` (T·N, I)
     as ``dX + input_beta·d_input``. Scratch: ``d_gates`` (4H, chunk·N), ``columns``
     (H, chunk·N), ``dh`` (H, N).
     """
+    dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
     n_chunks = (seq_len + chunk - 1) // chunk
@@ -854,7 +859,7 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, dzt, 
         j = j0 + jj
         for n in range(batch):
             active = not lengths.size or t < lengths[n]
-            dh[j, n] = carried[j, n] + dy[t, n, j] if dy.size and active else carried[j, n]
+            dh[j, n] = carried[j, n] + dy[t, n, j] if active else carried[j, n]
     hn, a0 = h * batch, j0 * batch
     c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * hn), hn, a0, m, 6)
     pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m, 4)
@@ -979,12 +984,13 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
 
 
 @_kernel
-def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy, dc, carried, d_wx,
+def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx,
                       d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, dzt, blas,
                       reverse):
     """:func:`_backward` with every step and every product shared out over ``parts`` threads
     (BLAS held to one thread by the caller); ``u_t`` with unit-stride rows, scratch ``dz``
     (4H, N) and ``dzt`` (N, 4H)."""
+    dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
     n_chunks = (seq_len + chunk - 1) // chunk
@@ -1001,7 +1007,6 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
 # The per-sequence kernels the stack calls (``LSTMStack`` signatures).
 # --------------------------------------------------------------------------------------
 _EMPTY: dict[np.dtype, np.ndarray] = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
-_EMPTY3: dict[np.dtype, np.ndarray] = {np.dtype(t): np.empty((0, 0, 0), t) for t in (np.float32, np.float64)}
 _NO_LENGTHS = np.empty(0, np.int64)
 
 
@@ -1036,6 +1041,18 @@ def _diagonal(peepholes: tuple[np.ndarray | None, ...], h: int, dtype: np.dtype)
     return np.stack([np.zeros(h, dtype) if p is None else p.reshape(h) for p in peepholes])
 
 
+def _any_layout(a: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """``a`` (or one element of it repeated to ``shape``) behind a leading axis of length 2 and
+    stride 0; the kernels take element 0. Numba compiles a kernel once per layout of each array
+    argument, and such a view is never contiguous: a contiguous output, a bidirectional
+    layer's strided half of one, a column-major one and an absent gradient (zeros) all reach
+    one compiled kernel instead of one each (every extra layout compiled the forward or the
+    backward family again, 10 to 25 s from cold)."""
+    if shape is None:
+        return np.lib.stride_tricks.as_strided(a, shape=(2, *a.shape), strides=(0, *a.strides))
+    return np.lib.stride_tricks.as_strided(a, shape=(2, *shape), strides=(0,) * (len(shape) + 1))
+
+
 def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
             lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None, output: np.ndarray,
             h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch, parts: int = 1) -> None:
@@ -1068,11 +1085,11 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
         ht = scratch.array("lstm_numba_ht", (2, batch, h), dtype)
         with blas_limit(1):
             _forward_threads(parts, x2, wx, bias, u, u_parts, pe, h0f, c0f, lengths, steps, hidden, ht,
-                             output, h_fin, c_fin, projection, reverse)
+                             _any_layout(output), h_fin, c_fin, projection, reverse)
     else:
         _forward(x2, wx, bias, w.u, pe, _EMPTY[dtype] if w.full_pre is None else w.full_pre,
-                 _EMPTY[dtype] if full_out is None else full_out, h0f, c0f, lengths, steps, hidden, output,
-                 h_fin, c_fin, projection, reverse)
+                 _EMPTY[dtype] if full_out is None else full_out, h0f, c0f, lengths, steps, hidden,
+                 _any_layout(output), h_fin, c_fin, projection, reverse)
     np.copyto(h_final, h_fin.T)
     np.copyto(c_final, c_fin.T)
 
@@ -1110,7 +1127,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     d_gates = scratch.array("lstm_numba_d_gates", (4 * h, chunk * batch), dtype)
     columns = scratch.array("lstm_numba_columns", (h, chunk * batch), dtype)
     dh = scratch.array("lstm_numba_dh", (h, batch), dtype)
-    dy = _EMPTY3[dtype] if dy is None else dy
+    dys = _any_layout(np.zeros(1, dtype), (seq_len, batch, h)) if dy is None else _any_layout(dy)
     lengths = _NO_LENGTHS if lengths is None else lengths
     pe = np.repeat(peep, batch, axis=1)
     full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
@@ -1123,12 +1140,12 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
         dzt = scratch.array("lstm_numba_dzt", (batch, 4 * h), dtype)
         with blas_limit(1):
             _backward_threads(parts, x2, w.wx_t, np.ascontiguousarray(w.u_t), pe, has_peep, lengths, steps,
-                              hidden, dy, dc, carried, d_wx, d_u, d_bias, d_peep, d_input,
+                              hidden, dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_input,
                               1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, dz, dzt,
                               batch >= BLAS_STEP_MIN_BATCH, reverse)
     else:
         _backward(x2, w.wx_t, w.u_t, peep, pe, has_peep, _EMPTY[dtype] if full_pre is None else full_pre,
-                  _EMPTY[dtype] if full_out is None else full_out, lengths, steps, hidden, dy, dc, carried,
+                  _EMPTY[dtype] if full_out is None else full_out, lengths, steps, hidden, dys, dc, carried,
                   d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input,
                   1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, reverse)
     np.copyto(dh_initial, dh_first.T)
