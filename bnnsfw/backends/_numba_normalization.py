@@ -51,11 +51,12 @@ def serves(x: np.ndarray, activation_is_identity: bool, given_statistics: bool) 
     return activation_is_identity and not given_statistics
 
 
-#: Elements of one segment: a row's statistics are gathered segment by segment (at most this
-#: many elements of one ``k``, 8 KiB of float32), each read a few times while it is in the
-#: core's L1 cache, and combined exactly (Chan's pairwise update of the count, the mean and
-#: the centred sum of squares). A group-norm row of 32 KiB read whole for each pass ran from
-#: L2 and took 1.4 times as long per element as instance norm's 4 KiB rows.
+#: Elements of one segment, at most: a row's statistics are gathered segment by segment (8 KiB
+#: of float32; forward cuts the row anywhere, backward at ``k`` boundaries), each read a few
+#: times while it is in the core's L1 cache, and combined exactly (Chan's pairwise update of
+#: the count, the mean and the centred sum of squares). A group-norm row of 32 KiB read whole
+#: for each pass ran from L2 and took 1.4 times as long per element as instance norm's 4 KiB
+#: rows.
 SEGMENT = 2048
 
 
