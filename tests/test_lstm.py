@@ -670,12 +670,14 @@ def test_numba_compiles_the_default_cell_with_peepholes_and_lengths_and_leaves_t
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("peepholes", ["diagonal", "full", "mixed"])
-def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, monkeypatch, rng):
+@pytest.mark.parametrize("batch", [3, 11])
+def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, batch, monkeypatch, rng):
     """Long sequences run the input projection and the weight gradients a chunk of steps at a
-    time; with chunks of 6 columns (2 steps of 3 sequences, the last chunk shorter) every
-    output and gradient still agrees with the reference, with lengths, diagonal, full or mixed
-    peepholes (compiled, not handed on), both directions, initial states and final-state
-    gradients."""
+    time; with chunks of 6 columns (2 steps of 3 sequences, the last chunk shorter; one step of
+    11) every output and gradient still agrees with the reference, with lengths, diagonal, full
+    or mixed peepholes (compiled, not handed on), both directions, initial states and
+    final-state gradients. 3 sequences take BLAS for each step's product, 11 the tile product
+    (whole vectors and a padded rest)."""
     from bnnsfw.backends import _numba_lstm
 
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 6)
@@ -687,10 +689,11 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, monkey
     with layer_for(params, "numba") as probe:
         plan = probe._packed.payload.plan
         assert _numba_lstm.serves(plan)
-    x, dy = rng.standard_normal((7, 3, 3)).astype(dtype), rng.standard_normal((7, 3, 10)).astype(dtype)
-    states = tuple(rng.standard_normal((4, 3, 5)).astype(dtype) for _ in range(2))
-    final_grads = tuple(rng.standard_normal((4, 3, 5)).astype(dtype) for _ in range(2))
-    lengths = np.array([7, 4, 1])
+    x = rng.standard_normal((7, batch, 3)).astype(dtype)
+    dy = rng.standard_normal((7, batch, 10)).astype(dtype)
+    states = tuple(rng.standard_normal((4, batch, 5)).astype(dtype) for _ in range(2))
+    final_grads = tuple(rng.standard_normal((4, batch, 5)).astype(dtype) for _ in range(2))
+    lengths = np.resize([7, 4, 1], batch)
     results = []
     for name in ("numpy", "numba"):
         with layer_for(params, name) as layer:
@@ -709,17 +712,56 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, monkey
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
+    """``_numba_tiles.product`` (``out = add + a @ b``, each step's ``U h`` and ``Uᵀ dz``) agrees
+    with a float64 product for every kind of tile: row counts that leave 0 to 5 rows after
+    the 6-row (or 12-row) tiles, column counts of two vectors, one, a padded rest or several
+    of each, an empty sum. It writes nothing outside ``out`` (views inside larger arrays),
+    takes ``out`` as ``add``, and refuses operands whose rows are not unit-stride."""
+    from bnnsfw.backends._numba_tiles import lanes, product
+
+    width = lanes(dtype)
+    assert width == 32 // np.dtype(dtype).itemsize
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    for m in (1, 5, 6, 7, 13, 23, 26):
+        for k in (0, 1, 17):
+            for n in (1, 3, width, width + 1, 2 * width, 2 * width + 3, 3 * width, 5 * width - 1):
+                a = rng.standard_normal((m, k)).astype(dtype)
+                b = rng.standard_normal((k, n)).astype(dtype)
+                add = rng.standard_normal((m, n)).astype(dtype)
+                want = add.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
+                scale = 1.0 + np.abs(want).max()
+                frame = np.full((m + 2, n + 5), 7.0, dtype)  # out inside a larger array
+                out = frame[1:-1, 2:-3]
+                product(a, b, add, out)
+                assert np.abs(out - want).max() <= tolerance * scale, (m, k, n)
+                edges = np.ones(frame.shape, bool)
+                edges[1:-1, 2:-3] = False
+                assert (frame[edges] == 7.0).all(), (m, k, n)
+                same = add.copy()
+                product(a, b, same, same)
+                assert np.abs(same - want).max() <= tolerance * scale, (m, k, n)
+    a = rng.standard_normal((4, 3)).astype(dtype)
+    b = rng.standard_normal((3, 6)).astype(dtype)
+    with pytest.raises(ValueError, match="unit-stride rows"):
+        product(a, b, np.zeros((4, 12), dtype)[:, ::2], np.zeros((4, 6), dtype))
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("hidden_size", [5, 37])
-@pytest.mark.parametrize("blas_steps", [False, True])
-def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, blas_steps,
+@pytest.mark.parametrize("batch", [4, 27])
+def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, batch,
                                                                    monkeypatch, rng):
     """Each step's units and each product shared out over threads (a thread may get no unit:
-    H = 5 over 2 or 3 parts cut at multiples of 16), each thread's share of a step's product
-    made by the dots kernel or by BLAS, agree with the reference, forward and backward,
-    inference and training, with lengths (one of 0), diagonal peepholes, both directions, two
-    layers, initial states, final-state gradients and chunks of steps."""
+    H = 5 over 2 or 3 parts cut at multiples of 16) agree with the reference, forward and
+    backward, inference and training, with lengths (one of 0), diagonal peepholes, both
+    directions, two layers, initial states, final-state gradients and chunks of steps. The
+    step products see every kind of column panel: 27 sequences are two vectors' worth, one
+    vector's and a padded rest in float32, and 4 are one padded vector, or one whole one in
+    float64."""
     from bnnsfw.backends import _numba_lstm
 
     used = []
@@ -733,14 +775,13 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
         monkeypatch.setattr(_numba_lstm, name, spy)
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
-    monkeypatch.setattr(_numba_lstm, "BLAS_STEP_MIN_BATCH", 1 if blas_steps else 1000)
     params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2, bidirectional=True,
                                    peepholes="diagonal", seed=4, dtype=dtype)
-    x = rng.standard_normal((6, 4, 3)).astype(dtype)
-    dy = rng.standard_normal((6, 4, 2 * hidden_size)).astype(dtype)
-    states = tuple(rng.standard_normal((4, 4, hidden_size)).astype(dtype) for _ in range(2))
-    final_grads = tuple(rng.standard_normal((4, 4, hidden_size)).astype(dtype) for _ in range(2))
-    lengths = np.array([6, 2, 0, 5])
+    x = rng.standard_normal((6, batch, 3)).astype(dtype)
+    dy = rng.standard_normal((6, batch, 2 * hidden_size)).astype(dtype)
+    states = tuple(rng.standard_normal((4, batch, hidden_size)).astype(dtype) for _ in range(2))
+    final_grads = tuple(rng.standard_normal((4, batch, hidden_size)).astype(dtype) for _ in range(2))
+    lengths = np.resize([6, 2, 0, 5], batch)
     results = []
     for name in ("numpy", "numba"):
         with layer_for(params, name) as layer:

@@ -11,9 +11,12 @@ interchangeable between backends. The forward weights of the sigmoid gates are h
 
 What is compiled, and why:
 
-- **Products are BLAS calls made from the compiled loop** (``?gemm`` on strided operands, the
-  same SciPy BLAS the rest of the backend uses: two BLAS libraries would each keep a spinning
-  thread pool and take the cores from each other).
+- **The large products are BLAS calls made from the compiled loop** (``?gemm`` on strided
+  operands, the same SciPy BLAS the rest of the backend uses: two BLAS libraries would each
+  keep a spinning thread pool and take the cores from each other). **A step's product**
+  ``U h`` (and backward's ``Uᵀ dz``) is :func:`~._numba_tiles.product` as soon as the
+  sequences fill a vector (8 in float32, 4 in float64): a tile kept in registers, with no
+  packing of ``U`` at each step; with fewer it is a BLAS call.
 - **Time in chunks.** The input projection ``W x_t`` is one product per chunk of steps, and
   backward's weight and input gradients are one product each per chunk, so the scratch memory
   is bounded by the chunk (:data:`CHUNK_COLUMNS` columns of ``T·N``), not by the sequence
@@ -32,9 +35,9 @@ What is compiled, and why:
   chunk against the cells as columns. Such cells keep their steps on the calling thread.
 - **Steps shared out over threads** (:func:`step_parts`): for several sequences and
   a step product of at least :data:`THREADED_STEP_MIN` multiply-adds, each of Numba's threads
-  takes a run of units and computes their four gate rows of ``U h`` with its own dot-product
-  kernel (its rows of ``U`` stay in its cache from step to step, where BLAS repacks all of
-  ``U`` at every call), then their fused update: one parallel region per step (two in
+  takes a run of units and computes their four gate rows of ``U h`` with
+  :func:`~._numba_tiles.product` (its rows of ``U`` stay in its cache from step to step),
+  then their fused update: one parallel region per step (two in
   backward: the pass, then ``Uᵀ dz`` by rows of units). BLAS is held to one thread meanwhile
   and the chunk products are shared out by rows, each thread calling a one-thread BLAS, so
   the two thread pools never wait for the cores at once.
@@ -64,6 +67,7 @@ from numba.extending import overload
 from .._threadpool import blas_limit, current_limit
 from ..enums import ActivationFunction as AF
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
+from ._numba_tiles import VECTOR_BYTES, product
 
 __all__ = ["CHUNK_COLUMNS", "THREADED_STEP_MIN", "serves", "step_parts", "chunk_steps", "forward", "backward"]
 
@@ -368,14 +372,17 @@ def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, 
         t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
                                                         c_fin)
         first = (t - chunk_first) * batch
-        if batch == 1:  # z = the projection's columns + U h: the fused pass reads z alone
+        with_product = k > 0 or h0.size > 0  # U @ 0 adds nothing
+        if with_product and batch * z.itemsize >= VECTOR_BYTES:  # z = the projection's columns + U h
+            product(u, h_prev, projection[:, first:first + batch], z)
+        elif batch == 1:  # the fused pass reads z alone
             for r in range(4 * h):  # (one loop: a nest of one-trip loops cost 0.2 µs a step here)
                 z[r, 0] = projection[r, first]
         else:
             for r in range(4 * h):
                 for n in range(batch):
                     z[r, n] = projection[r, first + n]
-        if k > 0 or h0.size:  # U @ 0 adds nothing
+        if with_product and batch * z.itemsize < VECTOR_BYTES:
             _mm(u, False, h_prev, False, z, 1.0)
         if full_pre.size:  # full peepholes of g, f, i on the cell before the step
             _mm(full_pre, False, block[:h], False, z, 1.0)
@@ -447,51 +454,6 @@ def _project_chunk(wx, bias, x2, projection, first_t, count, batch):
 # --------------------------------------------------------------------------------------
 # Steps shared out over threads (few sequences: the recurrent product is skinny).
 # --------------------------------------------------------------------------------------
-@_kernel
-def _dots(a, r0, r1, bt, add, add_col, out):
-    """``out[r − r0, n] = Σ_k a[r, k]·bt[n, k] + add[r, add_col + n]`` for the rows ``r0 … r1 − 1``
-    of ``a`` and every row ``n`` of ``bt``: a product whose rows of ``a`` stay in this thread's
-    cache from step to step (BLAS repacks them at every call). Blocks of two rows by four
-    columns keep eight sums in registers, each vectorized along ``k`` (``a`` and ``bt`` have
-    unit-stride rows); the edges are single sums."""
-    batch, size_k = bt.shape[0], a.shape[1]
-    zero = out.dtype.type(0.0)
-    quads = batch - batch % 4
-    pairs_end = r0 + (r1 - r0) - (r1 - r0) % 2
-    for r in range(r0, pairs_end, 2):
-        u0, u1 = a[r], a[r + 1]
-        for n in range(0, quads, 4):
-            h0, h1, h2, h3 = bt[n], bt[n + 1], bt[n + 2], bt[n + 3]
-            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero
-            for k in range(size_k):
-                x, y = u0[k], u1[k]
-                a0 += h0[k] * x
-                a1 += h1[k] * x
-                a2 += h2[k] * x
-                a3 += h3[k] * x
-                b0 += h0[k] * y
-                b1 += h1[k] * y
-                b2 += h2[k] * y
-                b3 += h3[k] * y
-            out[r - r0, n] = a0 + add[r, add_col + n]
-            out[r - r0, n + 1] = a1 + add[r, add_col + n + 1]
-            out[r - r0, n + 2] = a2 + add[r, add_col + n + 2]
-            out[r - r0, n + 3] = a3 + add[r, add_col + n + 3]
-            out[r + 1 - r0, n] = b0 + add[r + 1, add_col + n]
-            out[r + 1 - r0, n + 1] = b1 + add[r + 1, add_col + n + 1]
-            out[r + 1 - r0, n + 2] = b2 + add[r + 1, add_col + n + 2]
-            out[r + 1 - r0, n + 3] = b3 + add[r + 1, add_col + n + 3]
-    for r in range(r0, r1):
-        first_n = quads if r < pairs_end else 0
-        row = a[r]
-        for n in range(first_n, batch):
-            col = bt[n]
-            total = zero
-            for k in range(size_k):
-                total += row[k] * col[k]
-            out[r - r0, n] = total + add[r, add_col + n]
-
-
 @_inline
 def _part(h, parts, p):
     """Thread ``p``'s units ``j0 … j1 − 1`` of ``h``: ``parts`` near-equal runs, cut at multiples
@@ -502,17 +464,14 @@ def _part(h, parts, p):
 
 
 @_kernel
-def _forward_part(j0, j1, u, u_parts, ht_prev, projection, first, pe, block, h_prev, c_next, h_next, ht_next,
-                  out_t, lengths, t, with_product):
+def _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_next, out_t, lengths, t,
+                  with_product):
     """One step for the units ``j0 … j1 − 1``: their four gate rows of ``U h + W x + b`` (``U h``
     left out for a zero state), the fused cell update, the cache block's rows, the new states
-    (``c_next``/``h_next`` (H, N), ``ht_next`` (N, H)) and the output row ``out_t`` (N, H); a
-    sequence past its length keeps its state and outputs zeros. ``pe`` (4, H·N) holds the
-    diagonal peepholes repeated over the sequences (zeros without them).
-
-    ``U h`` is one one-thread BLAS product of the thread's rows of ``u_parts`` (``U``'s rows
-    regrouped so that each thread's four gate blocks are consecutive: rows ``4·j0 … 4·j1 − 1``)
-    when ``u_parts`` is not empty, else :func:`_dots` on ``u``'s rows."""
+    (``c_next``/``h_next`` (H, N)) and the output row ``out_t`` (N, H); a sequence past its
+    length keeps its state and outputs zeros. ``pe`` (4, H·N) holds the diagonal peepholes
+    repeated over the sequences (zeros without them). ``U h`` is :func:`product` on the
+    thread's rows of ``u``, which stay in its cache from step to step."""
     h = u.shape[1]
     batch = block.shape[1]
     count = j1 - j0
@@ -520,17 +479,15 @@ def _forward_part(j0, j1, u, u_parts, ht_prev, projection, first, pe, block, h_p
     if m == 0:
         return
     zl = np.empty((4, m), block.dtype)  # the thread's own: aliases nothing, so the pass vectorizes
-    blas = u_parts.size > 0
     for g in range(4):
         rows = zl[g].reshape((count, batch))
-        if with_product and not blas:
-            _dots(u, g * h + j0, g * h + j1, ht_prev, projection, first, rows)
+        added = projection[g * h + j0:g * h + j1, first:first + batch]
+        if with_product:
+            product(u[g * h + j0:g * h + j1], h_prev, added, rows)
         else:
             for jj in range(count):
                 for n in range(batch):
-                    rows[jj, n] = projection[g * h + j0 + jj, first + n]
-    if with_product and blas:
-        _mm(u_parts[4 * j0:4 * j1], False, h_prev, False, zl.reshape((4 * count, batch)), 1.0)
+                    rows[jj, n] = added[jj, n]
     hn, a0 = h * batch, j0 * batch
     c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * hn), hn, a0, m, 6)
     pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m, 4)
@@ -548,23 +505,21 @@ def _forward_part(j0, j1, u, u_parts, ht_prev, projection, first, pe, block, h_p
                 j = j0 + jj
                 c_next[j, n] = c_prev[jj * batch + n]
                 h_next[j, n] = h_prev[j, n]
-                ht_next[n, j] = h_prev[j, n]
                 out_t[n, j] = 0.0
         else:
             for jj in range(count):
-                ht_next[n, j0 + jj] = hid[jj * batch + n]
                 out_t[n, j0 + jj] = hid[jj * batch + n]
 
 
 @_threaded
-def _forward_step_threads(parts, u, u_parts, ht_prev, projection, first, pe, block, h_prev, c_next, h_next,
-                          ht_next, out_t, lengths, t, with_product):
+def _forward_step_threads(parts, u, projection, first, pe, block, h_prev, c_next, h_next, out_t, lengths, t,
+                          with_product):
     """One forward step, its units shared out over ``parts`` threads (:func:`_forward_part`)."""
     h = u.shape[1]
     for p in numba.prange(parts):
         j0, j1 = _part(h, parts, p)
-        _forward_part(j0, j1, u, u_parts, ht_prev, projection, first, pe, block, h_prev, c_next, h_next,
-                      ht_next, out_t, lengths, t, with_product)
+        _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_next, out_t, lengths, t,
+                      with_product)
 
 
 @_threaded
@@ -584,37 +539,31 @@ def _project_threads(parts, wx, bias, x2, projection, first_t, count, batch):
 
 
 @_kernel
-def _recur_threads(parts, projection, chunk_first, u, u_parts, pe, h0, c0, lengths, steps, hidden, ht, out,
-                   h_fin, c_fin, reverse, k_begin, k_end):
-    """:func:`_recur` with each step shared out over ``parts`` threads; ``ht`` (2, N, H) holds
-    the hidden state sequence-major for the product, taken in turn."""
+def _recur_threads(parts, projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin,
+                   reverse, k_begin, k_end):
+    """:func:`_recur` with each step shared out over ``parts`` threads."""
     batch = steps.shape[2]
     seq_len = out.shape[0]
     for k in range(k_begin, k_end):
         t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
                                                         c_fin)
-        if k == 0:
-            for j in range(h_prev.shape[0]):
-                for n in range(batch):
-                    ht[0, n, j] = h_prev[j, n]
-        _forward_step_threads(parts, u, u_parts, ht[k % 2], projection, (t - chunk_first) * batch, pe, block,
-                              h_prev, c_next, h_next, ht[(k + 1) % 2], out[t], lengths, t,
-                              k > 0 or h0.size > 0)
+        _forward_step_threads(parts, u, projection, (t - chunk_first) * batch, pe, block, h_prev, c_next,
+                              h_next, out[t], lengths, t, k > 0 or h0.size > 0)
 
 
 @_kernel
-def _forward_threads(parts, x2, wx, bias, u, u_parts, pe, h0, c0, lengths, steps, hidden, ht, outs, h_fin,
-                     c_fin, projection, reverse):
+def _forward_threads(parts, x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
+                     projection, reverse):
     """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` has unit-stride
-    rows, ``pe`` (4, H·N) as in :func:`_forward_part`, ``ht`` (2, N, H) scratch."""
+    rows, ``pe`` (4, H·N) as in :func:`_forward_part`."""
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
     chunk = projection.shape[1] // batch
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
-        _recur_threads(parts, projection, first_t, u, u_parts, pe, h0, c0, lengths, steps, hidden, ht, out,
-                       h_fin, c_fin, reverse, k_begin, k_end)
+        _recur_threads(parts, projection, first_t, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin,
+                       reverse, k_begin, k_end)
 
 
 # --------------------------------------------------------------------------------------
@@ -747,7 +696,12 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
                 for n in range(batch):
                     dh_first[j, n] = carried[j, n] if lengths.size else 0.0
         beta = 1.0 if some_inactive or k == 0 else 0.0
-        _mm(u_t, False, dz, False, target, beta)
+        if batch * dz.itemsize >= VECTOR_BYTES:
+            if beta == 0.0:
+                target[:] = 0.0
+            product(u_t, dz, target, target)
+        else:
+            _mm(u_t, False, dz, False, target, beta)
 
 
 @_kernel
@@ -843,10 +797,10 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
 # Backward with the steps shared out over threads (as forward's, :func:`_forward_threads`).
 # --------------------------------------------------------------------------------------
 @_kernel
-def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, dzt, d_gates, first):
+def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gates, first):
     """One backward step for the units ``j0 … j1 − 1``: ``dh = carried + dy`` (the output's
     gradient only within a sequence's length), the fused pass into their rows of ``dz`` (4H, N),
-    copied to ``d_gates``'s step columns and to ``dzt`` (N, 4H) for the product; ``dc`` updated.
+    copied to ``d_gates``'s step columns; ``dc`` updated.
     ``carried`` is left as the base the product adds to: the pass-through ``dh`` of a sequence
     past its length, 0 for the others (whose ``dc`` passes through as well)."""
     h = carried.shape[0]
@@ -885,48 +839,39 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, dzt, 
             r = g * h + j0 + jj
             for n in range(batch):
                 d_gates[r, first + n] = dz[r, n]
-                dzt[n, r] = dz[r, n]
 
 
 @_threaded
-def _backward_step_threads(parts, block, dy, t, lengths, pe, dc, carried, dh, dz, dzt, d_gates, first):
+def _backward_step_threads(parts, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gates, first):
     """The pass of one backward step, its units shared out over ``parts`` threads."""
     h = carried.shape[0]
     for p in numba.prange(parts):
         j0, j1 = _part(h, parts, p)
-        _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, dzt, d_gates, first)
+        _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gates, first)
 
 
 @_threaded
-def _carry_threads(parts, u_t, dz, dzt, blas, carried, target):
+def _carry_threads(parts, u_t, dz, carried, target):
     """``target = carried + U^T dz`` (the gradient for the hidden state before the step), its
-    rows (units) shared out over ``parts`` threads; ``u_t`` (H, 4H) with unit-stride rows. A
-    one-thread BLAS product per thread with ``blas``, else :func:`_dots` on ``dzt``."""
+    rows (units) shared out over ``parts`` threads (:func:`product`; ``u_t`` (H, 4H) with
+    unit-stride rows; ``target`` is ``carried`` or an array of its own)."""
     h = carried.shape[0]
-    batch = carried.shape[1]
     for p in numba.prange(parts):
         j0, j1 = _part(h, parts, p)
-        if j1 > j0 and blas:
-            if target.ctypes.data != carried.ctypes.data:
-                for j in range(j0, j1):
-                    for n in range(batch):
-                        target[j, n] = carried[j, n]
-            _mm(u_t[j0:j1], False, dz, False, target[j0:j1], 1.0)
-        elif j1 > j0:
-            _dots(u_t, j0, j1, dzt, carried, 0, target[j0:j1])
+        product(u_t[j0:j1], dz, carried[j0:j1], target[j0:j1])
 
 
 @_kernel
-def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, dzt, blas, d_gates, dh_first,
-                      reverse, k_begin, k_end, chunk_first):
+def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, d_gates, dh_first, reverse,
+                      k_begin, k_end, chunk_first):
     """:func:`_backprop` with each step shared out over ``parts`` threads: one region for the
     pass, one for the product."""
     seq_len, batch = steps.shape[0], steps.shape[2]
     for k in range(k_end - 1, k_begin - 1, -1):
         t = seq_len - 1 - k if reverse else k
         first = (t - chunk_first) * batch
-        _backward_step_threads(parts, steps[t], dy, t, lengths, pe, dc, carried, dh, dz, dzt, d_gates, first)
-        _carry_threads(parts, u_t, dz, dzt, blas, carried, dh_first if k == 0 else carried)
+        _backward_step_threads(parts, steps[t], dy, t, lengths, pe, dc, carried, dh, dz, d_gates, first)
+        _carry_threads(parts, u_t, dz, carried, dh_first if k == 0 else carried)
 
 
 @_threaded
@@ -985,19 +930,18 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
 
 @_kernel
 def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx,
-                      d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, dzt, blas,
-                      reverse):
+                      d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, reverse):
     """:func:`_backward` with every step and every product shared out over ``parts`` threads
     (BLAS held to one thread by the caller); ``u_t`` with unit-stride rows, scratch ``dz``
-    (4H, N) and ``dzt`` (N, 4H)."""
+    (4H, N)."""
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
     n_chunks = (seq_len + chunk - 1) // chunk
     for q in range(n_chunks - 1, -1, -1):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-        _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, dzt, blas, d_gates,
-                          dh_first, reverse, k_begin, k_end, first_t)
+        _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, d_gates, dh_first, reverse,
+                          k_begin, k_end, first_t)
         _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
                                 d_peep, d_input, input_beta, first_t, k_end - k_begin,
                                 0.0 if q == n_chunks - 1 else 1.0)
@@ -1008,24 +952,6 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
 # --------------------------------------------------------------------------------------
 _EMPTY: dict[np.dtype, np.ndarray] = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
 _NO_LENGTHS = np.empty(0, np.int64)
-
-
-#: Fewest sequences for which a thread's share of a step's product is a one-thread BLAS call
-#: rather than :func:`_dots`. Measured on two threads, whole layers, BLAS against the dots:
-#: XL (N = 64) 57.7 against 62.4 ms forward and 160 against 170 training; L (N = 32) 16.4
-#: against 14.4 and 47.6 against 46.0; M (N = 16) even; long (N = 8) 203 against 164 and 556
-#: against 466.
-BLAS_STEP_MIN_BATCH = 64
-
-
-def _part_rows(h: int, parts: int) -> np.ndarray:
-    """The rows of ``U`` (4H, ·) regrouped per thread (:func:`_part`): thread ``p``'s four gate
-    blocks, its units each, consecutive, at rows ``4·j0 … 4·j1 − 1``."""
-    runs = []
-    for p in range(parts):
-        j0, j1 = _part(h, parts, p)
-        runs += [np.arange(g * h + j0, g * h + j1) for g in range(4)]
-    return np.concatenate(runs)
 
 
 def _feature_major(state: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
@@ -1079,15 +1005,13 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     pe = np.repeat(peep, batch, axis=1)
     full_out = w.peepholes.full_output
     assert parts == 1 or (w.full_pre is None and full_out is None), "threads serve no full peepholes"
+    u = np.ascontiguousarray(w.u)  # unit-stride rows for the step product
     if parts > 1:
-        u = np.ascontiguousarray(w.u)
-        u_parts = u[_part_rows(h, parts)] if batch >= BLAS_STEP_MIN_BATCH else _EMPTY[dtype]
-        ht = scratch.array("lstm_numba_ht", (2, batch, h), dtype)
         with blas_limit(1):
-            _forward_threads(parts, x2, wx, bias, u, u_parts, pe, h0f, c0f, lengths, steps, hidden, ht,
+            _forward_threads(parts, x2, wx, bias, u, pe, h0f, c0f, lengths, steps, hidden,
                              _any_layout(output), h_fin, c_fin, projection, reverse)
     else:
-        _forward(x2, wx, bias, w.u, pe, _EMPTY[dtype] if w.full_pre is None else w.full_pre,
+        _forward(x2, wx, bias, u, pe, _EMPTY[dtype] if w.full_pre is None else w.full_pre,
                  _EMPTY[dtype] if full_out is None else full_out, h0f, c0f, lengths, steps, hidden,
                  _any_layout(output), h_fin, c_fin, projection, reverse)
     np.copyto(h_final, h_fin.T)
@@ -1137,12 +1061,10 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     assert parts == 1 or (full_pre is None and full_out is None), "threads serve no full peepholes"
     if parts > 1:
         dz = scratch.array("lstm_numba_dz", (4 * h, batch), dtype)
-        dzt = scratch.array("lstm_numba_dzt", (batch, 4 * h), dtype)
         with blas_limit(1):
             _backward_threads(parts, x2, w.wx_t, np.ascontiguousarray(w.u_t), pe, has_peep, lengths, steps,
                               hidden, dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_input,
-                              1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, dz, dzt,
-                              batch >= BLAS_STEP_MIN_BATCH, reverse)
+                              1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, dz, reverse)
     else:
         _backward(x2, w.wx_t, w.u_t, peep, pe, has_peep, _EMPTY[dtype] if full_pre is None else full_pre,
                   _EMPTY[dtype] if full_out is None else full_out, lengths, steps, hidden, dys, dc, carried,
