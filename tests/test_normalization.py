@@ -1045,3 +1045,75 @@ def test_group_statistics_over_long_and_short_runs(backend_name, shape, rng):
     for name, a, b in zip(RESULTS, ours, reference):
         if b is not None:
             np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4 * np.abs(b).max(), err_msg=name)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stream_pass_writes_its_formula_and_nothing_else(dtype, rng):
+    """``_numba_stream.affine`` (``out = a·u + b·(v − centre) + shift``, stored past the
+    caches) agrees with the formula for runs shorter than ``STREAM_MIN`` (a plain loop),
+    longer ones starting at every alignment (scalar head, whole lines, scalar tail), with and
+    without ``u``, and strided runs (a plain loop); it writes nothing outside ``out``."""
+    import numba
+
+    from bnnsfw.backends._numba_stream import STREAM_MIN, affine, store_fence
+
+    @numba.njit
+    def both(u, v, out, a, b, centre, shift):
+        affine(u, v, out, a, b, centre, shift, True)
+        store_fence()
+
+    @numba.njit
+    def without_u(u, v, out, a, b, centre, shift):
+        affine(u, v, out, a, b, centre, shift, False)
+        store_fence()
+
+    a, b, centre, shift = 0.75, -1.25, 3.0, 0.5
+    for size in (0, 1, STREAM_MIN - 1, STREAM_MIN, STREAM_MIN + 17, 1000):
+        for start in range(0, 16, 3):
+            for step in (1, 2):
+                u = rng.standard_normal(start + step * size + 1).astype(dtype)[start::step][:size]
+                v = rng.standard_normal(size + 7).astype(dtype)[7:]
+                frame = np.full(start + step * size + 9, 5.0, dtype)
+                out = frame[start + 1::step][:size]
+                inside = np.zeros(frame.size, bool)
+                inside[start + 1::step][:size] = True
+                for kernel, with_u in ((both, True), (without_u, False)):
+                    kernel(u, v, out, a, b, centre, shift)
+                    want = b * (v.astype(np.float64) - centre) + shift
+                    if with_u:
+                        want += a * u.astype(np.float64)
+                    np.testing.assert_allclose(out, want, rtol=1e-6 if dtype == np.float32 else 1e-14,
+                                               atol=1e-6 if dtype == np.float32 else 1e-14,
+                                               err_msg=f"{size} {start} {step} {with_u}")
+                    assert (frame[~inside] == 5.0).all(), (size, start, step, with_u)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind,shape", [("group", (3, 4, 67)), ("instance", (2, 3, 130)),
+                                        ("group", (2, 4, 5))],
+                         ids=["group-runs-with-head-and-tail", "instance", "group-runs-shorter-than-a-line"])
+def test_outputs_written_past_the_caches_agree_with_the_reference(kind, shape, dtype, monkeypatch, rng):
+    """Instance and group norm write their output (and ``dx``) past the caches when the arrays
+    would not stay in the last-level cache; with a cache of one byte assumed, small arrays
+    take that path too, and forward and backward agree with the float64 reference."""
+    from bnnsfw.backends import _numba_normalization
+
+    monkeypatch.setattr(_numba_normalization, "last_level_cache_bytes", lambda: 1)
+    assert _numba_normalization._streams(np.zeros(1, dtype), 2)
+    channels = shape[1]
+    norm_type = (NormalizationType.group(group_count=2) if kind == "group"
+                 else NormalizationType.instance())
+    params = NormalizationParameters(type=norm_type, input_shape=shape[1:],
+                                     gamma=rng.uniform(0.5, 1.5, channels), beta=rng.uniform(-1, 1, channels),
+                                     dtype=dtype)
+    x = (10.0 + rng.standard_normal(shape)).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    ours = _run(params, "numba", x, dy, "training")
+    wide = attrs.evolve(params, dtype=np.float64)
+    reference = _run(wide, "numpy", x.astype(np.float64), dy.astype(np.float64), "training")
+    rtol, atol = (2e-4, 2e-5) if dtype == np.float32 else (1e-9, 1e-11)
+    for name, a, b in zip(RESULTS, ours, reference):
+        if b is not None:
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol * max(1.0, np.abs(b).max()), err_msg=name)

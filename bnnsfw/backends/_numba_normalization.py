@@ -29,11 +29,15 @@ data and the thread count. Kernels are compiled on first use and cached on disk.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numba
 import numpy as np
+
+from ._numba_stream import affine, store_fence
 
 __all__ = ["serves", "forward", "backward"]
 
@@ -87,9 +91,10 @@ def _combine(count, mean, squares, more, more_mean, more_squares):
 
 
 @_parallel
-def _row_forward(x, flat, gamma, beta, groups, epsilon, out, means, variances, limit, wide):
+def _row_forward(x, flat, gamma, beta, groups, epsilon, out, means, variances, limit, wide, stream):
     """Per-sample statistics: ``x`` (R, K, S) with R = N·G rows, ``flat`` the same as (R, K·S),
-    ``gamma``/``beta`` (1 or G, K)."""
+    ``gamma``/``beta`` (1 or G, K); ``stream``: write ``out`` past the caches
+    (:func:`_streams`)."""
     rows, k_size, s_size = x.shape
     per_group = gamma.shape[0] > 1
     for r in numba.prange(rows):
@@ -105,16 +110,22 @@ def _row_forward(x, flat, gamma, beta, groups, epsilon, out, means, variances, l
         variance = squares / count
         rstd = 1.0 / math.sqrt(variance + epsilon)
         mean_x = x.dtype.type(mean)
-        for k in range(k_size):  # centred first: exactly beta at the mean, no cancellation
-            scale = x.dtype.type(rstd * gamma[g, k])
-            for s in range(s_size):
-                out[r, k, s] = (x[r, k, s] - mean_x) * scale + beta[g, k]
+        if stream:  # centred first: exactly beta at the mean, no cancellation
+            for k in range(k_size):
+                affine(x[r, k], x[r, k], out[r, k], 0.0, rstd * gamma[g, k], mean_x, beta[g, k], False)
+            store_fence()
+        else:
+            for k in range(k_size):
+                scale = x.dtype.type(rstd * gamma[g, k])
+                for s in range(s_size):
+                    out[r, k, s] = (x[r, k, s] - mean_x) * scale + beta[g, k]
         means[r] = mean
         variances[r] = variance
 
 
 @_parallel
-def _row_backward(x, flat, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_beta_blocks, limit, wide):
+def _row_backward(x, flat, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_beta_blocks, limit, wide,
+                  stream):
     """Per-sample statistics backward; the gamma and beta gradients per block of rows.
 
     A segment is a run of at most :data:`SEGMENT` elements of one ``k``, or as many whole
@@ -177,13 +188,20 @@ def _row_backward(x, flat, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_bet
                 d_gamma[g, k] += sum_dy_xhat
                 a += gamma[g, k] * sum_dy
                 c += gamma[g, k] * sum_dy_xhat
+            # dx = rstd·γ·dy − rstd·(a + x̂·c)/count, x̂ = (x − mean)·rstd
             mean_x, rstd_x = x.dtype.type(mean), x.dtype.type(rstd)
-            a_x, c_x = x.dtype.type(a / count), x.dtype.type(c / count)
-            for k in range(k_size):
-                scale = x.dtype.type(rstd * gamma[g, k])
-                for s in range(s_size):
-                    xhat = (x[r, k, s] - mean_x) * rstd_x
-                    dx[r, k, s] = scale * dy[r, k, s] - rstd_x * (a_x + xhat * c_x)
+            if stream:
+                slope, shift = -rstd * rstd * c / count, -rstd * a / count
+                for k in range(k_size):
+                    affine(dy[r, k], x[r, k], dx[r, k], rstd * gamma[g, k], slope, mean_x, shift, True)
+                store_fence()
+            else:
+                a_x, c_x = x.dtype.type(a / count), x.dtype.type(c / count)
+                for k in range(k_size):
+                    scale = x.dtype.type(rstd * gamma[g, k])
+                    for s in range(s_size):
+                        xhat = (x[r, k, s] - mean_x) * rstd_x
+                        dx[r, k, s] = scale * dy[r, k, s] - rstd_x * (a_x + xhat * c_x)
 
 
 @_parallel
@@ -379,6 +397,30 @@ def forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, *, epsilon: floa
         return _forward(x, gamma, beta, epsilon, batch_statistics, out, redo)
 
 
+def _streams(out: np.ndarray, arrays: int) -> bool:
+    """True when a row kernel writes ``out`` past the caches (:mod:`._numba_stream`): when the
+    pass's ``arrays`` arrays of ``out``'s size (``x`` and ``out`` forward, ``x``, ``dy`` and
+    ``dx`` backward) fill at least half the last-level cache, so that they do not stay there
+    from call to call and each ordinary store first reads its line from memory. Measured on
+    two threads and a 32 MiB cache, forward and backward together, instance and group norm:
+    (32, 64, 32, 32) float32 (8 MiB) streamed in 0.79–0.86× the time of ordinary stores,
+    (16, 64, 32, 32) (4 MiB) in 1.12–1.21×, (8, 64, 16, 16) (0.5 MiB) in 1.1–1.3×."""
+    return 2 * arrays * out.nbytes >= last_level_cache_bytes()
+
+
+@functools.cache
+def last_level_cache_bytes() -> int:
+    """The largest cache's size, as Linux reports it for the first CPU; 32 MiB where it does
+    not."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        with contextlib.suppress(OSError, ValueError):
+            text = entry.read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=32 << 20)
+
+
 def _forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, epsilon: float, batch_statistics: bool,
              out: np.ndarray, redo: Redo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n, g, k, s = x.shape
@@ -404,7 +446,7 @@ def _forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, epsilon: float,
         rows = gamma.shape[1]
         _row_forward(x.reshape(n * g, k, s), x.reshape(n * g, k * s), gamma.reshape(rows, k),
                      beta.reshape(rows, k), g, epsilon, out.reshape(n * g, k, s), means, variances, limit,
-                     wide)
+                     wide, _streams(out, 2))
         shape = (n, g, 1, 1)
     if wide.any():
         sets = np.flatnonzero(wide)
@@ -449,7 +491,7 @@ def _backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, epsilon: float, 
         wide = np.zeros(n * g, np.bool_)
         _row_backward(x.reshape(n * g, k, s), x.reshape(n * g, k * s), dy.reshape(n * g, k, s),
                       gamma.reshape(rows, k), g, epsilon, dx.reshape(n * g, k, s), d_gamma_blocks,
-                      d_beta_blocks, limit, wide)
+                      d_beta_blocks, limit, wide, _streams(dx, 3))
         d_gamma = np.add.reduce(d_gamma_blocks, axis=0)
         d_beta = np.add.reduce(d_beta_blocks, axis=0)
     if wide.any():  # before dx goes to out: dy (which out may be) is still intact

@@ -1,0 +1,147 @@
+"""A compiled pass that writes its output past the caches: ``out = a·u + b·(v − centre) + shift``.
+
+A normalization's last pass writes an output as large as its input. When the arrays are larger
+than the last-level cache, an ordinary store first reads each line of the output from memory
+(to own it) and later writes it back: three transfers for each two the data needs. A
+non-temporal store writes a whole line without reading it. Numba does not emit such stores,
+so :func:`affine` is a Numba intrinsic written in LLVM's vector types, with the stores
+marked ``!nontemporal``; LLVM makes them ``vmovntps`` (x86) or keeps ordinary stores on a
+machine without such an instruction. A store fence ends the pass (``sfence`` on x86), so
+that the stores are visible to any thread that reads the output after it.
+
+Measured on the benchmark's group norm (32, 64, 32, 32), 8 groups, two threads: the output
+passes, with their reads, took about 60 % of a training step (0.39 of 0.64 ms forward, 0.69
+of 1.07 backward, timed by leaving the writes out).
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numba
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+__all__ = ["LINE_BYTES", "STREAM_MIN", "affine", "store_fence"]
+
+#: Bytes per vector store: one cache line, so each store fills a line of the write-combining
+#: buffer at once (two 32-byte stores where vectors are 32 bytes wide).
+LINE_BYTES = 64
+
+#: Shortest run written past the caches: four lines of float32. A shorter run is mostly the
+#: scalar head and tail, and a row of runs of one element (a (64, 512, 1, 1) group norm)
+#: ran 1.4× slower streamed.
+STREAM_MIN = 64
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+@intrinsic
+def _affine(typingctx, u, v, out, a, b, centre, shift, with_u):
+    """``out[i] = a·u[i] + b·(v[i] − centre) + shift`` (``a·u[i]`` left out unless ``with_u``,
+    a literal boolean) over 1-D unit-stride runs of one float dtype, ``u`` and ``v`` at least
+    as long as ``out``. Scalar elements up to the first aligned line of ``out``, then whole
+    lines with non-temporal stores, then scalar elements. The caller ends its passes with
+    :func:`store_fence`."""
+    if not isinstance(with_u, types.BooleanLiteral):
+        return None
+    arrays = (u, v, out)
+    if not all(isinstance(t, types.Array) and t.ndim == 1 for t in arrays):
+        return None
+    dtype = out.dtype
+    if dtype not in (types.float32, types.float64) or any(t.dtype != dtype for t in arrays):
+        return None
+    if any(s != dtype for s in (a, b, centre, shift)):
+        return None
+    use_u = with_u.literal_value
+    signature = types.void(u, v, out, a, b, centre, shift, with_u)
+
+    def codegen(context, builder, sig, args):
+        scalar = context.get_value_type(dtype)
+        itemsize = dtype.bitwidth // 8
+        width = LINE_BYTES // itemsize
+        vector = ir.VectorType(scalar, width)
+        i64 = ir.IntType(64)
+        structs = [context.make_array(t)(context, builder, x) for t, x in zip(sig.args[:3], args[:3])]
+        data = [s.data for s in structs]
+        count = cgutils.unpack_tuple(builder, structs[2].shape, 1)[0]
+        a_s, b_s, centre_s, shift_s = args[3:7]
+
+        def splat(value):
+            undefined = ir.Constant(vector, ir.Undefined)
+            one = builder.insert_element(undefined, value, ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(one, undefined, ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                                      [0] * width))
+
+        def formula(u_value, v_value, a_value, b_value, centre_value, shift_value):
+            total = builder.fadd(builder.fmul(b_value, builder.fsub(v_value, centre_value)), shift_value)
+            if use_u:
+                total = builder.fadd(builder.fmul(a_value, u_value), total)
+            return total
+
+        def scalar_run(start, stop):
+            with cgutils.for_range_slice(builder, start, stop, ir.Constant(i64, 1)) as (i, _):
+                u_value = builder.load(builder.gep(data[0], [i])) if use_u else None
+                v_value = builder.load(builder.gep(data[1], [i]))
+                total = formula(u_value, v_value, a_s, b_s, centre_s, shift_s)
+                builder.store(total, builder.gep(data[2], [i]))
+
+        address = builder.ptrtoint(data[2], i64)
+        misalignment = builder.and_(builder.neg(address), ir.Constant(i64, LINE_BYTES - 1))
+        head = builder.udiv(misalignment, ir.Constant(i64, itemsize))
+        head = builder.select(builder.icmp_signed("<", head, count), head, count)
+        lines = builder.sdiv(builder.sub(count, head), ir.Constant(i64, width))
+        body_end = builder.add(head, builder.mul(lines, ir.Constant(i64, width)))
+        scalar_run(ir.Constant(i64, 0), head)
+        a_v, b_v, centre_v, shift_v = splat(a_s), splat(b_s), splat(centre_s), splat(shift_s)
+        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with cgutils.for_range_slice(builder, head, body_end, ir.Constant(i64, width)) as (i, _):
+            def load(which):
+                pointer = builder.bitcast(builder.gep(data[which], [i]), vector.as_pointer())
+                return builder.load(pointer, align=itemsize)
+
+            total = formula(load(0) if use_u else None, load(1), a_v, b_v, centre_v, shift_v)
+            target = builder.bitcast(builder.gep(data[2], [i]), vector.as_pointer())
+            store = builder.store(total, target, align=LINE_BYTES)
+            store.set_metadata("nontemporal", nontemporal)
+        scalar_run(body_end, count)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """Orders the non-temporal stores before it with every store after it (``sfence`` on x86,
+    where an ordinary fence may not order them; a full fence elsewhere)."""
+    def codegen(context, builder, sig, args):
+        if _X86:
+            sfence = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                    "llvm.x86.sse.sfence")
+            builder.call(sfence, [])
+        else:
+            builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def affine(u, v, out, a, b, centre, shift, with_u):
+    """``out = a·u + b·(v − centre) + shift`` over 1-D runs of equal length (``with_u`` a literal
+    boolean: without it, ``u`` and ``a`` are not read), in ``out``'s dtype; stored past the
+    caches (:func:`_affine`; the caller ends with :func:`store_fence`) when the runs are
+    unit-stride and at least :data:`STREAM_MIN` elements long, by a plain loop else."""
+    kind = out.dtype.type
+    a, b, centre, shift = kind(a), kind(b), kind(centre), kind(shift)
+    size = out.itemsize
+    if (out.size >= STREAM_MIN and out.strides[0] == size and v.strides[0] == size
+            and (u.strides[0] == size or not with_u)):
+        _affine(u, v, out, a, b, centre, shift, with_u)
+    elif with_u:
+        for i in range(out.size):
+            out[i] = a * u[i] + b * (v[i] - centre) + shift
+    else:
+        for i in range(out.size):
+            out[i] = b * (v[i] - centre) + shift
