@@ -37,8 +37,9 @@ What is compiled, and why:
   a step product of at least :data:`THREADED_STEP_MIN` multiply-adds, each of Numba's threads
   takes a run of units and computes their four gate rows of ``U h`` with
   :func:`~._numba_tiles.product` (its rows of ``U`` stay in its cache from step to step),
-  then their fused update: one parallel region per step (two in
-  backward: the pass, then ``Uᵀ dz`` by rows of units). BLAS is held to one thread meanwhile
+  then their fused update: one parallel region per step (in backward too: each thread makes
+  its units' rows of ``Uᵀ dz`` for the step after, then their pass of the step, with ``dz``
+  taken from two arrays in turn). BLAS is held to one thread meanwhile
   and the chunk products are shared out by rows, each thread calling a one-thread BLAS, so
   the two thread pools never wait for the cores at once.
 - float32 uses a rational tanh (an odd polynomial over an even one on ``|x| ≤ 7.9``; largest
@@ -842,36 +843,39 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gat
 
 
 @_threaded
-def _backward_step_threads(parts, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gates, first):
-    """The pass of one backward step, its units shared out over ``parts`` threads."""
+def _backward_step_threads(parts, u_t, dz_after, carried, target, carry, block, dy, t, lengths, pe, dc, dh, dz,
+                           d_gates, first, step):
+    """One parallel region of the backward walk, each thread on its own units: with ``carry``,
+    ``target = carried + Uᵀ dz_after`` for them (the gradient for the hidden state before the
+    step after: :func:`product` on their rows of ``u_t`` (H, 4H), whose rows are unit-stride;
+    ``target`` is ``carried`` or an array of its own); then with ``step``, the pass of step
+    ``t`` (:func:`_backward_part`), which reads only those units' ``carried`` and writes
+    ``dz``, another array than ``dz_after``. So a step needs one region, not one for the pass
+    and one for the product: no thread reads what another writes in the same region."""
     h = carried.shape[0]
     for p in numba.prange(parts):
         j0, j1 = _part(h, parts, p)
-        _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gates, first)
-
-
-@_threaded
-def _carry_threads(parts, u_t, dz, carried, target):
-    """``target = carried + U^T dz`` (the gradient for the hidden state before the step), its
-    rows (units) shared out over ``parts`` threads (:func:`product`; ``u_t`` (H, 4H) with
-    unit-stride rows; ``target`` is ``carried`` or an array of its own)."""
-    h = carried.shape[0]
-    for p in numba.prange(parts):
-        j0, j1 = _part(h, parts, p)
-        product(u_t[j0:j1], dz, carried[j0:j1], target[j0:j1])
+        if carry:
+            product(u_t[j0:j1], dz_after, carried[j0:j1], target[j0:j1])
+        if step:
+            _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gates, first)
 
 
 @_kernel
 def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, d_gates, dh_first, reverse,
                       k_begin, k_end, chunk_first):
-    """:func:`_backprop` with each step shared out over ``parts`` threads: one region for the
-    pass, one for the product."""
+    """:func:`_backprop` with each step shared out over ``parts`` threads: one region per step
+    (:func:`_backward_step_threads`), which makes ``Uᵀ dz`` of the step after and then the pass
+    of its own; one more for the chunk's last product. ``dz`` (2, 4H, N): walking step ``k``'s
+    in ``dz[k % 2]``."""
     seq_len, batch = steps.shape[0], steps.shape[2]
-    for k in range(k_end - 1, k_begin - 1, -1):
-        t = seq_len - 1 - k if reverse else k
+    for k in range(k_end - 1, k_begin - 2, -1):
+        step = k >= k_begin
+        t = (seq_len - 1 - k if reverse else k) if step else 0
         first = (t - chunk_first) * batch
-        _backward_step_threads(parts, steps[t], dy, t, lengths, pe, dc, carried, dh, dz, d_gates, first)
-        _carry_threads(parts, u_t, dz, carried, dh_first if k == 0 else carried)
+        _backward_step_threads(parts, u_t, dz[(k + 1) % 2], carried, dh_first if k + 1 == 0 else carried,
+                               k < k_end - 1, steps[t], dy, t, lengths, pe, dc, dh, dz[k % 2], d_gates, first,
+                               step)
 
 
 @_threaded
@@ -933,7 +937,7 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
                       d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, reverse):
     """:func:`_backward` with every step and every product shared out over ``parts`` threads
     (BLAS held to one thread by the caller); ``u_t`` with unit-stride rows, scratch ``dz``
-    (4H, N)."""
+    (2, 4H, N)."""
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
@@ -1060,7 +1064,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     d_full_out = _EMPTY[dtype] if full_out is None else scratch.array("lstm_numba_d_full_out", (h, h), dtype)
     assert parts == 1 or (full_pre is None and full_out is None), "threads serve no full peepholes"
     if parts > 1:
-        dz = scratch.array("lstm_numba_dz", (4 * h, batch), dtype)
+        dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), dtype)
         with blas_limit(1):
             _backward_threads(parts, x2, w.wx_t, np.ascontiguousarray(w.u_t), pe, has_peep, lengths, steps,
                               hidden, dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_input,
