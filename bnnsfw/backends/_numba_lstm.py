@@ -843,8 +843,8 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gat
 
 
 @_threaded
-def _backward_step_threads(parts, u_t, dz_after, carried, target, carry, block, dy, t, lengths, pe, dc, dh, dz,
-                           d_gates, first, step):
+def _backward_step_threads(parts, u_t, dz_after, carried, target, carry, block, dy, t, lengths, pe, dc, dh,
+                           dz, d_gates, first, step):
     """One parallel region of the backward walk, each thread on its own units: with ``carry``,
     ``target = carried + Uᵀ dz_after`` for them (the gradient for the hidden state before the
     step after: :func:`product` on their rows of ``u_t`` (H, 4H), whose rows are unit-stride;
