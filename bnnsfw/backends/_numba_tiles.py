@@ -7,9 +7,10 @@ spent much of its time in the horizontal sums that end each dot product. :func:`
 instead keeps a tile of ``out`` in vector registers while it walks ``k``: each step of the
 walk loads a row of ``b`` (``2L`` columns, ``L`` = 32 bytes of the dtype: 8 float32 or
 4 float64) and multiplies it by six broadcast scalars of ``a``, twelve fused multiply-adds
-with no sum across lanes. One thread ran 109–112 GFLOP/s in float32 on the benchmark's step
-shapes (``256 × 128 × 16`` up to ``1020 × 512 × 64``), against 60–82 for the dot-product kernel
-and about 105 for one core's share of the sgemm peak.
+with no sum across lanes. One thread ran 95–112 GFLOP/s in float32 on the benchmark's step
+shapes (``256 × 128 × 16`` up to ``1024 × 512 × 64``), against 60–82 for the dot-product kernel,
+93–103 for a one-thread OpenBLAS call on the same operands and about 105 for one core's share
+of the sgemm peak.
 
 The tile is written in LLVM's vector types (:func:`_tile`, a Numba intrinsic), which LLVM
 lowers for whatever the machine has: 32-byte vectors on AVX2 and AVX-512, two 16-byte halves
