@@ -369,22 +369,24 @@ def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, 
     z = np.empty((4 * h, batch), steps.dtype)
     cell = np.empty(h * batch, steps.dtype)
     hid = np.empty(h * batch, steps.dtype)
+    tiled = batch * z.itemsize >= VECTOR_BYTES  # a vector's worth of sequences: the tile product, else BLAS
     for k in range(k_begin, k_end):
         t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
                                                         c_fin)
         first = (t - chunk_first) * batch
         with_product = k > 0 or h0.size > 0  # U @ 0 adds nothing
-        if with_product and batch * z.itemsize >= VECTOR_BYTES:  # z = the projection's columns + U h
+        if with_product and tiled:  # z = the projection's columns + U h: the fused pass reads z alone
             product(u, h_prev, projection[:, first:first + batch], z)
-        elif batch == 1:  # the fused pass reads z alone
-            for r in range(4 * h):  # (one loop: a nest of one-trip loops cost 0.2 µs a step here)
-                z[r, 0] = projection[r, first]
         else:
-            for r in range(4 * h):
-                for n in range(batch):
-                    z[r, n] = projection[r, first + n]
-        if with_product and batch * z.itemsize < VECTOR_BYTES:
-            _mm(u, False, h_prev, False, z, 1.0)
+            if batch == 1:  # one loop: a nest of one-trip loops cost 0.2 µs a step here
+                for r in range(4 * h):
+                    z[r, 0] = projection[r, first]
+            else:
+                for r in range(4 * h):
+                    for n in range(batch):
+                        z[r, n] = projection[r, first + n]
+            if with_product:
+                _mm(u, False, h_prev, False, z, 1.0)
         if full_pre.size:  # full peepholes of g, f, i on the cell before the step
             _mm(full_pre, False, block[:h], False, z, 1.0)
         if full_out.size:
@@ -657,6 +659,7 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
     h = six_h // 6
     dz = np.empty((4 * h, batch), steps.dtype)
     through = np.empty((h, batch), steps.dtype)
+    tiled = batch * dz.itemsize >= VECTOR_BYTES  # Uᵀ dz by the tile product, else by BLAS
     for k in range(k_end - 1, k_begin - 1, -1):
         t = seq_len - 1 - k if reverse else k
         block = steps[t]
@@ -697,7 +700,7 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
                 for n in range(batch):
                     dh_first[j, n] = carried[j, n] if lengths.size else 0.0
         beta = 1.0 if some_inactive or k == 0 else 0.0
-        if batch * dz.itemsize >= VECTOR_BYTES:
+        if tiled:
             if beta == 0.0:
                 target[:] = 0.0
             product(u_t, dz, target, target)
