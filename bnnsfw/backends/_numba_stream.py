@@ -4,10 +4,13 @@ A normalization's last pass writes an output as large as its input. When the arr
 than the last-level cache, an ordinary store first reads each line of the output from memory
 (to own it) and later writes it back: three transfers for each two the data needs. A
 non-temporal store writes a whole line without reading it. Numba does not emit such stores,
-so :func:`affine` is a Numba intrinsic written in LLVM's vector types, with the stores
+so :func:`_affine` is a Numba intrinsic written in LLVM's vector types, with the stores
 marked ``!nontemporal``; LLVM makes them ``vmovntps`` (x86) or keeps ordinary stores on a
-machine without such an instruction. A store fence ends the pass (``sfence`` on x86), so
-that the stores are visible to any thread that reads the output after it.
+machine without such an instruction. The kernels end their passes with a store fence
+(:func:`store_fence`: ``sfence`` on x86), so that the stores are visible to any thread that
+reads the output after them. Only the streamed passes take this form (``a·u + b·(v − centre)
++ shift``); the kernels keep their plain loops for the others: calling :func:`affine` for
+every run there made a (64, 512, 1, 1) group norm, runs of one element, 1.1–1.2× slower.
 
 Measured on the benchmark's group norm (32, 64, 32, 32), 8 groups, two threads: the output
 passes, with their reads, took about 60 % of a training step (0.39 of 0.64 ms forward, 0.69
