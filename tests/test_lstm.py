@@ -876,6 +876,49 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("parts", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dtype, monkeypatch, rng):
+    """Inference of a cell without peepholes takes the light pass (no cache rows), on the
+    calling thread and shared out over threads; it agrees with the reference and with the
+    same layer's training forward (lengths, one of them 0, initial states, both directions,
+    two layers, chunks of steps). Training, and inference with peepholes, take the full pass."""
+    from bnnsfw.backends import _numba_lstm
+
+    calls = []
+    for name in ("_forward", "_forward_threads"):
+        original = getattr(_numba_lstm, name)
+
+        def spy(*args, _original=original):
+            calls.append(bool(args[-1]))  # light
+            return _original(*args)
+
+        monkeypatch.setattr(_numba_lstm, name, spy)
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 12)
+    batch, hidden = 11, 37  # 11 sequences: the tile product (float32: a vector and a padded rest)
+    x = rng.standard_normal((7, batch, 3)).astype(dtype)
+    states = tuple(rng.standard_normal((4, batch, hidden)).astype(dtype) for _ in range(2))
+    lengths = np.resize([7, 3, 0, 5], batch)
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
+    for peepholes, light in ((None, True), ("diagonal", False)):
+        params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, bidirectional=True,
+                                       peepholes=peepholes, seed=5, dtype=dtype)
+        results = []
+        for name in ("numpy", "numba"):
+            calls.clear()
+            with layer_for(params, name) as layer:
+                inference = layer.apply(x, *states, sequence_lengths=lengths)
+                assert calls == [light] * 4 if name == "numba" else not calls
+                trained = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+                assert calls == [light] * 4 + [False] * 4 if name == "numba" else not calls
+            results.append((inference.output, inference.hidden, inference.cell, trained.output))
+        for k, (got, want) in enumerate(zip(results[1], results[0])):
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
+        np.testing.assert_allclose(results[1][0], results[1][3], rtol=rtol, atol=atol)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_shares_steps_over_threads_only_where_it_pays():
     """Threads share a step only for several sequences and a step product of at least
     ``THREADED_STEP_MIN`` multiply-adds, and only as many as Numba has."""

@@ -28,6 +28,8 @@ What is compiled, and why:
   four gates and the cell gradient, then one product ``Uᵀ dz``; the bias and peephole
   gradients are one pass per chunk over its ``dz``. The forward pass runs over each gate's
   ``H·N`` elements as one unit-stride loop (feature-major blocks keep them consecutive).
+  Inference without peepholes takes a lighter pass of its own (:func:`_state_run`): no cache
+  rows, which nothing reads, and no peephole terms.
 - **Full peepholes** add a product per step: ``P c_{t−1}`` for the candidate, forget and
   input gates goes into ``z`` with ``U h``; the output gate's ``P_o c_t`` needs every unit's
   new cell, so the pass splits in two around it (backward: ``P_oᵀ dz_o`` between two passes,
@@ -270,6 +272,21 @@ def _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row
 
 
 @_inline
+def _state_run(zg, zf, zi, zo, c_prev, cell, hid):
+    """:func:`_gate_run` for inference without peepholes: only the new cell and hidden values,
+    no cache rows (nothing reads them) and no peephole terms (all zero). Its own loop: a flag
+    inside :func:`_gate_run`'s loop would keep it from vectorizing."""
+    half = cell.dtype.type(0.5)
+    for e in range(cell.size):
+        g = _tanh(zg[e])
+        f = half * _tanh(zf[e]) + half
+        i = half * _tanh(zi[e]) + half
+        c = f * c_prev[e] + i * g
+        cell[e] = c
+        hid[e] = (half * _tanh(zo[e]) + half) * _tanh(c)
+
+
+@_inline
 def _forward_step_full(h, z, pe, block, c_next, h_next, cell, hid, full_out):
     """:func:`_forward_step` for a full output peephole ``full_out`` (H, H), which sees the new
     cell of every unit: one pass to the new cell, the product ``P_o c_t`` into the output
@@ -299,11 +316,12 @@ def _forward_step_full(h, z, pe, block, c_next, h_next, cell, hid, full_out):
 
 
 @_inline
-def _forward_step(h, z, pe, block, c_next, h_next, cell, hid):
+def _forward_step(h, z, pe, block, c_next, h_next, cell, hid, light):
     """The fused pass of one step over every unit and sequence: reads ``z`` (4H, N) (``U h``
     plus the projection), writes the cache block's rows, the new cell and hidden state. ``pe``
     (4, H·N) holds the diagonal peepholes repeated over the sequences (zeros without them);
-    ``cell`` and ``hid`` (H·N,) are scratch.
+    ``cell`` and ``hid`` (H·N,) are scratch. ``light``: inference without peepholes
+    (:func:`_state_run`: no cache rows).
 
     The pass runs over the ``H·N`` elements of each gate row block as one unit-stride loop, on
     one 1-D view per row block: a nest over units and sequences, vectorized along the
@@ -317,8 +335,11 @@ def _forward_step(h, z, pe, block, c_next, h_next, cell, hid):
     m = h * batch
     c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
     zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 0, m, 4)
-    pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
-    _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
+    if light:
+        _state_run(zg, zf, zi, zo, c_prev, cell, hid)
+    else:
+        pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
+        _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
     if batch == 1:  # one loop, not a nest of one-trip loops (0.1 µs of a 0.4 µs step at H = 64)
         for j in range(h):
             c_next[j, 0] = cell[j]
@@ -356,7 +377,7 @@ def _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin, c_fin):
 
 @_kernel
 def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin,
-           c_fin, reverse, k_begin, k_end):
+           c_fin, reverse, k_begin, k_end, light):
     """The forward steps ``k_begin … k_end − 1`` (in walking order); ``projection`` holds
     ``W x + b`` of the chunk that starts at time step ``chunk_first``. Arrays as in
     :func:`_forward`."""
@@ -392,7 +413,7 @@ def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, 
         if full_out.size:
             _forward_step_full(h, z, pe, block, c_next, h_next, cell, hid, full_out)
         else:
-            _forward_step(h, z, pe, block, c_next, h_next, cell, hid)
+            _forward_step(h, z, pe, block, c_next, h_next, cell, hid, light)
         out_t = out[t]
         for n in range(batch):
             if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
@@ -416,7 +437,7 @@ def _chunk(seq_len, chunk, q, reverse):
 
 @_kernel
 def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
-             projection, reverse):
+             projection, reverse, light):
     """One layer and direction forward, on one thread (BLAS may use more).
 
     ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
@@ -427,7 +448,8 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
     and ``hidden`` (T, H, N) the cache, or (2, 6H, N) and (2, H, N) taken in turn when nothing
     is kept (inference); ``outs[0]`` (T, N, H) the output (any strides; ``outs`` as
     :func:`_any_layout` makes it); ``h_fin``/``c_fin`` (H, N) the final states; ``projection``
-    (4H, chunk·N) scratch.
+    (4H, chunk·N) scratch; ``light`` for inference without peepholes (the steps write no cache
+    rows: :func:`_state_run`).
 
     A sequence past its length keeps its state and outputs zeros; its cache block holds
     finite values that backward ignores (as the reference's does).
@@ -439,7 +461,7 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
         _recur(projection, first_t, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin,
-               c_fin, reverse, k_begin, k_end)
+               c_fin, reverse, k_begin, k_end, light)
 
 
 @_kernel
@@ -468,13 +490,14 @@ def _part(h, parts, p):
 
 @_kernel
 def _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_next, out_t, lengths, t,
-                  with_product):
+                  with_product, light):
     """One step for the units ``j0 … j1 − 1``: their four gate rows of ``U h + W x + b`` (``U h``
     left out for a zero state), the fused cell update, the cache block's rows, the new states
     (``c_next``/``h_next`` (H, N)) and the output row ``out_t`` (N, H); a sequence past its
     length keeps its state and outputs zeros. ``pe`` (4, H·N) holds the diagonal peepholes
-    repeated over the sequences (zeros without them). ``U h`` is :func:`product` on the
-    thread's rows of ``u``, which stay in its cache from step to step."""
+    repeated over the sequences (zeros without them); ``light``: inference without peepholes
+    (no cache rows, :func:`_state_run`). ``U h`` is :func:`product` on the thread's rows of
+    ``u``, which stay in its cache from step to step."""
     h = u.shape[1]
     batch = block.shape[1]
     count = j1 - j0
@@ -497,7 +520,10 @@ def _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_nex
     zg, zf, zi, zo = zl[0], zl[1], zl[2], zl[3]
     cell = np.empty(m, block.dtype)
     hid = np.empty(m, block.dtype)
-    _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
+    if light:
+        _state_run(zg, zf, zi, zo, c_prev, cell, hid)
+    else:
+        _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
     for jj in range(count):
         for n in range(batch):
             c_next[j0 + jj, n] = cell[jj * batch + n]
@@ -516,13 +542,13 @@ def _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_nex
 
 @_threaded
 def _forward_step_threads(parts, u, projection, first, pe, block, h_prev, c_next, h_next, out_t, lengths, t,
-                          with_product):
+                          with_product, light):
     """One forward step, its units shared out over ``parts`` threads (:func:`_forward_part`)."""
     h = u.shape[1]
     for p in numba.prange(parts):
         j0, j1 = _part(h, parts, p)
         _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_next, out_t, lengths, t,
-                      with_product)
+                      with_product, light)
 
 
 @_threaded
@@ -543,7 +569,7 @@ def _project_threads(parts, wx, bias, x2, projection, first_t, count, batch):
 
 @_kernel
 def _recur_threads(parts, projection, chunk_first, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin,
-                   reverse, k_begin, k_end):
+                   reverse, k_begin, k_end, light):
     """:func:`_recur` with each step shared out over ``parts`` threads."""
     batch = steps.shape[2]
     seq_len = out.shape[0]
@@ -551,12 +577,12 @@ def _recur_threads(parts, projection, chunk_first, u, pe, h0, c0, lengths, steps
         t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
                                                         c_fin)
         _forward_step_threads(parts, u, projection, (t - chunk_first) * batch, pe, block, h_prev, c_next,
-                              h_next, out[t], lengths, t, k > 0 or h0.size > 0)
+                              h_next, out[t], lengths, t, k > 0 or h0.size > 0, light)
 
 
 @_kernel
 def _forward_threads(parts, x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
-                     projection, reverse):
+                     projection, reverse, light):
     """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` has unit-stride
     rows, ``pe`` (4, H·N) as in :func:`_forward_part`."""
     out = outs[0]
@@ -566,7 +592,7 @@ def _forward_threads(parts, x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden,
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
         _recur_threads(parts, projection, first_t, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin,
-                       reverse, k_begin, k_end)
+                       reverse, k_begin, k_end, light)
 
 
 # --------------------------------------------------------------------------------------
@@ -1013,14 +1039,17 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     full_out = w.peepholes.full_output
     assert parts == 1 or (w.full_pre is None and full_out is None), "threads serve no full peepholes"
     u = np.ascontiguousarray(w.u)  # unit-stride rows for the step product
+    # inference without peepholes: the steps write no cache rows (nothing reads them)
+    light = inference and w.full_pre is None and full_out is None and all(
+        p is None for p in w.peepholes.diagonal)
     if parts > 1:
         with blas_limit(1):
             _forward_threads(parts, x2, wx, bias, u, pe, h0f, c0f, lengths, steps, hidden,
-                             _any_layout(output), h_fin, c_fin, projection, reverse)
+                             _any_layout(output), h_fin, c_fin, projection, reverse, light)
     else:
         _forward(x2, wx, bias, u, pe, _EMPTY[dtype] if w.full_pre is None else w.full_pre,
                  _EMPTY[dtype] if full_out is None else full_out, h0f, c0f, lengths, steps, hidden,
-                 _any_layout(output), h_fin, c_fin, projection, reverse)
+                 _any_layout(output), h_fin, c_fin, projection, reverse, light)
     np.copyto(h_final, h_fin.T)
     np.copyto(c_final, c_fin.T)
 
