@@ -758,10 +758,11 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     """Each step's units and each product shared out over threads (a thread may get no unit:
     H = 5 over 2 or 3 parts cut at multiples of 16) agree with the reference, forward and
     backward, inference and training, with lengths (one of 0), diagonal peepholes, both
-    directions, two layers, initial states, final-state gradients and chunks of steps. The
-    step products see every kind of column panel: 27 sequences are two vectors' worth, one
-    vector's and a padded rest in float32, and 4 are one padded vector, or one whole one in
-    float64."""
+    directions (over three parts; over two, a bidirectional layer runs its directions
+    together, tested below, so the layers here are unidirectional), two layers, initial
+    states, final-state gradients and chunks of steps. The step products see every kind of
+    column panel: 27 sequences are two vectors' worth, one vector's and a padded rest in
+    float32, and 4 are one padded vector, or one whole one in float64."""
     from bnnsfw.backends import _numba_lstm
 
     used = []
@@ -775,12 +776,14 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
         monkeypatch.setattr(_numba_lstm, name, spy)
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
-    params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2, bidirectional=True,
-                                   peepholes="diagonal", seed=4, dtype=dtype)
+    directions = 1 if parts == 2 else 2
+    params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2,
+                                   bidirectional=directions == 2, peepholes="diagonal", seed=4, dtype=dtype)
     x = rng.standard_normal((6, batch, 3)).astype(dtype)
-    dy = rng.standard_normal((6, batch, 2 * hidden_size)).astype(dtype)
-    states = tuple(rng.standard_normal((4, batch, hidden_size)).astype(dtype) for _ in range(2))
-    final_grads = tuple(rng.standard_normal((4, batch, hidden_size)).astype(dtype) for _ in range(2))
+    dy = rng.standard_normal((6, batch, directions * hidden_size)).astype(dtype)
+    states = tuple(rng.standard_normal((2 * directions, batch, hidden_size)).astype(dtype) for _ in range(2))
+    final_grads = tuple(rng.standard_normal((2 * directions, batch, hidden_size)).astype(dtype)
+                        for _ in range(2))
     lengths = np.resize([6, 2, 0, 5], batch)
     results = []
     for name in ("numpy", "numba"):
@@ -796,11 +799,103 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
             arrays += [a for a in (*gate.input_weights, gate.hidden_weights, gate.bias, gate.cell_weights)
                        if a is not None]
         results.append(arrays)
-    # 3 forward calls and 1 backward, each 2 layers × 2 directions
-    assert sorted(used) == [("_backward_threads", parts)] * 4 + [("_forward_threads", parts)] * 12
+    # 3 forward calls and 1 backward, each 2 layers × the directions
+    assert sorted(used) == ([("_backward_threads", parts)] * 2 * directions
+                            + [("_forward_threads", parts)] * 6 * directions)
     rtol, atol = TOLERANCE[np.dtype(dtype)]
     for k, (got, want) in enumerate(zip(results[1], results[0])):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("peepholes", [None, "diagonal"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, monkeypatch, rng):
+    """With two threads for the steps, each layer of a bidirectional model runs its two
+    directions at the same time, each on one thread with the single-thread kernels; forward,
+    backward (the reverse direction's input gradient made apart and added), inference and
+    training agree with the reference, with lengths (one of 0), initial states, final-state
+    gradients, two layers, chunks of steps and 11 sequences (the tile product)."""
+    import threading
+
+    from bnnsfw.backends import _numba_lstm
+
+    seen: list[tuple[str, bool, int]] = []
+    for name in ("_forward", "_backward", "_forward_threads", "_backward_threads"):
+        original = getattr(_numba_lstm, name)
+
+        def spy(*args, _original=original, _name=name):
+            reverse = bool(args[-2] if _name.startswith("_forward") else args[-1])
+            seen.append((_name, reverse, threading.get_ident()))
+            return _original(*args)
+
+        monkeypatch.setattr(_numba_lstm, name, spy)
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 24)
+    batch, hidden = 11, 21
+    params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, bidirectional=True,
+                                   peepholes=peepholes, seed=6, dtype=dtype)
+    x = rng.standard_normal((7, batch, 3)).astype(dtype)
+    dy = rng.standard_normal((7, batch, 2 * hidden)).astype(dtype)
+    states = tuple(rng.standard_normal((4, batch, hidden)).astype(dtype) for _ in range(2))
+    final_grads = tuple(rng.standard_normal((4, batch, hidden)).astype(dtype) for _ in range(2))
+    lengths = np.resize([7, 3, 0, 6], batch)
+    results = []
+    for name in ("numpy", "numba"):
+        seen.clear()
+        with layer_for(params, name) as layer:
+            inference = layer.apply(x, *states, sequence_lengths=lengths)
+            out = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+            grads = layer.apply_backward(x, dy, *states, *final_grads, sequence_lengths=lengths,
+                                         training_cache=out.training_cache)
+        if name == "numba":  # 2 forward calls and 1 backward, 2 layers each, no threaded kernel
+            assert sorted(k for k, _, _ in seen) == ["_backward"] * 4 + ["_forward"] * 8
+            caller = threading.get_ident()
+            where = {(reverse, ident == caller) for _, reverse, ident in seen}
+            assert where == {(False, True), (True, False)}  # forward on the caller, reverse on the helper
+        arrays = [inference.output, inference.hidden, inference.cell, out.output, out.hidden, out.cell,
+                  grads.input, grads.hidden, grads.cell]
+        for gate in grads.gates:
+            arrays += [a for a in (*gate.input_weights, gate.hidden_weights, gate.bias, gate.cell_weights)
+                       if a is not None]
+        results.append(arrays)
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
+    for k, (got, want) in enumerate(zip(results[1], results[0])):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
+
+
+def test_directions_run_together_end_together_and_raise_their_errors():
+    """:func:`run_directions`: the second call runs on another thread while the first runs;
+    an error in either is raised, and only once both calls have ended."""
+    import threading
+    import time
+
+    from bnnsfw.backends._lstm_stack import run_directions
+
+    ended: list[str] = []
+    idents: list[int] = []
+
+    def slow(name, fail=False):
+        def call():
+            idents.append(threading.get_ident())
+            time.sleep(0.05)
+            ended.append(name)
+            if fail:
+                raise RuntimeError(name)
+        return call
+
+    run_directions([slow("a"), slow("b")], True)
+    assert sorted(ended) == ["a", "b"] and len(set(idents)) == 2
+    for failing in (0, 1):
+        ended.clear()
+        calls = [slow("a", failing == 0), slow("b", failing == 1)]
+        with pytest.raises(RuntimeError, match="ab"[failing]):
+            run_directions(calls, True)
+        assert sorted(ended) == ["a", "b"]
+    ended.clear()
+    idents.clear()
+    run_directions([slow("a"), slow("b")], False)  # one after the other, on the calling thread
+    assert ended == ["a", "b"] and set(idents) == {threading.get_ident()}
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -25,16 +25,24 @@ instead, with their own packing and cache layout: the choice is made in
 hang off :meth:`LSTMStack._lstm_sequence_kernels`) ever sees such a configuration.
 Sequences of length 0 are handled here for both: zero outputs, zero final states and zero
 gradients with respect to their initial states.
+
+The directions of a layer run one after the other, or, where the backend's
+:class:`DirectionKernels` give a ``pair``, the two of a bidirectional layer at the same time
+(:func:`run_directions`): the reverse direction then takes scratch of its own and makes its
+input gradient apart, added to the forward direction's when both have ended.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from .._threadpool import blas_limit
 from .contract import (
     LSTMBackwardRequest,
     LSTMBackwardResult,
@@ -71,10 +79,57 @@ BackwardKernel = Callable[..., None]
 class DirectionKernels(NamedTuple):
     """What runs one layer and direction: ``forward`` and ``backward`` take the arguments of
     :meth:`LSTMStack._sequence_forward` and :meth:`LSTMStack._sequence_backward` after their
-    first (the per-sequence kernel those two wrap)."""
+    first (the per-sequence kernel those two wrap). ``pair``, when given, is such a
+    ``(forward, backward)`` couple for the two directions of a bidirectional layer to run at
+    the same time, each on one thread (:func:`run_directions`); None runs them one after the
+    other with ``forward`` and ``backward``."""
 
     forward: Callable[..., None]
     backward: Callable[..., None]
+    pair: tuple[Callable[..., None], Callable[..., None]] | None = None
+
+
+class _Scoped:
+    """A workspace whose buffer names carry a prefix: the scratch of one of two directions
+    running at the same time."""
+
+    def __init__(self, workspace: Workspace, prefix: str) -> None:
+        self._workspace = workspace
+        self._prefix = prefix
+
+    def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return self._workspace.array(self._prefix + name, shape, dtype)
+
+    def bytes(self, name: str, nbytes: int) -> np.ndarray:
+        return self._workspace.bytes(self._prefix + name, nbytes)
+
+
+_helper: ThreadPoolExecutor | None = None
+_helper_lock = threading.Lock()
+
+
+def run_directions(calls: Sequence[Callable[[], None]], together: bool) -> None:
+    """Run one layer's per-direction ``calls``: one after the other, or with ``together`` the
+    two of a bidirectional layer at the same time (the second on a helper thread, the first on
+    the calling one), BLAS held to one thread meanwhile so that the two never wait for the
+    cores. An exception in either is raised here, after both have ended."""
+    if not together or len(calls) != 2:
+        for call in calls:
+            call()
+        return
+    global _helper
+    with _helper_lock:
+        if _helper is None:
+            _helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bnnsfw-direction")
+        helper = _helper
+    with blas_limit(1):
+        second = helper.submit(calls[1])
+        try:
+            calls[0]()
+        except BaseException:
+            wait([second])  # the helper must not go on writing into arrays the caller reuses
+            raise
+        second.result()
 
 
 class CacheViews(NamedTuple):
@@ -309,7 +364,9 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         else:
             views = layout.bind(workspace.bytes("lstm_forward_steps", layout.nbytes))
         lengths = request.sequence_lengths
-        forward = self._lstm_direction_kernels(plan, lengths, batch).forward
+        kernels = self._lstm_direction_kernels(plan, lengths, batch)
+        together = size_d == 2 and kernels.pair is not None
+        forward = kernels.pair[0] if together and kernels.pair is not None else kernels.forward
         active, inactive = _step_masks(lengths, seq_len)
         h0, c0 = request.hidden, request.cell
         layer_input = request.x.reshape(seq_len * batch, config.input_size)
@@ -317,13 +374,17 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
             last = layer == config.num_layers - 1
             target = request.output if last else views.inputs[layer + 1]
             assert target is not None
+            calls = []
             for d in range(size_d):
                 index = layer * size_d + d
-                forward(plan, weights[layer][d], layer_input,
-                        None if h0 is None else h0[index], None if c0 is None else c0[index],
-                        views.steps[layer][d], views.pre[layer][d], views.hidden[layer][d],
-                        target[:, :, d * h:(d + 1) * h], request.hidden_out[index], request.cell_out[index],
-                        reverse=d == 1, lengths=lengths, inactive=inactive, workspace=workspace)
+                calls.append(functools.partial(
+                    forward, plan, weights[layer][d], layer_input,
+                    None if h0 is None else h0[index], None if c0 is None else c0[index],
+                    views.steps[layer][d], views.pre[layer][d], views.hidden[layer][d],
+                    target[:, :, d * h:(d + 1) * h], request.hidden_out[index], request.cell_out[index],
+                    reverse=d == 1, lengths=lengths, inactive=inactive,
+                    workspace=_Scoped(workspace, "reverse.") if together and d else workspace))
+            run_directions(calls, together)
             if active is not None:
                 target[~active] = 0.0
             if not last:
@@ -355,7 +416,9 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         workspace = request.workspace
         views = CacheLayout(plan, config, seq_len, batch, training=True).bind(request.cache)
         lengths = request.sequence_lengths
-        backward = self._lstm_direction_kernels(plan, lengths, batch).backward
+        kernels = self._lstm_direction_kernels(plan, lengths, batch)
+        together = size_d == 2 and kernels.pair is not None
+        backward = kernels.pair[1] if together and kernels.pair is not None else kernels.backward
         active, inactive = _step_masks(lengths, seq_len)
         grads = request.gradients
         dy, dh_final, dc_final = request.output_gradient, request.hidden_gradient, request.cell_gradient
@@ -367,14 +430,25 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
                 d_input = grads.input.reshape(layer_input.shape)
             else:
                 d_input = workspace.array(f"lstm_d_input{layer % 2}", layer_input.shape, dtype)
+            calls = []
             for d in range(size_d):
                 index = layer * size_d + d
-                backward(plan, weights[layer][d], layer, d, layer_input, views,
-                         None if dy is None else dy[:, :, d * h:(d + 1) * h],
-                         None if dh_final is None else dh_final[index],
-                         None if dc_final is None else dc_final[index], grads.hidden[index],
-                         grads.cell[index], d_input, grads.gates, lengths=lengths, active=active,
-                         inactive=inactive, workspace=workspace)
+                # run together, the reverse direction adds its input gradient to zeros of its own
+                d_input_d = d_input
+                if together and d:
+                    d_input_d = workspace.array("lstm_d_input_reverse", layer_input.shape, dtype)
+                    d_input_d.fill(0.0)
+                scratch = _Scoped(workspace, "reverse.") if together and d else workspace
+                calls.append(functools.partial(
+                    backward, plan, weights[layer][d], layer, d, layer_input, views,
+                    None if dy is None else dy[:, :, d * h:(d + 1) * h],
+                    None if dh_final is None else dh_final[index],
+                    None if dc_final is None else dc_final[index], grads.hidden[index],
+                    grads.cell[index], d_input_d, grads.gates, lengths=lengths, active=active,
+                    inactive=inactive, workspace=scratch))
+            run_directions(calls, together)
+            if together:
+                d_input += workspace.array("lstm_d_input_reverse", layer_input.shape, dtype)
             if layer > 0:
                 mask = views.masks[layer]
                 if mask is not None:

@@ -84,12 +84,21 @@ class NumbaBackend(ScipyBlasBackend):
                                 batch: int) -> DirectionKernels:
         """The compiled kernels for the cells :func:`._numba_lstm.serves` names (the default
         activations, any peepholes, any lengths); what ``scipy-blas`` picks otherwise. Full
-        peepholes keep the steps on the calling thread: their products need every unit's cell."""
+        peepholes keep the steps on the calling thread: their products need every unit's cell.
+
+        With exactly two threads for the steps, the two directions of a bidirectional layer
+        run at the same time, each on one thread (``pair``), instead of each step's units being
+        shared out over both: no parallel region per step, and each thread keeps a whole
+        direction's weights in its cache."""
         if _numba_lstm.serves(plan):
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
             parts = 1 if full else _numba_lstm.step_parts(plan.hidden_size, batch)
+            pair = None
+            if parts == 2:
+                pair = (functools.partial(_compiled_forward, parts=1),
+                        functools.partial(_compiled_backward, parts=1))
             return DirectionKernels(functools.partial(_compiled_forward, parts=parts),
-                                    functools.partial(_compiled_backward, parts=parts))
+                                    functools.partial(_compiled_backward, parts=parts), pair)
         return super()._lstm_direction_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
