@@ -104,6 +104,21 @@ def dropout_scales(params, seq_len, batch, seed):
     return scales
 
 
+def _gate_gradients(grads) -> list[np.ndarray]:
+    """Every weight gradient array of a backward result's gates, in a fixed order."""
+    return [a for gate in grads.gates
+            for a in (*gate.input_weights, gate.hidden_weights, gate.bias, gate.cell_weights)
+            if a is not None]
+
+
+def _assert_all_close(got: list[np.ndarray], want: list[np.ndarray], dtype) -> None:
+    """Pairwise agreement within the contract's tolerance for ``dtype``, naming the array."""
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"array {k}")
+
+
 def layer_for(params, backend_name, **options):
     return LSTMLayer(params, bf.FilterParameters(backend=backend_name, **options))
 
@@ -702,13 +717,8 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, batch,
                                          training_cache=out.training_cache)
             inference = layer.apply(x, *states, sequence_lengths=lengths)
         arrays = [out.output, out.hidden, out.cell, inference.output, grads.input, grads.hidden, grads.cell]
-        for gate in grads.gates:
-            arrays += [a for a in (*gate.input_weights, gate.hidden_weights, gate.bias, gate.cell_weights)
-                       if a is not None]
-        results.append(arrays)
-    rtol, atol = TOLERANCE[np.dtype(dtype)]
-    for k, (got, want) in enumerate(zip(results[1], results[0])):
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
+        results.append(arrays + _gate_gradients(grads))
+    _assert_all_close(results[1], results[0], dtype)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -795,16 +805,11 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
                                          training_cache=out.training_cache)
         arrays = [inference.output, inference.hidden, inference.cell, plain.output, plain.hidden, out.output,
                   out.hidden, out.cell, grads.input, grads.hidden, grads.cell]
-        for gate in grads.gates:
-            arrays += [a for a in (*gate.input_weights, gate.hidden_weights, gate.bias, gate.cell_weights)
-                       if a is not None]
-        results.append(arrays)
+        results.append(arrays + _gate_gradients(grads))
     # 3 forward calls and 1 backward, each 2 layers × the directions
     assert sorted(used) == ([("_backward_threads", parts)] * 2 * directions
                             + [("_forward_threads", parts)] * 6 * directions)
-    rtol, atol = TOLERANCE[np.dtype(dtype)]
-    for k, (got, want) in enumerate(zip(results[1], results[0])):
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
+    _assert_all_close(results[1], results[0], dtype)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -855,13 +860,8 @@ def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, mon
             assert where == {(False, True), (True, False)}  # forward on the caller, reverse on the helper
         arrays = [inference.output, inference.hidden, inference.cell, out.output, out.hidden, out.cell,
                   grads.input, grads.hidden, grads.cell]
-        for gate in grads.gates:
-            arrays += [a for a in (*gate.input_weights, gate.hidden_weights, gate.bias, gate.cell_weights)
-                       if a is not None]
-        results.append(arrays)
-    rtol, atol = TOLERANCE[np.dtype(dtype)]
-    for k, (got, want) in enumerate(zip(results[1], results[0])):
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"array {k}")
+        results.append(arrays + _gate_gradients(grads))
+    _assert_all_close(results[1], results[0], dtype)
 
 
 def test_directions_run_together_end_together_and_raise_their_errors():
