@@ -898,6 +898,37 @@ def test_directions_run_together_end_together_and_raise_their_errors():
     assert ended == ["a", "b"] and set(idents) == {threading.get_ident()}
 
 
+def _directions_in_a_child(queue) -> None:
+    from bnnsfw.backends._lstm_stack import run_directions
+
+    done: list[int] = []
+    run_directions([lambda: done.append(0), lambda: done.append(1)], True)
+    queue.put(sorted(done))
+
+
+@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(),
+                    reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_directions_run_together_in_a_forked_child():
+    """A process forked after the helper thread started runs directions together too (the
+    helper does not survive a fork; a new one is made instead of waiting for it forever)."""
+    import multiprocessing
+
+    from bnnsfw.backends._lstm_stack import run_directions
+
+    run_directions([lambda: None, lambda: None], True)  # the parent's helper exists
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_directions_in_a_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child waited for a helper thread that does not exist")
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == [0, 1]
+
+
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_steps_shared_over_threads_from_several_caller_threads(monkeypatch, rng):
     """Layers whose steps are shared out over Numba's threads, called from three Python threads

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, NamedTuple, Sequence
@@ -106,6 +107,17 @@ class _Scoped:
 
 _helper: ThreadPoolExecutor | None = None
 _helper_lock = threading.Lock()
+
+
+def _forget_helper() -> None:
+    """In a child process made by ``fork``: the helper thread did not come along, so the next
+    :func:`run_directions` makes a new one (the old executor would queue work forever)."""
+    global _helper, _helper_lock
+    _helper = None
+    _helper_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_helper)
 
 
 def run_directions(calls: Sequence[Callable[[], None]], together: bool) -> None:
