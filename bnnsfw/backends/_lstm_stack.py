@@ -377,8 +377,9 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
             views = layout.bind(workspace.bytes("lstm_forward_steps", layout.nbytes))
         lengths = request.sequence_lengths
         kernels = self._lstm_direction_kernels(plan, lengths, batch)
-        together = size_d == 2 and kernels.pair is not None
-        forward = kernels.pair[0] if together and kernels.pair is not None else kernels.forward
+        pair = kernels.pair if size_d == 2 else None
+        together = pair is not None
+        forward = kernels.forward if pair is None else pair[0]
         active, inactive = _step_masks(lengths, seq_len)
         h0, c0 = request.hidden, request.cell
         layer_input = request.x.reshape(seq_len * batch, config.input_size)
@@ -429,8 +430,9 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         views = CacheLayout(plan, config, seq_len, batch, training=True).bind(request.cache)
         lengths = request.sequence_lengths
         kernels = self._lstm_direction_kernels(plan, lengths, batch)
-        together = size_d == 2 and kernels.pair is not None
-        backward = kernels.pair[1] if together and kernels.pair is not None else kernels.backward
+        pair = kernels.pair if size_d == 2 else None
+        together = pair is not None
+        backward = kernels.backward if pair is None else pair[1]
         active, inactive = _step_masks(lengths, seq_len)
         grads = request.gradients
         dy, dh_final, dc_final = request.output_gradient, request.hidden_gradient, request.cell_gradient
@@ -443,13 +445,14 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
             else:
                 d_input = workspace.array(f"lstm_d_input{layer % 2}", layer_input.shape, dtype)
             calls = []
+            # run together, the reverse direction adds its input gradient to zeros of its own
+            reverse_input = None
+            if together:
+                reverse_input = workspace.array("lstm_d_input_reverse", layer_input.shape, dtype)
+                reverse_input.fill(0.0)
             for d in range(size_d):
                 index = layer * size_d + d
-                # run together, the reverse direction adds its input gradient to zeros of its own
-                d_input_d = d_input
-                if together and d:
-                    d_input_d = workspace.array("lstm_d_input_reverse", layer_input.shape, dtype)
-                    d_input_d.fill(0.0)
+                d_input_d = reverse_input if reverse_input is not None and d else d_input
                 scratch = _Scoped(workspace, "reverse.") if together and d else workspace
                 calls.append(functools.partial(
                     backward, plan, weights[layer][d], layer, d, layer_input, views,
@@ -459,8 +462,8 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
                     grads.cell[index], d_input_d, grads.gates, lengths=lengths, active=active,
                     inactive=inactive, workspace=scratch))
             run_directions(calls, together)
-            if together:
-                d_input += workspace.array("lstm_d_input_reverse", layer_input.shape, dtype)
+            if reverse_input is not None:
+                d_input += reverse_input
             if layer > 0:
                 mask = views.masks[layer]
                 if mask is not None:
