@@ -277,13 +277,11 @@ def _state_run(zg, zf, zi, zo, c_prev, cell, hid):
     no cache rows (nothing reads them) and no peephole terms (all zero). Its own loop: a flag
     inside :func:`_gate_run`'s loop would keep it from vectorizing."""
     half = cell.dtype.type(0.5)
+    zero = cell.dtype.type(0.0)  # the peepholes: constant zeros, which the compiler folds away
     for e in range(cell.size):
-        g = _tanh(zg[e])
-        f = half * _tanh(zf[e]) + half
-        i = half * _tanh(zi[e]) + half
-        c = f * c_prev[e] + i * g
+        _, _, _, o, c, a = _gates(zg[e], zf[e], zi[e], zo[e], c_prev[e], zero, zero, zero, zero, half)
         cell[e] = c
-        hid[e] = (half * _tanh(zo[e]) + half) * _tanh(c)
+        hid[e] = o * a
 
 
 @_inline
