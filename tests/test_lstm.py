@@ -4,6 +4,7 @@ cache, and the errors. Every test runs on every registered backend."""
 from __future__ import annotations
 
 import functools
+import inspect
 
 import attrs
 import numpy as np
@@ -658,6 +659,11 @@ def test_fast_kernels_agree_with_the_reference(case, dtype, fast_backend, rng):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"array {k}")
 
 
+def _argument(kernel, args, name):
+    """The argument ``name`` of a compiled kernel's call, from its positional ``args``."""
+    return args[list(inspect.signature(kernel.py_func).parameters).index(name)]
+
+
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_compiles_the_default_cell_with_peepholes_and_lengths_and_leaves_the_rest():
     backend = bf.get_backend("numba")
@@ -830,7 +836,7 @@ def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, mon
         original = getattr(_numba_lstm, name)
 
         def spy(*args, _original=original, _name=name):
-            reverse = bool(args[-2] if _name.startswith("_forward") else args[-1])
+            reverse = bool(_argument(_original, args, "reverse"))
             seen.append((_name, reverse, threading.get_ident()))
             return _original(*args)
 
@@ -862,6 +868,101 @@ def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, mon
                   grads.input, grads.hidden, grads.cell]
         results.append(arrays + _gate_gradients(grads))
     _assert_all_close(results[1], results[0], dtype)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("peepholes", [None, "diagonal", "full"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("batch", [3, 11])
+def test_numba_runs_two_layers_together_in_inference_and_agrees(peepholes, dtype, batch, monkeypatch, rng):
+    """With a second thread free, inference runs two consecutive layers of a unidirectional
+    stack at the same time, the upper one reading each chunk of the lower one's output as soon
+    as it is made: three layers take one call of the two-layer kernel and one single-layer
+    call; training, a bidirectional stack and a thread limit of 1 take none. Outputs and final
+    states agree with the reference with lengths (one of 0), initial states, every kind of
+    peephole, chunks of steps (the upper layer's of one or two steps), 3 sequences (BLAS for
+    each step's product) and 11 (the tile)."""
+    from bnnsfw.backends import _numba_lstm
+
+    if not _numba_lstm.layers_together():
+        pytest.skip("needs two of Numba's threads and cheap parallel regions")
+    warm = LSTMParameters.random(input_size=3, hidden_size=2, num_layers=2, seed=8, dtype=dtype)
+    with layer_for(warm, "numba") as layer:  # compiled before the spies replace what it calls
+        layer.apply(np.ones((2, 1, 3), dtype))
+    seen: list[str] = []
+    for name in ("_forward", "_forward_layers", "_forward_threads"):
+        original = getattr(_numba_lstm, name)
+
+        def spy(*args, _original=original, _name=name):
+            seen.append(_name)
+            return _original(*args)
+
+        monkeypatch.setattr(_numba_lstm, name, spy)
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)  # the lower layer: chunks of 2 steps
+    monkeypatch.setattr(_numba_lstm, "LAYER_CHUNKS", 5)  # the upper one: chunks of 2 steps, then 1
+    hidden = 19
+    x = rng.standard_normal((9, batch, 3)).astype(dtype)
+    lengths = np.resize([9, 4, 0, 7], batch)
+    for layers in (2, 3):
+        params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=layers,
+                                       peepholes=peepholes, seed=8, dtype=dtype)
+        states = tuple(rng.standard_normal((layers, batch, hidden)).astype(dtype) for _ in range(2))
+        results = []
+        for name in ("numpy", "numba"):
+            seen.clear()
+            with layer_for(params, name) as layer:
+                inference = layer.apply(x, *states, sequence_lengths=lengths)
+                plain = layer.apply(x)
+                if name == "numba":
+                    assert seen == (["_forward_layers"] * 2 if layers == 2
+                                    else ["_forward_layers", "_forward"] * 2)
+                    seen.clear()
+                    trained = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+                    assert seen == ["_forward"] * layers
+                    _assert_all_close([trained.output], [inference.output], dtype)
+            if name == "numba":
+                seen.clear()
+                with layer_for(params, name, n_threads=1) as one_thread:
+                    one_thread.apply(x)
+                assert seen == ["_forward"] * layers
+            results.append([inference.output, inference.hidden, inference.cell, plain.output, plain.hidden,
+                            plain.cell])
+        _assert_all_close(results[1], results[0], dtype)
+    seen.clear()
+    bidirectional = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, bidirectional=True,
+                                          seed=8, dtype=dtype)
+    with layer_for(bidirectional, "numba") as layer:
+        layer.apply(x)
+    assert "_forward_layers" not in seen
+
+
+_LAYERS_ON_ONE_THREAD = """
+import numba, numpy as np
+import bnnsfw as bf
+from bnnsfw.backends import _numba_lstm
+_numba_lstm.layers_together = lambda: True  # taken although Numba has one thread
+numba.set_num_threads(1)
+params = bf.LSTMParameters.random(input_size=3, hidden_size=6, num_layers=2, seed=3, dtype=np.float64)
+x = np.random.default_rng(0).standard_normal((8, 5, 3))
+outputs = []
+for name in ("numpy", "numba"):
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=name)) as layer:
+        outputs.append(layer.apply(x).output)
+print(float(np.abs(outputs[0] - outputs[1]).max()))
+"""
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_two_layers_together_end_on_one_thread():
+    """The two-layer kernel's parallel loop on a single thread runs the lower layer first, so
+    the upper one never waits for steps nobody makes (in a child process: a wait would hang)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _LAYERS_ON_ONE_THREAD], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < 1e-9
 
 
 def test_directions_run_together_end_together_and_raise_their_errors():
@@ -970,8 +1071,6 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
     output, or output gradient, as a 4-D view of layout 'A' (``_numba_lstm._any_layout``),
     never as a layout of its own. The results agree with the reference, the absent gradient's
     case included."""
-    import inspect
-
     from bnnsfw.backends import _numba_lstm
 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
@@ -1018,7 +1117,7 @@ def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dty
         original = getattr(_numba_lstm, name)
 
         def spy(*args, _original=original, _name=name):
-            calls.append((_name, bool(args[-1])))  # light
+            calls.append((_name, bool(_argument(_original, args, "light"))))
             return _original(*args)
 
         monkeypatch.setattr(_numba_lstm, name, spy)

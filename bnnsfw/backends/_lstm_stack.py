@@ -29,7 +29,9 @@ gradients with respect to their initial states.
 The directions of a layer run one after the other, or, where the backend's
 :class:`DirectionKernels` give a ``pair``, the two of a bidirectional layer at the same time
 (:func:`run_directions`): the reverse direction then takes scratch of its own and makes its
-input gradient apart, added to the forward direction's when both have ended.
+input gradient apart, added to the forward direction's when both have ended. In inference,
+where the kernels give ``layers``, two consecutive layers of a unidirectional stack run at the
+same time, the upper one with scratch of its own.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ from ._lstm_kernels import (
     LSTMWeights,
 )
 
-__all__ = ["LSTMStack", "CacheLayout", "CACHE_FORMAT", "DirectionKernels", "scatter_gradients"]
+__all__ = ["LSTMStack", "CacheLayout", "CACHE_FORMAT", "DirectionKernels", "ForwardArguments",
+           "scatter_gradients"]
 
 #: The name of the payload layout below; backends that share it share caches.
 CACHE_FORMAT = "bnnsfw.lstm.steps/2"
@@ -77,17 +80,32 @@ ForwardKernel = Callable[..., None]
 BackwardKernel = Callable[..., None]
 
 
+class ForwardArguments(NamedTuple):
+    """The arguments of one call of a ``DirectionKernels.forward``: ``forward(*args,
+    **keywords)``."""
+
+    args: tuple
+    keywords: dict
+
+
 class DirectionKernels(NamedTuple):
     """What runs one layer and direction: ``forward`` and ``backward`` take the arguments of
     :meth:`LSTMStack._sequence_forward` and :meth:`LSTMStack._sequence_backward` after their
     first (the per-sequence kernel those two wrap). ``pair``, when given, is such a
     ``(forward, backward)`` couple for the two directions of a bidirectional layer to run at
     the same time, each on one thread (:func:`run_directions`); None runs them one after the
-    other with ``forward`` and ``backward``."""
+    other with ``forward`` and ``backward``. ``layers``, when given, runs two consecutive
+    layers of a unidirectional stack forward at the same time, the upper one following the
+    lower one step by step: it takes the two layers' :class:`ForwardArguments` (the upper
+    one's input is the lower one's output, and its workspace of its own). The stack uses it in
+    inference only, and zeroes the outputs past each sequence's length only after both layers
+    have ended: the lower layer must write those zeros itself before the upper one reads them
+    (as every kernel here does)."""
 
     forward: Callable[..., None]
     backward: Callable[..., None]
     pair: tuple[Callable[..., None], Callable[..., None]] | None = None
+    layers: Callable[[ForwardArguments, ForwardArguments], None] | None = None
 
 
 class _Scoped:
@@ -380,34 +398,55 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         pair = kernels.pair if size_d == 2 else None
         together = pair is not None
         forward = kernels.forward if pair is None else pair[0]
+        # two layers at a time in inference, when the kernels can
+        layers_kernel = kernels.layers if size_d == 1 and not request.training else None
         active, inactive = _step_masks(lengths, seq_len)
         h0, c0 = request.hidden, request.cell
-        layer_input = request.x.reshape(seq_len * batch, config.input_size)
-        for layer in range(config.num_layers):
-            last = layer == config.num_layers - 1
-            target = request.output if last else views.inputs[layer + 1]
+
+        def target_of(layer: int) -> np.ndarray:
+            target = request.output if layer == config.num_layers - 1 else views.inputs[layer + 1]
             assert target is not None
-            calls = []
-            for d in range(size_d):
-                index = layer * size_d + d
-                calls.append(functools.partial(
-                    forward, plan, weights[layer][d], layer_input,
-                    None if h0 is None else h0[index], None if c0 is None else c0[index],
-                    views.steps[layer][d], views.pre[layer][d], views.hidden[layer][d],
-                    target[:, :, d * h:(d + 1) * h], request.hidden_out[index], request.cell_out[index],
-                    reverse=d == 1, lengths=lengths, inactive=inactive,
-                    workspace=_Scoped(workspace, "reverse.") if together and d else workspace))
-            run_directions(calls, together)
-            if active is not None:
-                target[~active] = 0.0
-            if not last:
-                mask = views.masks[layer + 1]
-                if request.training and request.dropout_masks is not None:
-                    drawn = request.dropout_masks[layer + 1]
-                    assert mask is not None and drawn is not None
-                    np.copyto(mask, drawn)
-                    np.multiply(target, mask, out=target)
-                layer_input = target.reshape(seq_len * batch, size_d * h)
+            return target
+
+        def arguments(layer: int, d: int, layer_input: np.ndarray, scratch: Workspace) -> ForwardArguments:
+            index = layer * size_d + d
+            return ForwardArguments(
+                (plan, weights[layer][d], layer_input, None if h0 is None else h0[index],
+                 None if c0 is None else c0[index], views.steps[layer][d], views.pre[layer][d],
+                 views.hidden[layer][d], target_of(layer)[:, :, d * h:(d + 1) * h], request.hidden_out[index],
+                 request.cell_out[index]),
+                dict(reverse=d == 1, lengths=lengths, inactive=inactive, workspace=scratch))
+
+        layer_input = request.x.reshape(seq_len * batch, config.input_size)
+        layer = 0
+        ran: tuple[int, ...]
+        while layer < config.num_layers:
+            if layers_kernel is not None and layer + 1 < config.num_layers:
+                upper_input = target_of(layer).reshape(seq_len * batch, h)
+                layers_kernel(arguments(layer, 0, layer_input, workspace),
+                              arguments(layer + 1, 0, upper_input, _Scoped(workspace, "upper.")))
+                ran = (layer, layer + 1)
+            else:
+                calls = []
+                for d in range(size_d):
+                    call = arguments(layer, d, layer_input,
+                                     _Scoped(workspace, "reverse.") if together and d else workspace)
+                    calls.append(functools.partial(forward, *call.args, **call.keywords))
+                run_directions(calls, together)
+                ran = (layer,)
+            for done in ran:
+                target = target_of(done)
+                if active is not None:
+                    target[~active] = 0.0
+                if done < config.num_layers - 1:
+                    mask = views.masks[done + 1]
+                    if request.training and request.dropout_masks is not None:
+                        drawn = request.dropout_masks[done + 1]
+                        assert mask is not None and drawn is not None
+                        np.copyto(mask, drawn)
+                        np.multiply(target, mask, out=target)
+                    layer_input = target.reshape(seq_len * batch, size_d * h)
+            layer = ran[-1] + 1
         _zero_length_states(lengths, request.hidden_out, request.cell_out)
         return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
 

@@ -44,6 +44,12 @@ What is compiled, and why:
   taken from two arrays in turn). BLAS is held to one thread meanwhile
   and the chunk products are shared out by rows, each thread calling a one-thread BLAS, so
   the two thread pools never wait for the cores at once.
+- **Two layers at the same time** (:func:`forward_layers`): in inference, with the steps on
+  one thread and a second one free, one parallel loop of two iterations runs two consecutive
+  layers of a unidirectional stack, the lower one counting its steps of output in a shared
+  counter (:mod:`._numba_progress`), the upper one waiting for each chunk of those steps
+  (:data:`LAYER_CHUNKS` chunks) before it projects it. The lower layer never waits, so on one
+  thread the loop runs it first and still ends.
 - float32 uses a rational tanh (an odd polynomial over an even one on ``|x| ≤ 7.9``; largest
   error about 2e-7 absolute, inside the contract's float32 tolerance), which is pure
   multiply-add and one division, so with ``fastmath`` and the NumPy error model (no
@@ -60,6 +66,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numba
 import numba.np.linalg
@@ -70,9 +77,11 @@ from numba.extending import overload
 from .._threadpool import blas_limit, current_limit
 from ..enums import ActivationFunction as AF
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
+from ._numba_progress import publish, wait_for
 from ._numba_tiles import VECTOR_BYTES, product
 
-__all__ = ["CHUNK_COLUMNS", "THREADED_STEP_MIN", "serves", "step_parts", "chunk_steps", "forward", "backward"]
+__all__ = ["CHUNK_COLUMNS", "LAYER_CHUNKS", "THREADED_STEP_MIN", "serves", "step_parts", "chunk_steps",
+           "layers_together", "forward", "forward_layers", "backward"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 4096 keeps each product efficient (most benchmark shapes are one chunk) and bounds
@@ -375,10 +384,11 @@ def _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin, c_fin):
 
 @_kernel
 def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin,
-           c_fin, reverse, k_begin, k_end, light):
+           c_fin, reverse, k_begin, k_end, light, report):
     """The forward steps ``k_begin … k_end − 1`` (in walking order); ``projection`` holds
     ``W x + b`` of the chunk that starts at time step ``chunk_first``. Arrays as in
-    :func:`_forward`."""
+    :func:`_forward`; after each step's output, the count of steps done goes to ``report``
+    (when not empty)."""
     six_h, batch = steps.shape[1], steps.shape[2]
     seq_len = out.shape[0]
     h = six_h // 6
@@ -422,6 +432,8 @@ def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, 
             else:
                 for j in range(h):
                     out_t[n, j] = h_next[j, n]
+        if report.size:
+            publish(report, k + 1)
 
 
 @_inline
@@ -435,7 +447,7 @@ def _chunk(seq_len, chunk, q, reverse):
 
 @_kernel
 def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
-             projection, reverse, light):
+             projection, reverse, light, wait, report):
     """One layer and direction forward, on one thread (BLAS may use more).
 
     ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
@@ -447,7 +459,10 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
     is kept (inference); ``outs[0]`` (T, N, H) the output (any strides; ``outs`` as
     :func:`_any_layout` makes it); ``h_fin``/``c_fin`` (H, N) the final states; ``projection``
     (4H, chunk·N) scratch; ``light`` for inference without peepholes (the steps write no cache
-    rows: :func:`_state_run`).
+    rows: :func:`_state_run`). ``wait`` and ``report`` are progress counters (int64, one element,
+    or empty for none; forward direction only): before it reads the input of a chunk the
+    kernel waits until ``wait`` counts the chunk's steps, and after each step it counts the
+    steps of output it has written in ``report`` (:func:`_forward_layers`).
 
     A sequence past its length keeps its state and outputs zeros; its cache block holds
     finite values that backward ignores (as the reference's does).
@@ -457,9 +472,33 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
     chunk = projection.shape[1] // batch
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
+        if wait.size:
+            wait_for(wait, k_end)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
         _recur(projection, first_t, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin,
-               c_fin, reverse, k_begin, k_end, light)
+               c_fin, reverse, k_begin, k_end, light, report)
+
+
+@_threaded
+def _forward_layers(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, steps, hidden, outs, h_fin, c_fin,
+                    projection, light, x2_b, wx_b, bias_b, u_b, pe_b, full_pre_b, full_out_b, h0_b, c0_b,
+                    steps_b, hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, light_b, lengths, progress,
+                    none):
+    """Two consecutive layers of one direction forward in time, at the same time: the lower
+    one (the arguments of :func:`_forward`) on one thread, counting its steps of output in
+    ``progress`` (int64, one element, zero at the call); the upper one (the same arguments
+    with ``_b``; its input ``x2_b`` is the lower one's output) on another, each chunk of its
+    steps waiting for the steps it reads. ``none`` is an empty counter.
+
+    The lower layer never waits, so the two end whatever threads run them: on one thread the
+    lower layer (iteration 0) runs first, then the upper one."""
+    for p in numba.prange(2):
+        if p == 0:
+            _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin,
+                     c_fin, projection, False, light, none, progress)
+        else:
+            _forward(x2_b, wx_b, bias_b, u_b, pe_b, full_pre_b, full_out_b, h0_b, c0_b, lengths, steps_b,
+                     hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, False, light_b, progress, none)
 
 
 @_kernel
@@ -983,6 +1022,7 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
 # --------------------------------------------------------------------------------------
 _EMPTY: dict[np.dtype, np.ndarray] = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
 _NO_LENGTHS = np.empty(0, np.int64)
+_NO_COUNTER = np.empty(0, np.int64)  # no progress counter (:func:`_forward`)
 
 
 def _feature_major(state: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
@@ -1010,6 +1050,68 @@ def _any_layout(a: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarr
     return np.lib.stride_tricks.as_strided(a, shape=(2, *shape), strides=(0,) * (len(shape) + 1))
 
 
+class _ForwardCall(NamedTuple):
+    """The arguments of :func:`_forward` for one layer and direction (after the scratch is
+    taken and the states laid out), and where its final states go."""
+
+    x2: np.ndarray
+    wx: np.ndarray
+    bias: np.ndarray
+    u: np.ndarray
+    pe: np.ndarray
+    full_pre: np.ndarray
+    full_out: np.ndarray
+    h0: np.ndarray
+    c0: np.ndarray
+    lengths: np.ndarray
+    steps: np.ndarray
+    hidden: np.ndarray
+    outs: np.ndarray
+    h_fin: np.ndarray
+    c_fin: np.ndarray
+    projection: np.ndarray
+    light: bool
+    h_final: np.ndarray
+    c_final: np.ndarray
+
+    def finish(self) -> None:
+        """Copy the final states out, batch-major."""
+        np.copyto(self.h_final, self.h_fin.T)
+        np.copyto(self.c_final, self.c_fin.T)
+
+
+def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
+                  lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None,
+                  output: np.ndarray, h_final: np.ndarray, c_final: np.ndarray, scratch,
+                  chunk: int) -> _ForwardCall:
+    """Scratch, laid-out states and weights for :func:`_forward`, from the arguments of
+    :func:`forward`; ``chunk`` steps per input projection."""
+    dtype = steps.dtype
+    seq_len, six_h, batch = steps.shape
+    h = six_h // 6
+    inference = hidden is None or not steps.strides[0]
+    if inference:  # nothing kept: two blocks taken in turn
+        steps = scratch.array("lstm_numba_blocks", (2, six_h, batch), dtype)
+        hidden = scratch.array("lstm_numba_hidden", (2, h, batch), dtype)
+    assert hidden is not None  # a training cache keeps the states
+    projection = scratch.array("lstm_numba_projection", (4 * h, chunk * batch), dtype)
+    h_fin = scratch.array("lstm_numba_h_fin", (h, batch), dtype)
+    c_fin = scratch.array("lstm_numba_c_fin", (h, batch), dtype)
+    size_i = x2.shape[1]
+    wx, bias = w.wx_bias[:4 * h, :size_i], np.ascontiguousarray(w.wx_bias[:4 * h, size_i])
+    full_out = w.peepholes.full_output
+    # inference without peepholes: the steps write no cache rows (nothing reads them)
+    light = inference and w.full_pre is None and full_out is None and all(
+        p is None for p in w.peepholes.diagonal)
+    return _ForwardCall(
+        x2, wx, bias, np.ascontiguousarray(w.u),  # unit-stride rows for the step product
+        np.repeat(_diagonal(w.peepholes.diagonal, h, dtype), batch, axis=1),
+        _EMPTY[dtype] if w.full_pre is None else w.full_pre,
+        _EMPTY[dtype] if full_out is None else full_out, _feature_major(h0, dtype), _feature_major(c0, dtype),
+        _NO_LENGTHS if lengths is None else lengths, steps, hidden, _any_layout(output), h_fin, c_fin,
+        projection, light, h_final, c_final)
+
+
 def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
             lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None, output: np.ndarray,
             h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch, parts: int = 1) -> None:
@@ -1017,39 +1119,55 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
     units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
     thread meanwhile); :func:`backward` then takes the same ``parts``."""
-    dtype = steps.dtype
-    seq_len, six_h, batch = steps.shape
-    h = six_h // 6
-    chunk = chunk_steps(seq_len, batch)
-    inference = hidden is None or not steps.strides[0]
-    if inference:  # nothing kept: two blocks taken in turn
-        steps = scratch.array("lstm_numba_blocks", (2, six_h, batch), dtype)
-        hidden = scratch.array("lstm_numba_hidden", (2, h, batch), dtype)
-    projection = scratch.array("lstm_numba_projection", (4 * h, chunk * batch), dtype)
-    h_fin = scratch.array("lstm_numba_h_fin", (h, batch), dtype)
-    c_fin = scratch.array("lstm_numba_c_fin", (h, batch), dtype)
-    size_i = x2.shape[1]
-    wx, bias = w.wx_bias[:4 * h, :size_i], np.ascontiguousarray(w.wx_bias[:4 * h, size_i])
-    peep = _diagonal(w.peepholes.diagonal, h, dtype)
-    h0f, c0f = _feature_major(h0, dtype), _feature_major(c0, dtype)
-    lengths = _NO_LENGTHS if lengths is None else lengths
-    pe = np.repeat(peep, batch, axis=1)
-    full_out = w.peepholes.full_output
-    assert parts == 1 or (w.full_pre is None and full_out is None), "threads serve no full peepholes"
-    u = np.ascontiguousarray(w.u)  # unit-stride rows for the step product
-    # inference without peepholes: the steps write no cache rows (nothing reads them)
-    light = inference and w.full_pre is None and full_out is None and all(
-        p is None for p in w.peepholes.diagonal)
+    seq_len, _, batch = steps.shape
+    a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch,
+                      chunk_steps(seq_len, batch))
     if parts > 1:
+        assert a.full_pre.size == 0 and a.full_out.size == 0, "threads serve no full peepholes"
         with blas_limit(1):
-            _forward_threads(parts, x2, wx, bias, u, pe, h0f, c0f, lengths, steps, hidden,
-                             _any_layout(output), h_fin, c_fin, projection, reverse, light)
+            _forward_threads(parts, a.x2, a.wx, a.bias, a.u, a.pe, a.h0, a.c0, a.lengths, a.steps, a.hidden,
+                             a.outs, a.h_fin, a.c_fin, a.projection, reverse, a.light)
     else:
-        _forward(x2, wx, bias, u, pe, _EMPTY[dtype] if w.full_pre is None else w.full_pre,
-                 _EMPTY[dtype] if full_out is None else full_out, h0f, c0f, lengths, steps, hidden,
-                 _any_layout(output), h_fin, c_fin, projection, reverse, light)
-    np.copyto(h_final, h_fin.T)
-    np.copyto(c_final, c_fin.T)
+        _forward(a.x2, a.wx, a.bias, a.u, a.pe, a.full_pre, a.full_out, a.h0, a.c0, a.lengths, a.steps,
+                 a.hidden, a.outs, a.h_fin, a.c_fin, a.projection, reverse, a.light, _NO_COUNTER,
+                 _NO_COUNTER)
+    a.finish()
+
+
+#: Chunks of steps the upper of two layers run together takes its input in: it starts once
+#: the lower layer has made the first chunk's steps.
+LAYER_CHUNKS = 8
+
+
+def layers_together() -> bool:
+    """True when two consecutive layers of a unidirectional stack can run at the same time
+    (:func:`forward_layers`): at least two of Numba's threads under the thread limit in force,
+    and cheap parallel regions (:func:`_cheap_parallel_regions`)."""
+    threads = numba.get_num_threads()
+    limit = current_limit()
+    if limit:
+        threads = min(threads, limit)
+    return threads >= 2 and _cheap_parallel_regions()
+
+
+def forward_layers(lower: dict, upper: dict) -> None:
+    """Two consecutive layers of one direction (forward in time) at the same time
+    (:func:`_forward_layers`), each on one thread with one-thread BLAS: ``lower`` and
+    ``upper`` are the keyword arguments of :func:`forward` (without ``reverse`` and
+    ``parts``), the upper one's ``x2`` the lower one's ``output`` (as (T·N, H)) and its
+    ``scratch`` of its own. The upper layer projects its input :data:`LAYER_CHUNKS` chunks of
+    steps at a time, each as soon as the lower layer has made it."""
+    seq_len, _, batch = lower["steps"].shape
+    a = _forward_call(**lower, chunk=chunk_steps(seq_len, batch))
+    b = _forward_call(**upper, chunk=min(chunk_steps(seq_len, batch), -(-seq_len // LAYER_CHUNKS)))
+    progress = np.zeros(1, np.int64)
+    with blas_limit(1):
+        _forward_layers(a.x2, a.wx, a.bias, a.u, a.pe, a.full_pre, a.full_out, a.h0, a.c0, a.steps, a.hidden,
+                        a.outs, a.h_fin, a.c_fin, a.projection, a.light, b.x2, b.wx, b.bias, b.u, b.pe,
+                        b.full_pre, b.full_out, b.h0, b.c0, b.steps, b.hidden, b.outs, b.h_fin, b.c_fin,
+                        b.projection, b.light, a.lengths, progress, _NO_COUNTER)
+    a.finish()
+    b.finish()
 
 
 def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: np.ndarray,

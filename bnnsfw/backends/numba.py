@@ -3,7 +3,8 @@
 It runs each layer and direction of the LSTM as compiled loops (:mod:`._numba_lstm`: per step
 one BLAS product and one fused, vectorized pass, forward and backward, or for larger steps
 parallel regions whose threads each take a run of units; the input projection and the weight
-gradients one product per chunk of steps) for the cell almost every model uses,
+gradients one product per chunk of steps; in inference, two layers of a unidirectional stack
+at the same time) for the cell almost every model uses,
 with no, diagonal or full peepholes, over full or variable lengths; and normalization with the
 statistics of the batch and the identity activation with compiled, multithreaded row kernels
 (:mod:`._numba_normalization`; statistics sets too large for their arithmetic go to the
@@ -21,7 +22,7 @@ import numpy as np
 
 from . import _numba_lstm, _numba_normalization
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
-from ._lstm_stack import CacheViews, DirectionKernels, scatter_gradients
+from ._lstm_stack import CacheViews, DirectionKernels, ForwardArguments, scatter_gradients
 from .contract import (
     LSTMGateArrays,
     NormalizationBackwardRequest,
@@ -44,6 +45,25 @@ def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarra
     threads share out each step's units when it is above 1."""
     _numba_lstm.forward(w, layer_input, h0, c0, lengths, steps, hidden, output, h_final, c_final,
                         reverse=reverse, scratch=workspace, parts=parts)
+
+
+def _forward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarray, h0: np.ndarray | None,
+                      c0: np.ndarray | None, steps: np.ndarray, pre: np.ndarray | None,
+                      hidden: np.ndarray | None, output: np.ndarray, h_final: np.ndarray,
+                      c_final: np.ndarray, *, reverse: bool, lengths: np.ndarray | None,
+                      inactive: Sequence[np.ndarray | None], workspace: Workspace) -> dict:
+    """The arguments of a ``DirectionKernels.forward`` call as :func:`._numba_lstm.forward_layers`
+    takes them (forward in time only)."""
+    assert not reverse, "layers run together forward in time"
+    return dict(w=w, x2=layer_input, h0=h0, c0=c0, lengths=lengths, steps=steps, hidden=hidden,
+                output=output, h_final=h_final, c_final=c_final, scratch=workspace)
+
+
+def _compiled_forward_layers(lower: ForwardArguments, upper: ForwardArguments) -> None:
+    """Two consecutive layers of a unidirectional stack at the same time, each on one thread
+    (``DirectionKernels.layers``)."""
+    _numba_lstm.forward_layers(_forward_keywords(*lower.args, **lower.keywords),
+                               _forward_keywords(*upper.args, **upper.keywords))
 
 
 def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
@@ -89,7 +109,11 @@ class NumbaBackend(ScipyBlasBackend):
         With exactly two threads for the steps, the two directions of a bidirectional layer
         run at the same time, each on one thread (``pair``), instead of each step's units being
         shared out over both: no parallel region per step, and each thread keeps a whole
-        direction's weights in its cache."""
+        direction's weights in its cache.
+
+        With the steps on one thread and a second thread free, two consecutive layers of a
+        unidirectional stack run forward at the same time (``layers``), the upper one following
+        the lower step by step."""
         if _numba_lstm.serves(plan):
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
             parts = 1 if full else _numba_lstm.step_parts(plan.hidden_size, batch)
@@ -97,8 +121,9 @@ class NumbaBackend(ScipyBlasBackend):
             if parts == 2:
                 pair = (functools.partial(_compiled_forward, parts=1),
                         functools.partial(_compiled_backward, parts=1))
+            layers = _compiled_forward_layers if parts == 1 and _numba_lstm.layers_together() else None
             return DirectionKernels(functools.partial(_compiled_forward, parts=parts),
-                                    functools.partial(_compiled_backward, parts=parts), pair)
+                                    functools.partial(_compiled_backward, parts=parts), pair, layers)
         return super()._lstm_direction_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:

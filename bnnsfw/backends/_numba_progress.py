@@ -1,0 +1,84 @@
+"""A counter one compiled loop advances and another waits on, across threads.
+
+Two layers of a stack can run at the same time when the upper one follows the lower step by
+step (:func:`._numba_lstm.forward_layers`): the lower layer's loop writes its output for a
+step, then :func:`publish`\\ es how many steps it has written; the upper layer's loop
+:func:`wait_for`\\ s the steps it is about to read. Numba has no atomic operations on arrays,
+and a plain store or load may be moved or kept in a register by the compiler (and reordered by
+the processor outside x86), so both are Numba intrinsics: a store with *release* ordering
+(every write before it is visible to a thread that sees the new count) and a load with
+*acquire* ordering (nothing after it is read before it), in a loop that waits with the
+processor's spin hint (``pause`` on x86).
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numba
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+__all__ = ["publish", "wait_for"]
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def _counter_pointer(context, builder, array_type, array):
+    """The address of element 0 of a 1-D int64 array."""
+    return context.make_array(array_type)(context, builder, array).data
+
+
+def _is_counter(counter) -> bool:
+    return isinstance(counter, types.Array) and counter.ndim == 1 and counter.dtype == types.int64
+
+
+@intrinsic
+def publish(typingctx, counter, value):
+    """``counter[0] = value`` with release ordering: the writes before it are visible to a
+    thread that reads the new value with :func:`_load_acquire`."""
+    if not _is_counter(counter) or not isinstance(value, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        pointer = _counter_pointer(context, builder, sig.args[0], args[0])
+        number = context.cast(builder, args[1], sig.args[1], types.int64)
+        builder.store_atomic(number, pointer, "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(counter, value), codegen
+
+
+@intrinsic
+def _load_acquire(typingctx, counter):
+    """``counter[0]`` with acquire ordering."""
+    if not _is_counter(counter):
+        return None
+
+    def codegen(context, builder, sig, args):
+        pointer = _counter_pointer(context, builder, sig.args[0], args[0])
+        return builder.load_atomic(pointer, "acquire", 8)
+
+    return types.int64(counter), codegen
+
+
+@intrinsic
+def _spin_hint(typingctx):
+    """The processor's hint for a waiting loop (``pause`` on x86, nothing elsewhere)."""
+    def codegen(context, builder, sig, args):
+        if _X86:
+            pause = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                   "llvm.x86.sse2.pause")
+            builder.call(pause, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def wait_for(counter, value):
+    """Return once ``counter[0]`` is at least ``value`` (spinning: the waits this serves last
+    a few steps of an LSTM layer, microseconds)."""
+    while _load_acquire(counter) < value:
+        _spin_hint()
