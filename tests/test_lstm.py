@@ -936,6 +936,25 @@ def test_numba_runs_two_layers_together_in_inference_and_agrees(peepholes, dtype
     assert "_forward_layers" not in seen
 
 
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_cells_without_peepholes_share_zeros_nothing_writes(rng):
+    """Cells without diagonal peepholes take one shared zero array of each shape for them
+    (made once); forward and backward, on one thread and shared out over threads, leave it
+    zero."""
+    from bnnsfw.backends import _numba_lstm
+
+    for hidden, batch in ((7, 3), (48, 64)):  # one thread; the steps shared out over threads
+        params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, seed=2)
+        x = rng.standard_normal((5, batch, 3)).astype(np.float32)
+        with layer_for(params, "numba") as layer:
+            out = layer.apply(x, training=True)
+            layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
+            layer.apply(x)
+        zeros = _numba_lstm._no_peepholes(hidden, batch, np.dtype(np.float32))
+        assert zeros is _numba_lstm._no_peepholes(hidden, batch, np.dtype(np.float32))
+        assert zeros.shape == (4, hidden * batch) and not zeros.any()
+
+
 _LAYERS_ON_ONE_THREAD = """
 import numba, numpy as np
 import bnnsfw as bf

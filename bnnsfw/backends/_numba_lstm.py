@@ -1038,6 +1038,21 @@ def _diagonal(peepholes: tuple[np.ndarray | None, ...], h: int, dtype: np.dtype)
     return np.stack([np.zeros(h, dtype) if p is None else p.reshape(h) for p in peepholes])
 
 
+@functools.lru_cache(maxsize=32)
+def _no_peepholes(h: int, batch: int, dtype: np.dtype) -> np.ndarray:
+    """Zeros (4, H·N): :func:`_repeated` for a cell without diagonal peepholes, made once per
+    shape (the kernels only read it)."""
+    return np.zeros((4, h * batch), dtype)
+
+
+def _repeated(peepholes: tuple[np.ndarray | None, ...], h: int, batch: int, dtype: np.dtype) -> np.ndarray:
+    """The diagonal peepholes of :func:`_diagonal` repeated over the ``batch`` sequences:
+    (4, H·N), element ``j·N + n`` of a row for unit ``j``."""
+    if all(p is None for p in peepholes):
+        return _no_peepholes(h, batch, dtype)
+    return np.repeat(_diagonal(peepholes, h, dtype), batch, axis=1)
+
+
 def _any_layout(a: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """``a`` (or one element of it repeated to ``shape``) behind a leading axis of length 2 and
     stride 0; the kernels take element 0. Numba compiles a kernel once per layout of each array
@@ -1105,8 +1120,7 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
         p is None for p in w.peepholes.diagonal)
     return _ForwardCall(
         x2, wx, bias, np.ascontiguousarray(w.u),  # unit-stride rows for the step product
-        np.repeat(_diagonal(w.peepholes.diagonal, h, dtype), batch, axis=1),
-        _EMPTY[dtype] if w.full_pre is None else w.full_pre,
+        _repeated(w.peepholes.diagonal, h, batch, dtype), _EMPTY[dtype] if w.full_pre is None else w.full_pre,
         _EMPTY[dtype] if full_out is None else full_out, _feature_major(h0, dtype), _feature_major(c0, dtype),
         _NO_LENGTHS if lengths is None else lengths, steps, hidden, _any_layout(output), h_fin, c_fin,
         projection, light, h_final, c_final)
@@ -1205,7 +1219,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     dh = scratch.array("lstm_numba_dh", (h, batch), dtype)
     dys = _any_layout(np.zeros(1, dtype), (seq_len, batch, h)) if dy is None else _any_layout(dy)
     lengths = _NO_LENGTHS if lengths is None else lengths
-    pe = np.repeat(peep, batch, axis=1)
+    pe = _repeated(w.peepholes_grad.diagonal, h, batch, dtype)
     full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
     d_full_pre = (_EMPTY[dtype] if full_pre is None
                   else scratch.array("lstm_numba_d_full_pre", (4 * h, h), dtype))
