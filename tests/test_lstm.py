@@ -273,6 +273,8 @@ GRADIENT_CASES = {
     "final_state_gradients_only": dict(num_layers=2, bidirectional=True, no_output_gradient=True),
     "variable_lengths_bidirectional_stack": dict(num_layers=2, bidirectional=True, lengths=[3, 1, 2]),
     "dropout_with_cache": dict(num_layers=3, bidirectional=True, dropout=0.4),
+    "three_layers_lengths": dict(num_layers=3, lengths=[3, 1, 2]),  # two layers together, then one
+    "dropout_between_layers": dict(num_layers=2, dropout=0.4),
     # Size-one axes (NumPy leaves the stride of a length-1 axis free; BLAS needs it).
     "input_size_one": dict(num_layers=2, bidirectional=True, input_size=1),
     "hidden_size_one": dict(num_layers=2, hidden_size=1, peepholes="diagonal"),
@@ -874,23 +876,27 @@ def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, mon
 @pytest.mark.parametrize("peepholes", [None, "diagonal", "full"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("batch", [3, 11])
-def test_numba_runs_two_layers_together_in_inference_and_agrees(peepholes, dtype, batch, monkeypatch, rng):
-    """With a second thread free, inference runs two consecutive layers of a unidirectional
-    stack at the same time, the upper one reading each chunk of the lower one's output as soon
-    as it is made: three layers take one call of the two-layer kernel and one single-layer
-    call; training, a bidirectional stack and a thread limit of 1 take none. Outputs and final
-    states agree with the reference with lengths (one of 0), initial states, every kind of
-    peephole, chunks of steps (the upper layer's of one or two steps), 3 sequences (BLAS for
-    each step's product) and 11 (the tile)."""
+def test_numba_runs_two_layers_together_and_agrees(peepholes, dtype, batch, monkeypatch, rng):
+    """With a second thread free, two consecutive layers of a unidirectional stack run at the
+    same time: forward the upper one reads each chunk of the lower one's output as soon as it
+    is made, backward each step of the lower one waits for its row of the upper one's input
+    gradient. Three layers take one call of each two-layer kernel and one single-layer call
+    (forward the last layer alone, backward the first); dropout between the layers (in
+    training), a bidirectional stack and a thread limit of 1 take none. Outputs, final states
+    and every gradient agree with the reference with lengths (one of 0), initial states,
+    final-state gradients, every kind of peephole, chunks of steps (the second layer's of one
+    or two steps), 3 sequences (BLAS for each step's product) and 11 (the tile)."""
     from bnnsfw.backends import _numba_lstm
 
     if not _numba_lstm.layers_together():
         pytest.skip("needs two of Numba's threads and cheap parallel regions")
     warm = LSTMParameters.random(input_size=3, hidden_size=2, num_layers=2, seed=8, dtype=dtype)
-    with layer_for(warm, "numba") as layer:  # compiled before the spies replace what it calls
-        layer.apply(np.ones((2, 1, 3), dtype))
+    with layer_for(warm, "numba") as layer:  # compiled before the spies replace what they call
+        out = layer.apply(np.ones((2, 1, 3), dtype), training=True)
+        layer.apply_backward(np.ones((2, 1, 3), dtype), out.output, training_cache=out.training_cache)
     seen: list[str] = []
-    for name in ("_forward", "_forward_layers", "_forward_threads"):
+    for name in ("_forward", "_forward_layers", "_forward_threads", "_backward", "_backward_layers",
+                 "_backward_threads"):
         original = getattr(_numba_lstm, name)
 
         def spy(*args, _original=original, _name=name):
@@ -898,42 +904,80 @@ def test_numba_runs_two_layers_together_in_inference_and_agrees(peepholes, dtype
             return _original(*args)
 
         monkeypatch.setattr(_numba_lstm, name, spy)
-    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)  # the lower layer: chunks of 2 steps
-    monkeypatch.setattr(_numba_lstm, "LAYER_CHUNKS", 5)  # the upper one: chunks of 2 steps, then 1
-    hidden = 19
-    x = rng.standard_normal((9, batch, 3)).astype(dtype)
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)  # chunks of 2 steps
+    monkeypatch.setattr(_numba_lstm, "LAYER_CHUNKS", 5)  # the second layer's: 2 steps, the last 1
+    hidden, seq_len = 19, 9
+    x = rng.standard_normal((seq_len, batch, 3)).astype(dtype)
+    dy = rng.standard_normal((seq_len, batch, hidden)).astype(dtype)
     lengths = np.resize([9, 4, 0, 7], batch)
     for layers in (2, 3):
         params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=layers,
                                        peepholes=peepholes, seed=8, dtype=dtype)
-        states = tuple(rng.standard_normal((layers, batch, hidden)).astype(dtype) for _ in range(2))
+        states = tuple(rng.standard_normal((layers, batch, hidden)).astype(dtype) for _ in range(4))
         results = []
         for name in ("numpy", "numba"):
             seen.clear()
             with layer_for(params, name) as layer:
-                inference = layer.apply(x, *states, sequence_lengths=lengths)
+                inference = layer.apply(x, *states[:2], sequence_lengths=lengths)
                 plain = layer.apply(x)
-                if name == "numba":
-                    assert seen == (["_forward_layers"] * 2 if layers == 2
-                                    else ["_forward_layers", "_forward"] * 2)
-                    seen.clear()
-                    trained = layer.apply(x, *states, training=True, sequence_lengths=lengths)
-                    assert seen == ["_forward"] * layers
-                    _assert_all_close([trained.output], [inference.output], dtype)
+                out = layer.apply(x, *states[:2], training=True, sequence_lengths=lengths)
+                grads = layer.apply_backward(x, dy, *states, sequence_lengths=lengths,
+                                             training_cache=out.training_cache)
             if name == "numba":
-                seen.clear()
-                with layer_for(params, name, n_threads=1) as one_thread:
-                    one_thread.apply(x)
-                assert seen == ["_forward"] * layers
+                forward = ["_forward_layers"] + ([] if layers == 2 else ["_forward"])
+                backward = ["_backward_layers"] + ([] if layers == 2 else ["_backward"])
+                assert seen == forward * 3 + backward
             results.append([inference.output, inference.hidden, inference.cell, plain.output, plain.hidden,
-                            plain.cell])
+                            plain.cell, out.output, out.hidden, out.cell, grads.input, grads.hidden,
+                            grads.cell] + _gate_gradients(grads))
         _assert_all_close(results[1], results[0], dtype)
-    seen.clear()
-    bidirectional = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, bidirectional=True,
-                                          seed=8, dtype=dtype)
-    with layer_for(bidirectional, "numba") as layer:
-        layer.apply(x)
-    assert "_forward_layers" not in seen
+        seen.clear()
+        with layer_for(params, "numba", n_threads=1) as one_thread:
+            out = one_thread.apply(x, training=True)
+            one_thread.apply_backward(x, dy, training_cache=out.training_cache)
+        assert seen == ["_forward"] * layers + ["_backward"] * layers
+    for options in (dict(num_layers=2, dropout=0.5), dict(num_layers=2, bidirectional=True)):
+        seen.clear()
+        params = LSTMParameters.random(input_size=3, hidden_size=hidden, seed=8, dtype=dtype, **options)
+        with layer_for(params, "numba") as layer:
+            out = layer.apply(x, training=True)
+            layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
+            if not options.get("bidirectional"):  # inference has no dropout: the two layers together
+                layer.apply(x)
+        assert "_backward_layers" not in seen and seen.count("_forward_layers") == (
+            0 if options.get("bidirectional") else 1), options
+
+
+_LAYERS_ON_ONE_THREAD = """
+import numba, numpy as np
+import bnnsfw as bf
+from bnnsfw.backends import _numba_lstm
+_numba_lstm.layers_together = lambda: True  # taken although Numba has one thread
+numba.set_num_threads(1)
+params = bf.LSTMParameters.random(input_size=3, hidden_size=6, num_layers=2, seed=3, dtype=np.float64)
+x = np.random.default_rng(0).standard_normal((8, 5, 3))
+outputs = []
+for name in ("numpy", "numba"):
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=name)) as layer:
+        out = layer.apply(x, training=True)
+        grads = layer.apply_backward(x, np.cos(out.output), training_cache=out.training_cache)
+        outputs.append(np.concatenate([out.output.ravel(), grads.input.ravel()]))
+print(float(np.abs(outputs[0] - outputs[1]).max()))
+"""
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_two_layers_together_end_on_one_thread():
+    """The two-layer kernels' parallel loops on a single thread run first the layer that never
+    waits (forward the lower, backward the upper), so the other one never waits for steps
+    nobody makes (in a child process: a wait would hang)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _LAYERS_ON_ONE_THREAD], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < 1e-9
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -955,36 +999,7 @@ def test_numba_cells_without_peepholes_share_zeros_nothing_writes(rng):
         assert zeros.shape == (4, hidden * batch) and not zeros.any()
 
 
-_LAYERS_ON_ONE_THREAD = """
-import numba, numpy as np
-import bnnsfw as bf
-from bnnsfw.backends import _numba_lstm
-_numba_lstm.layers_together = lambda: True  # taken although Numba has one thread
-numba.set_num_threads(1)
-params = bf.LSTMParameters.random(input_size=3, hidden_size=6, num_layers=2, seed=3, dtype=np.float64)
-x = np.random.default_rng(0).standard_normal((8, 5, 3))
-outputs = []
-for name in ("numpy", "numba"):
-    with bf.LSTMLayer(params, bf.FilterParameters(backend=name)) as layer:
-        outputs.append(layer.apply(x).output)
-print(float(np.abs(outputs[0] - outputs[1]).max()))
-"""
-
-
-@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-def test_numba_two_layers_together_end_on_one_thread():
-    """The two-layer kernel's parallel loop on a single thread runs the lower layer first, so
-    the upper one never waits for steps nobody makes (in a child process: a wait would hang)."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", _LAYERS_ON_ONE_THREAD], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert float(done.stdout.split()[-1]) < 1e-9
-
-
-def test_directions_run_together_end_together_and_raise_their_errors():
+def test_directions_run_directions_end_together_and_raise_their_errors():
     """:func:`run_directions`: the second call runs on another thread while the first runs;
     an error in either is raised, and only once both calls have ended."""
     import threading
@@ -1029,7 +1044,7 @@ def _directions_in_a_child(queue) -> None:
 @pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(),
                     reason="needs fork")
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_directions_run_together_in_a_forked_child():
+def test_directions_run_directions_in_a_forked_child():
     """A process forked after the helper thread started runs directions together too (the
     helper does not survive a fork; a new one is made instead of waiting for it forever)."""
     import multiprocessing

@@ -70,7 +70,7 @@ from ._lstm_kernels import (
     LSTMWeights,
 )
 
-__all__ = ["LSTMStack", "CacheLayout", "CACHE_FORMAT", "DirectionKernels", "ForwardArguments",
+__all__ = ["LSTMStack", "CacheLayout", "CACHE_FORMAT", "DirectionKernels", "CallArguments",
            "scatter_gradients"]
 
 #: The name of the payload layout below; backends that share it share caches.
@@ -80,9 +80,9 @@ ForwardKernel = Callable[..., None]
 BackwardKernel = Callable[..., None]
 
 
-class ForwardArguments(NamedTuple):
-    """The arguments of one call of a ``DirectionKernels.forward``: ``forward(*args,
-    **keywords)``."""
+class CallArguments(NamedTuple):
+    """The arguments of one call of a ``DirectionKernels.forward`` or ``backward``:
+    ``forward(*args, **keywords)``."""
 
     args: tuple
     keywords: dict
@@ -94,18 +94,22 @@ class DirectionKernels(NamedTuple):
     first (the per-sequence kernel those two wrap). ``pair``, when given, is such a
     ``(forward, backward)`` couple for the two directions of a bidirectional layer to run at
     the same time, each on one thread (:func:`run_directions`); None runs them one after the
-    other with ``forward`` and ``backward``. ``layers``, when given, runs two consecutive
-    layers of a unidirectional stack forward at the same time, the upper one following the
-    lower one step by step: it takes the two layers' :class:`ForwardArguments` (the upper
-    one's input is the lower one's output, and its workspace of its own). The stack uses it in
-    inference only, and zeroes the outputs past each sequence's length only after both layers
-    have ended: the lower layer must write those zeros itself before the upper one reads them
-    (as every kernel here does)."""
+    other with ``forward`` and ``backward``. ``layers``, when given, is a ``(forward,
+    backward)`` couple that runs two consecutive layers of a unidirectional stack at the same
+    time: forward takes the lower and the upper layer's :class:`CallArguments` (the upper one's
+    input is the lower one's output) and the upper one follows the lower step by step;
+    backward takes the upper and the lower layer's (the lower one's output gradient is the
+    upper one's input gradient) and the lower one follows. The second layer of each couple
+    has a workspace of its own. The stack uses them when no dropout mask comes between the
+    layers, and zeroes outputs past each sequence's length only after both layers have ended:
+    the lower layer must write those zeros itself before the upper one reads them (as every
+    kernel here does)."""
 
     forward: Callable[..., None]
     backward: Callable[..., None]
     pair: tuple[Callable[..., None], Callable[..., None]] | None = None
-    layers: Callable[[ForwardArguments, ForwardArguments], None] | None = None
+    layers: tuple[Callable[[CallArguments, CallArguments], None],
+                  Callable[[CallArguments, CallArguments], None]] | None = None
 
 
 class _Scoped:
@@ -398,8 +402,9 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         pair = kernels.pair if size_d == 2 else None
         together = pair is not None
         forward = kernels.forward if pair is None else pair[0]
-        # two layers at a time in inference, when the kernels can
-        layers_kernel = kernels.layers if size_d == 1 and not request.training else None
+        # two layers at a time when the kernels can and no dropout mask comes between them
+        layers_kernel = kernels.layers[0] if kernels.layers is not None and size_d == 1 and not (
+            request.training and request.dropout_masks is not None) else None
         active, inactive = _step_masks(lengths, seq_len)
         h0, c0 = request.hidden, request.cell
 
@@ -408,9 +413,9 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
             assert target is not None
             return target
 
-        def arguments(layer: int, d: int, layer_input: np.ndarray, scratch: Workspace) -> ForwardArguments:
+        def arguments(layer: int, d: int, layer_input: np.ndarray, scratch: Workspace) -> CallArguments:
             index = layer * size_d + d
-            return ForwardArguments(
+            return CallArguments(
                 (plan, weights[layer][d], layer_input, None if h0 is None else h0[index],
                  None if c0 is None else c0[index], views.steps[layer][d], views.pre[layer][d],
                  views.hidden[layer][d], target_of(layer)[:, :, d * h:(d + 1) * h], request.hidden_out[index],
@@ -418,35 +423,39 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
                 dict(reverse=d == 1, lengths=lengths, inactive=inactive, workspace=scratch))
 
         layer_input = request.x.reshape(seq_len * batch, config.input_size)
-        layer = 0
-        ran: tuple[int, ...]
-        while layer < config.num_layers:
-            if layers_kernel is not None and layer + 1 < config.num_layers:
-                upper_input = target_of(layer).reshape(seq_len * batch, h)
-                layers_kernel(arguments(layer, 0, layer_input, workspace),
-                              arguments(layer + 1, 0, upper_input, _Scoped(workspace, "upper.")))
-                ran = (layer, layer + 1)
-            else:
-                calls = []
-                for d in range(size_d):
-                    call = arguments(layer, d, layer_input,
-                                     _Scoped(workspace, "reverse.") if together and d else workspace)
-                    calls.append(functools.partial(forward, *call.args, **call.keywords))
-                run_directions(calls, together)
-                ran = (layer,)
-            for done in ran:
-                target = target_of(done)
-                if active is not None:
-                    target[~active] = 0.0
-                if done < config.num_layers - 1:
-                    mask = views.masks[done + 1]
-                    if request.training and request.dropout_masks is not None:
-                        drawn = request.dropout_masks[done + 1]
-                        assert mask is not None and drawn is not None
-                        np.copyto(mask, drawn)
-                        np.multiply(target, mask, out=target)
-                    layer_input = target.reshape(seq_len * batch, size_d * h)
-            layer = ran[-1] + 1
+        # With layers together, BLAS stays on one thread for the whole call: its own threads,
+        # woken for a lone layer's products just after Numba's parallel loop, would wait for
+        # the cores with Numba's, which spin for a while after each loop.
+        with blas_limit(1 if layers_kernel is not None else 0):
+            layer = 0
+            ran: tuple[int, ...]
+            while layer < config.num_layers:
+                if layers_kernel is not None and layer + 1 < config.num_layers:
+                    upper_input = target_of(layer).reshape(seq_len * batch, h)
+                    layers_kernel(arguments(layer, 0, layer_input, workspace),
+                                  arguments(layer + 1, 0, upper_input, _Scoped(workspace, "second.")))
+                    ran = (layer, layer + 1)
+                else:
+                    calls = []
+                    for d in range(size_d):
+                        call = arguments(layer, d, layer_input,
+                                         _Scoped(workspace, "reverse.") if together and d else workspace)
+                        calls.append(functools.partial(forward, *call.args, **call.keywords))
+                    run_directions(calls, together)
+                    ran = (layer,)
+                for done in ran:
+                    target = target_of(done)
+                    if active is not None:
+                        target[~active] = 0.0
+                    if done < config.num_layers - 1:
+                        mask = views.masks[done + 1]
+                        if request.training and request.dropout_masks is not None:
+                            drawn = request.dropout_masks[done + 1]
+                            assert mask is not None and drawn is not None
+                            np.copyto(mask, drawn)
+                            np.multiply(target, mask, out=target)
+                        layer_input = target.reshape(seq_len * batch, size_d * h)
+                layer = ran[-1] + 1
         _zero_length_states(lengths, request.hidden_out, request.cell_out)
         return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
 
@@ -476,40 +485,61 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         grads = request.gradients
         dy, dh_final, dc_final = request.output_gradient, request.hidden_gradient, request.cell_gradient
         x2 = request.x.reshape(seq_len * batch, config.input_size)
-        for layer in range(size_l - 1, -1, -1):
+        # two layers at a time when the kernels can and no dropout mask comes between them
+        layers_kernel = kernels.layers[1] if kernels.layers is not None and size_d == 1 else None
+
+        def input_of(layer: int) -> np.ndarray:
             upper = views.inputs[layer]
-            layer_input = x2 if upper is None else upper.reshape(seq_len * batch, size_d * h)
+            return x2 if upper is None else upper.reshape(seq_len * batch, size_d * h)
+
+        def input_gradient(layer: int) -> np.ndarray:
             if layer == 0 and grads.input.flags.c_contiguous:  # write the input gradient in place
-                d_input = grads.input.reshape(layer_input.shape)
-            else:
-                d_input = workspace.array(f"lstm_d_input{layer % 2}", layer_input.shape, dtype)
-            calls = []
-            # run together, the reverse direction adds its input gradient to zeros of its own
-            reverse_input = None
-            if together:
-                reverse_input = workspace.array("lstm_d_input_reverse", layer_input.shape, dtype)
-                reverse_input.fill(0.0)
-            for d in range(size_d):
-                index = layer * size_d + d
-                d_input_d = reverse_input if reverse_input is not None and d else d_input
-                scratch = _Scoped(workspace, "reverse.") if together and d else workspace
-                calls.append(functools.partial(
-                    backward, plan, weights[layer][d], layer, d, layer_input, views,
-                    None if dy is None else dy[:, :, d * h:(d + 1) * h],
-                    None if dh_final is None else dh_final[index],
-                    None if dc_final is None else dc_final[index], grads.hidden[index],
-                    grads.cell[index], d_input_d, grads.gates, lengths=lengths, active=active,
-                    inactive=inactive, workspace=scratch))
-            run_directions(calls, together)
-            if reverse_input is not None:
-                d_input += reverse_input
-            if layer > 0:
-                mask = views.masks[layer]
-                if mask is not None:
-                    np.multiply(d_input, mask.reshape(d_input.shape), out=d_input)
-                dy = d_input.reshape(seq_len, batch, size_d * h)
-            elif not np.shares_memory(d_input, grads.input):
-                np.copyto(grads.input, d_input.reshape(grads.input.shape))
+                return grads.input.reshape(x2.shape)
+            return workspace.array(f"lstm_d_input{layer % 2}", input_of(layer).shape, dtype)
+
+        def arguments(layer: int, d: int, dy: np.ndarray | None, d_input: np.ndarray,
+                      scratch: Workspace) -> CallArguments:
+            index = layer * size_d + d
+            return CallArguments(
+                (plan, weights[layer][d], layer, d, input_of(layer), views,
+                 None if dy is None else dy[:, :, d * h:(d + 1) * h],
+                 None if dh_final is None else dh_final[index], None if dc_final is None else dc_final[index],
+                 grads.hidden[index], grads.cell[index], d_input, grads.gates),
+                dict(lengths=lengths, active=active, inactive=inactive, workspace=scratch))
+
+        with blas_limit(1 if layers_kernel is not None else 0):  # as in lstm_forward
+            layer = size_l - 1
+            while layer >= 0:
+                d_input = input_gradient(layer)
+                if layers_kernel is not None and layer > 0 and views.masks[layer] is None:
+                    lower_input = input_gradient(layer - 1)
+                    layers_kernel(arguments(layer, 0, dy, d_input, workspace),
+                                  arguments(layer - 1, 0, d_input.reshape(seq_len, batch, h), lower_input,
+                                            _Scoped(workspace, "second.")))
+                    layer, d_input = layer - 1, lower_input
+                else:
+                    calls = []
+                    # run together, the reverse direction adds its input gradient to zeros of its own
+                    reverse_input = None
+                    if together:
+                        reverse_input = workspace.array("lstm_d_input_reverse", d_input.shape, dtype)
+                        reverse_input.fill(0.0)
+                    for d in range(size_d):
+                        d_input_d = reverse_input if reverse_input is not None and d else d_input
+                        call = arguments(layer, d, dy, d_input_d,
+                                         _Scoped(workspace, "reverse.") if together and d else workspace)
+                        calls.append(functools.partial(backward, *call.args, **call.keywords))
+                    run_directions(calls, together)
+                    if reverse_input is not None:
+                        d_input += reverse_input
+                if layer > 0:
+                    mask = views.masks[layer]
+                    if mask is not None:
+                        np.multiply(d_input, mask.reshape(d_input.shape), out=d_input)
+                    dy = d_input.reshape(seq_len, batch, size_d * h)
+                elif not np.shares_memory(d_input, grads.input):
+                    np.copyto(grads.input, d_input.reshape(grads.input.shape))
+                layer -= 1
         _zero_length_states(lengths, grads.hidden, grads.cell)
         return LSTMBackwardResult(gradients=grads)
 

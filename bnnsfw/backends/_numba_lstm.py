@@ -44,12 +44,15 @@ What is compiled, and why:
   taken from two arrays in turn). BLAS is held to one thread meanwhile
   and the chunk products are shared out by rows, each thread calling a one-thread BLAS, so
   the two thread pools never wait for the cores at once.
-- **Two layers at the same time** (:func:`forward_layers`): in inference, with the steps on
-  one thread and a second one free, one parallel loop of two iterations runs two consecutive
-  layers of a unidirectional stack, the lower one counting its steps of output in a shared
-  counter (:mod:`._numba_progress`), the upper one waiting for each chunk of those steps
-  (:data:`LAYER_CHUNKS` chunks) before it projects it. The lower layer never waits, so on one
-  thread the loop runs it first and still ends.
+- **Two layers at the same time** (:func:`forward_layers`, :func:`backward_layers`): with
+  the steps on one thread and a second one free, one parallel loop of two iterations runs two
+  consecutive layers of a unidirectional stack, one layer counting its progress in a shared
+  counter (:mod:`._numba_progress`) and the other waiting on it. Forward the lower layer
+  counts its steps of output and the upper one waits for each chunk of them
+  (:data:`LAYER_CHUNKS` chunks) before it projects it; backward the upper layer counts the
+  steps whose rows of its input gradient it has made (a chunk at a time) and each step of the
+  lower one waits for its row. The counting layer never waits, so on one thread the loop runs
+  it first and still ends.
 - float32 uses a rational tanh (an odd polynomial over an even one on ``|x| ≤ 7.9``; largest
   error about 2e-7 absolute, inside the contract's float32 tolerance), which is pure
   multiply-add and one division, so with ``fastmath`` and the NumPy error model (no
@@ -712,12 +715,13 @@ def _backward_step(h, block, dh, dc, dz, pe):
 
 @_kernel
 def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates, dh_first,
-              reverse, k_begin, k_end, chunk_first):
+              reverse, k_begin, k_end, chunk_first, wait):
     """Backward through the walking steps ``k_end − 1`` down to ``k_begin`` (one chunk, whose
     first time step is ``chunk_first``): ``dz`` into
     ``d_gates``, ``dc`` and ``carried`` (the gradient for ``h`` from the step after) updated,
     ``dh_first`` written at walking step 0. A sequence past its length has ``dz = 0`` and passes
-    ``dh`` and ``dc`` through."""
+    ``dh`` and ``dc`` through. Before it reads ``dy[t]`` a step waits until the progress counter
+    ``wait`` (when not empty; forward direction only) counts the steps from ``t`` to the end."""
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
     dz = np.empty((4 * h, batch), steps.dtype)
@@ -727,6 +731,8 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
         t = seq_len - 1 - k if reverse else k
         block = steps[t]
         first = (t - chunk_first) * batch
+        if wait.size:
+            wait_for(wait, seq_len - t)
         # dh: the gradient from later steps plus the output's (none past a length).
         for n in range(batch):
             active = not lengths.size or t < lengths[n]
@@ -831,7 +837,7 @@ def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d
 @_kernel
 def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden, dys,
               dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta, dh_first,
-              d_gates, columns, dh, reverse):
+              d_gates, columns, dh, reverse, wait, report):
     """One layer and direction backward from a training forward's cache, on one thread (BLAS
     may use more).
 
@@ -845,7 +851,11 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
     (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), ``d_peep``, ``d_full_pre``
     and ``d_full_out`` (shaped as their weights), ``dh_first`` (H, N), and ``d_input`` (T·N, I)
     as ``dX + input_beta·d_input``. Scratch: ``d_gates`` (4H, chunk·N), ``columns``
-    (H, chunk·N), ``dh`` (H, N).
+    (H, chunk·N), ``dh`` (H, N). ``wait`` and ``report`` are progress counters (int64, one
+    element, or empty for none; forward direction only): each step waits until ``wait`` counts
+    the steps from its own to the end (:func:`_backprop`), and after each chunk ``report``
+    counts the steps from the chunk's first to the end, whose rows of ``d_input`` are then
+    written (:func:`_backward_layers`).
     """
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
@@ -854,10 +864,38 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
     for q in range(n_chunks - 1, -1, -1):  # backward walks the chunks, and their steps, in reverse
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
-                  dh_first, reverse, k_begin, k_end, first_t)
+                  dh_first, reverse, k_begin, k_end, first_t, wait)
         _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
                         d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0,
                         d_full_pre, d_full_out)
+        if report.size:
+            publish(report, seq_len - first_t)
+
+
+@_threaded
+def _backward_layers(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, steps, hidden, dys,
+                     dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta,
+                     dh_first, d_gates, columns, dh, x2_b, wx_t_b, u_t_b, peep_b, pe_b, has_peep_b,
+                     full_pre_grad_b, full_out_grad_b, steps_b, hidden_b, dys_b, dc_b, carried_b, d_wx_b,
+                     d_u_b, d_bias_b, d_peep_b, d_full_pre_b, d_full_out_b, d_input_b, input_beta_b,
+                     dh_first_b, d_gates_b, columns_b, dh_b, lengths, progress, none):
+    """Two consecutive layers of one direction backward (forward in time), at the same time:
+    the upper one (the arguments of :func:`_backward`) on one thread, counting in ``progress``
+    (int64, one element, zero at the call) the steps whose rows of its input gradient are
+    written; the lower one (the same arguments with ``_b``; its output gradient ``dys_b`` is
+    the upper one's ``d_input``) on another, each step waiting for its row. ``none`` is an
+    empty counter. The upper layer never waits, so on one thread (iteration 0 first) the two
+    end as well."""
+    for p in numba.prange(2):
+        if p == 0:
+            _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden,
+                      dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input,
+                      input_beta, dh_first, d_gates, columns, dh, False, none, progress)
+        else:
+            _backward(x2_b, wx_t_b, u_t_b, peep_b, pe_b, has_peep_b, full_pre_grad_b, full_out_grad_b,
+                      lengths, steps_b, hidden_b, dys_b, dc_b, carried_b, d_wx_b, d_u_b, d_bias_b, d_peep_b,
+                      d_full_pre_b, d_full_out_b, d_input_b, input_beta_b, dh_first_b, d_gates_b, columns_b,
+                      dh_b, False, progress, none)
 
 
 # --------------------------------------------------------------------------------------
@@ -1089,6 +1127,12 @@ class _ForwardCall(NamedTuple):
     h_final: np.ndarray
     c_final: np.ndarray
 
+    def run(self, reverse: bool) -> None:
+        """:func:`_forward` on the calling thread."""
+        _forward(self.x2, self.wx, self.bias, self.u, self.pe, self.full_pre, self.full_out, self.h0, self.c0,
+                 self.lengths, self.steps, self.hidden, self.outs, self.h_fin, self.c_fin, self.projection,
+                 reverse, self.light, _NO_COUNTER, _NO_COUNTER)
+
     def finish(self) -> None:
         """Copy the final states out, batch-major."""
         np.copyto(self.h_final, self.h_fin.T)
@@ -1142,21 +1186,20 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
             _forward_threads(parts, a.x2, a.wx, a.bias, a.u, a.pe, a.h0, a.c0, a.lengths, a.steps, a.hidden,
                              a.outs, a.h_fin, a.c_fin, a.projection, reverse, a.light)
     else:
-        _forward(a.x2, a.wx, a.bias, a.u, a.pe, a.full_pre, a.full_out, a.h0, a.c0, a.lengths, a.steps,
-                 a.hidden, a.outs, a.h_fin, a.c_fin, a.projection, reverse, a.light, _NO_COUNTER,
-                 _NO_COUNTER)
+        a.run(reverse)
     a.finish()
 
 
-#: Chunks of steps the upper of two layers run together takes its input in: it starts once
-#: the lower layer has made the first chunk's steps.
+#: Chunks of steps the second of two layers run together takes its input (forward) or makes
+#: its input gradient (backward) in: forward the upper layer starts once the lower one has made
+#: the first chunk, backward the lower one once the upper one has made the last.
 LAYER_CHUNKS = 8
 
 
 def layers_together() -> bool:
     """True when two consecutive layers of a unidirectional stack can run at the same time
-    (:func:`forward_layers`): at least two of Numba's threads under the thread limit in force,
-    and cheap parallel regions (:func:`_cheap_parallel_regions`)."""
+    (:func:`forward_layers`, :func:`backward_layers`): at least two of Numba's threads under
+    the thread limit in force, and cheap parallel regions (:func:`_cheap_parallel_regions`)."""
     threads = numba.get_num_threads()
     limit = current_limit()
     if limit:
@@ -1169,19 +1212,110 @@ def forward_layers(lower: dict, upper: dict) -> None:
     (:func:`_forward_layers`), each on one thread with one-thread BLAS: ``lower`` and
     ``upper`` are the keyword arguments of :func:`forward` (without ``reverse`` and
     ``parts``), the upper one's ``x2`` the lower one's ``output`` (as (T·N, H)) and its
-    ``scratch`` of its own. The upper layer projects its input :data:`LAYER_CHUNKS` chunks of
-    steps at a time, each as soon as the lower layer has made it."""
+    ``scratch`` of its own. The lower layer counts its steps of output; the upper one projects
+    its input :data:`LAYER_CHUNKS` chunks of steps at a time, each as soon as the lower layer
+    has made it."""
     seq_len, _, batch = lower["steps"].shape
     a = _forward_call(**lower, chunk=chunk_steps(seq_len, batch))
     b = _forward_call(**upper, chunk=min(chunk_steps(seq_len, batch), -(-seq_len // LAYER_CHUNKS)))
-    progress = np.zeros(1, np.int64)
     with blas_limit(1):
         _forward_layers(a.x2, a.wx, a.bias, a.u, a.pe, a.full_pre, a.full_out, a.h0, a.c0, a.steps, a.hidden,
                         a.outs, a.h_fin, a.c_fin, a.projection, a.light, b.x2, b.wx, b.bias, b.u, b.pe,
                         b.full_pre, b.full_out, b.h0, b.c0, b.steps, b.hidden, b.outs, b.h_fin, b.c_fin,
-                        b.projection, b.light, a.lengths, progress, _NO_COUNTER)
+                        b.projection, b.light, a.lengths, np.zeros(1, np.int64), _NO_COUNTER)
     a.finish()
     b.finish()
+
+
+class _BackwardCall(NamedTuple):
+    """The arguments of :func:`_backward` for one layer and direction (after the scratch is
+    taken and the final states' gradients laid out), and where the initial states' gradients
+    go."""
+
+    x2: np.ndarray
+    wx_t: np.ndarray
+    u_t: np.ndarray
+    peep: np.ndarray
+    pe: np.ndarray
+    has_peep: bool
+    full_pre_grad: np.ndarray
+    full_out_grad: np.ndarray
+    lengths: np.ndarray
+    steps: np.ndarray
+    hidden: np.ndarray
+    dys: np.ndarray
+    dc: np.ndarray
+    carried: np.ndarray
+    d_wx: np.ndarray
+    d_u: np.ndarray
+    d_bias: np.ndarray
+    d_peep: np.ndarray
+    d_full_pre: np.ndarray
+    d_full_out: np.ndarray
+    d_input: np.ndarray
+    input_beta: float
+    dh_first: np.ndarray
+    d_gates: np.ndarray
+    columns: np.ndarray
+    dh: np.ndarray
+    dh_initial: np.ndarray
+    dc_initial: np.ndarray
+
+    def run(self, reverse: bool) -> None:
+        """:func:`_backward` on the calling thread."""
+        _backward(self.x2, self.wx_t, self.u_t, self.peep, self.pe, self.has_peep, self.full_pre_grad,
+                  self.full_out_grad, self.lengths, self.steps, self.hidden, self.dys, self.dc, self.carried,
+                  self.d_wx, self.d_u, self.d_bias, self.d_peep, self.d_full_pre, self.d_full_out,
+                  self.d_input, self.input_beta, self.dh_first, self.d_gates, self.columns, self.dh, reverse,
+                  _NO_COUNTER, _NO_COUNTER)
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None,
+                              np.ndarray | None]:
+        """Copy the initial states' gradients out, batch-major; the weight gradients as
+        :func:`backward` returns them."""
+        np.copyto(self.dh_initial, self.dh_first.T)
+        np.copyto(self.dc_initial, self.dc.T)
+        return (self.d_wx, self.d_u, self.d_bias, self.d_peep if self.has_peep else None,
+                self.d_full_pre if self.full_pre_grad.size else None,
+                self.d_full_out if self.full_out_grad.size else None)
+
+
+def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: np.ndarray,
+                   hidden: np.ndarray, dy: np.ndarray | None, dh_final: np.ndarray | None,
+                   dc_final: np.ndarray | None, dh_initial: np.ndarray, dc_initial: np.ndarray,
+                   d_input: np.ndarray, accumulate_input: bool, scratch, chunk: int) -> _BackwardCall:
+    """Scratch, laid-out gradients and weights for :func:`_backward`, from the arguments of
+    :func:`backward`; ``chunk`` steps per weight-gradient product."""
+    dtype = steps.dtype
+    seq_len, six_h, batch = steps.shape
+    h = six_h // 6
+    size_i = x2.shape[1]
+    dc = scratch.array("lstm_numba_dc", (h, batch), dtype)
+    carried = scratch.array("lstm_numba_carried", (h, batch), dtype)
+    for state, final in ((dc, dc_final), (carried, dh_final)):
+        if final is None:
+            state.fill(0.0)
+        else:
+            np.copyto(state, final.T)
+    full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
+    return _BackwardCall(
+        x2, w.wx_t, w.u_t, _diagonal(w.peepholes_grad.diagonal, h, dtype),
+        _repeated(w.peepholes_grad.diagonal, h, batch, dtype),
+        any(p is not None for p in w.peepholes_grad.diagonal),
+        _EMPTY[dtype] if full_pre is None else full_pre, _EMPTY[dtype] if full_out is None else full_out,
+        _NO_LENGTHS if lengths is None else lengths, steps, hidden,
+        _any_layout(np.zeros(1, dtype), (seq_len, batch, h)) if dy is None else _any_layout(dy), dc, carried,
+        scratch.array("lstm_numba_d_wx", (4 * h, size_i), dtype),
+        scratch.array("lstm_numba_d_u", (4 * h, h), dtype),
+        scratch.array("lstm_numba_d_bias", (4 * h,), dtype),
+        scratch.array("lstm_numba_d_peep", (4, h), dtype),
+        _EMPTY[dtype] if full_pre is None else scratch.array("lstm_numba_d_full_pre", (4 * h, h), dtype),
+        _EMPTY[dtype] if full_out is None else scratch.array("lstm_numba_d_full_out", (h, h), dtype),
+        d_input, 1.0 if accumulate_input else 0.0,
+        scratch.array("lstm_numba_dh_first", (h, batch), dtype),
+        scratch.array("lstm_numba_d_gates", (4 * h, chunk * batch), dtype),
+        scratch.array("lstm_numba_columns", (h, chunk * batch), dtype),
+        scratch.array("lstm_numba_dh", (h, batch), dtype), dh_initial, dc_initial)
 
 
 def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: np.ndarray,
@@ -1195,48 +1329,39 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     diagonal peepholes' (4, H), the full peepholes' of the candidate, forget and input gates
     (4H, H) and of the output gate (H, H) (each None without them); writes ``d_input`` (added
     to it with ``accumulate_input``) and the initial states' gradients."""
-    dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
-    size_i = x2.shape[1]
-    chunk = chunk_steps(seq_len, batch)
-    has_peep = any(p is not None for p in w.peepholes_grad.diagonal)
-    peep = _diagonal(w.peepholes_grad.diagonal, h, dtype)
-    d_wx = scratch.array("lstm_numba_d_wx", (4 * h, size_i), dtype)
-    d_u = scratch.array("lstm_numba_d_u", (4 * h, h), dtype)
-    d_bias = scratch.array("lstm_numba_d_bias", (4 * h,), dtype)
-    d_peep = scratch.array("lstm_numba_d_peep", (4, h), dtype)
-    dc = scratch.array("lstm_numba_dc", (h, batch), dtype)
-    carried = scratch.array("lstm_numba_carried", (h, batch), dtype)
-    for state, final in ((dc, dc_final), (carried, dh_final)):
-        if final is None:
-            state.fill(0.0)
-        else:
-            np.copyto(state, final.T)
-    dh_first = scratch.array("lstm_numba_dh_first", (h, batch), dtype)
-    d_gates = scratch.array("lstm_numba_d_gates", (4 * h, chunk * batch), dtype)
-    columns = scratch.array("lstm_numba_columns", (h, chunk * batch), dtype)
-    dh = scratch.array("lstm_numba_dh", (h, batch), dtype)
-    dys = _any_layout(np.zeros(1, dtype), (seq_len, batch, h)) if dy is None else _any_layout(dy)
-    lengths = _NO_LENGTHS if lengths is None else lengths
-    pe = _repeated(w.peepholes_grad.diagonal, h, batch, dtype)
-    full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
-    d_full_pre = (_EMPTY[dtype] if full_pre is None
-                  else scratch.array("lstm_numba_d_full_pre", (4 * h, h), dtype))
-    d_full_out = _EMPTY[dtype] if full_out is None else scratch.array("lstm_numba_d_full_out", (h, h), dtype)
-    assert parts == 1 or (full_pre is None and full_out is None), "threads serve no full peepholes"
+    a = _backward_call(w, x2, lengths, steps, hidden, dy, dh_final, dc_final, dh_initial, dc_initial, d_input,
+                       accumulate_input, scratch, chunk_steps(seq_len, batch))
     if parts > 1:
-        dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), dtype)
+        assert a.full_pre_grad.size == 0 and a.full_out_grad.size == 0, "threads serve no full peepholes"
+        dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), steps.dtype)
         with blas_limit(1):
-            _backward_threads(parts, x2, w.wx_t, np.ascontiguousarray(w.u_t), pe, has_peep, lengths, steps,
-                              hidden, dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_input,
-                              1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, dz, reverse)
+            _backward_threads(parts, a.x2, a.wx_t, np.ascontiguousarray(a.u_t), a.pe, a.has_peep, a.lengths,
+                              a.steps, a.hidden, a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep,
+                              a.d_input, a.input_beta, a.dh_first, a.d_gates, a.columns, a.dh, dz, reverse)
     else:
-        _backward(x2, w.wx_t, w.u_t, peep, pe, has_peep, _EMPTY[dtype] if full_pre is None else full_pre,
-                  _EMPTY[dtype] if full_out is None else full_out, lengths, steps, hidden, dys, dc, carried,
-                  d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input,
-                  1.0 if accumulate_input else 0.0, dh_first, d_gates, columns, dh, reverse)
-    np.copyto(dh_initial, dh_first.T)
-    np.copyto(dc_initial, dc.T)
-    return (d_wx, d_u, d_bias, d_peep if has_peep else None, None if full_pre is None else d_full_pre,
-            None if full_out is None else d_full_out)
+        a.run(reverse)
+    return a.finish()
+
+
+def backward_layers(upper: dict, lower: dict) -> tuple[tuple, tuple]:
+    """Two consecutive layers of one direction (forward in time) backward at the same time
+    (:func:`_backward_layers`), each on one thread with one-thread BLAS: ``upper`` and
+    ``lower`` are the keyword arguments of :func:`backward` (without ``reverse`` and
+    ``parts``), the lower one's ``dy`` the upper one's ``d_input`` (as (T, N, H)) and its
+    ``scratch`` of its own. The upper layer makes its input gradient :data:`LAYER_CHUNKS`
+    chunks of steps at a time and counts the steps done; each step of the lower one waits for
+    its row. Returns the two layers' weight gradients as :func:`backward` does."""
+    seq_len, _, batch = upper["steps"].shape
+    a = _backward_call(**upper, chunk=min(chunk_steps(seq_len, batch), -(-seq_len // LAYER_CHUNKS)))
+    b = _backward_call(**lower, chunk=chunk_steps(seq_len, batch))
+    with blas_limit(1):
+        _backward_layers(a.x2, a.wx_t, a.u_t, a.peep, a.pe, a.has_peep, a.full_pre_grad, a.full_out_grad,
+                         a.steps, a.hidden, a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep,
+                         a.d_full_pre, a.d_full_out, a.d_input, a.input_beta, a.dh_first, a.d_gates,
+                         a.columns, a.dh, b.x2, b.wx_t, b.u_t, b.peep, b.pe, b.has_peep, b.full_pre_grad,
+                         b.full_out_grad, b.steps, b.hidden, b.dys, b.dc, b.carried, b.d_wx, b.d_u, b.d_bias,
+                         b.d_peep, b.d_full_pre, b.d_full_out, b.d_input, b.input_beta, b.dh_first, b.d_gates,
+                         b.columns, b.dh, a.lengths, np.zeros(1, np.int64), _NO_COUNTER)
+    return a.finish(), b.finish()

@@ -1,9 +1,10 @@
 """A counter one compiled loop advances and another waits on, across threads.
 
-Two layers of a stack can run at the same time when the upper one follows the lower step by
-step (:func:`._numba_lstm.forward_layers`): the lower layer's loop writes its output for a
-step, then :func:`publish`\\ es how many steps it has written; the upper layer's loop
-:func:`wait_for`\\ s the steps it is about to read. Numba has no atomic operations on arrays,
+Two layers of a stack can run at the same time when one follows the other step by step
+(:func:`._numba_lstm.forward_layers`, :func:`._numba_lstm.backward_layers`): the leading
+layer's loop writes its results for a step (or a chunk of steps), then :func:`publish`\\ es
+how many steps it has done; the other layer's loop :func:`wait_for`\\ s the steps it is about
+to read. Numba has no atomic operations on arrays,
 and a plain store or load may be moved or kept in a register by the compiler (and reordered by
 the processor outside x86), so both are Numba intrinsics: a store with *release* ordering
 (every write before it is visible to a thread that sees the new count) and a load with

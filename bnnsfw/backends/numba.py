@@ -3,8 +3,8 @@
 It runs each layer and direction of the LSTM as compiled loops (:mod:`._numba_lstm`: per step
 one BLAS product and one fused, vectorized pass, forward and backward, or for larger steps
 parallel regions whose threads each take a run of units; the input projection and the weight
-gradients one product per chunk of steps; in inference, two layers of a unidirectional stack
-at the same time) for the cell almost every model uses,
+gradients one product per chunk of steps; for small steps, two layers of a unidirectional
+stack at the same time) for the cell almost every model uses,
 with no, diagonal or full peepholes, over full or variable lengths; and normalization with the
 statistics of the batch and the identity activation with compiled, multithreaded row kernels
 (:mod:`._numba_normalization`; statistics sets too large for their arithmetic go to the
@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _numba_lstm, _numba_normalization
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
-from ._lstm_stack import CacheViews, DirectionKernels, ForwardArguments, scatter_gradients
+from ._lstm_stack import CacheViews, DirectionKernels, CallArguments, scatter_gradients
 from .contract import (
     LSTMGateArrays,
     NormalizationBackwardRequest,
@@ -59,11 +59,42 @@ def _forward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarra
                 output=output, h_final=h_final, c_final=c_final, scratch=workspace)
 
 
-def _compiled_forward_layers(lower: ForwardArguments, upper: ForwardArguments) -> None:
+def _compiled_forward_layers(lower: CallArguments, upper: CallArguments) -> None:
     """Two consecutive layers of a unidirectional stack at the same time, each on one thread
     (``DirectionKernels.layers``)."""
     _numba_lstm.forward_layers(_forward_keywords(*lower.args, **lower.keywords),
                                _forward_keywords(*upper.args, **upper.keywords))
+
+
+def _backward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
+                       views: CacheViews, dy: np.ndarray | None, dh_final: np.ndarray | None,
+                       dc_final: np.ndarray | None, dh_initial: np.ndarray, dc_initial: np.ndarray,
+                       d_input: np.ndarray, gates: Sequence[LSTMGateArrays], *, lengths: np.ndarray | None,
+                       active: np.ndarray | None, inactive: Sequence[np.ndarray | None],
+                       workspace: Workspace) -> dict:
+    """The arguments of a ``DirectionKernels.backward`` call as :func:`._numba_lstm.backward`
+    takes them, without ``reverse`` and ``parts``."""
+    hidden = views.hidden[layer][d]
+    assert hidden is not None  # a training cache keeps the states
+    return dict(w=w, x2=layer_input, lengths=lengths, steps=views.steps[layer][d], hidden=hidden, dy=dy,
+                dh_final=dh_final, dc_final=dc_final, dh_initial=dh_initial, dc_initial=dc_initial,
+                d_input=d_input, accumulate_input=d > 0, scratch=workspace)
+
+
+def _scatter(plan: LSTMStepPlan, layer: int, d: int, stacked: tuple, gates: Sequence[LSTMGateArrays]) -> None:
+    """The stacked weight gradients :func:`._numba_lstm.backward` returns, into the public
+    per-gate arrays."""
+    d_wx, d_u, d_bias, d_diagonal, d_full_pre, d_full_out = stacked
+    h = plan.hidden_size
+    d_peep: list[np.ndarray | None] = [None] * 4
+    for k, kind in enumerate(plan.peepholes):  # internal order; the output gate's full one on its own
+        if kind == "diagonal" and d_diagonal is not None:
+            d_peep[k] = d_diagonal[k]
+        elif kind == "full" and k < 3 and d_full_pre is not None:
+            d_peep[k] = d_full_pre[k * h:(k + 1) * h]
+        elif kind == "full":
+            d_peep[k] = d_full_out
+    scatter_gradients(layer, d, d_wx, d_u, d_bias, d_peep, gates)
 
 
 def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
@@ -75,21 +106,21 @@ def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, l
     """One layer and direction backward, compiled, weight gradients included
     (``DirectionKernels.backward``); ``parts`` threads share out each step and each product
     when it is above 1."""
-    hidden = views.hidden[layer][d]
-    assert hidden is not None  # a training cache keeps the states
-    d_wx, d_u, d_bias, d_diagonal, d_full_pre, d_full_out = _numba_lstm.backward(
-        w, layer_input, lengths, views.steps[layer][d], hidden, dy, dh_final, dc_final, dh_initial,
-        dc_initial, d_input, accumulate_input=d > 0, reverse=d == 1, scratch=workspace, parts=parts)
-    h = plan.hidden_size
-    d_peep: list[np.ndarray | None] = [None] * 4
-    for k, kind in enumerate(plan.peepholes):  # internal order; the output gate's full one on its own
-        if kind == "diagonal" and d_diagonal is not None:
-            d_peep[k] = d_diagonal[k]
-        elif kind == "full" and k < 3 and d_full_pre is not None:
-            d_peep[k] = d_full_pre[k * h:(k + 1) * h]
-        elif kind == "full":
-            d_peep[k] = d_full_out
-    scatter_gradients(layer, d, d_wx, d_u, d_bias, d_peep, gates)
+    stacked = _numba_lstm.backward(
+        **_backward_keywords(plan, w, layer, d, layer_input, views, dy, dh_final, dc_final, dh_initial,
+                             dc_initial, d_input, gates, lengths=lengths, active=active, inactive=inactive,
+                             workspace=workspace), reverse=d == 1, parts=parts)
+    _scatter(plan, layer, d, stacked, gates)
+
+
+def _compiled_backward_layers(upper: CallArguments, lower: CallArguments) -> None:
+    """Two consecutive layers of a unidirectional stack backward at the same time, each on one
+    thread (``DirectionKernels.layers``)."""
+    stacked = _numba_lstm.backward_layers(_backward_keywords(*upper.args, **upper.keywords),
+                                          _backward_keywords(*lower.args, **lower.keywords))
+    for call, gradients in zip((upper, lower), stacked):
+        plan, _, layer, d, *_, gates = call.args  # gates: the last positional argument
+        _scatter(plan, layer, d, gradients, gates)
 
 
 class NumbaBackend(ScipyBlasBackend):
@@ -112,8 +143,8 @@ class NumbaBackend(ScipyBlasBackend):
         direction's weights in its cache.
 
         With the steps on one thread and a second thread free, two consecutive layers of a
-        unidirectional stack run forward at the same time (``layers``), the upper one following
-        the lower step by step."""
+        unidirectional stack run at the same time (``layers``), forward the upper one following
+        the lower step by step, backward the lower one following the upper."""
         if _numba_lstm.serves(plan):
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
             parts = 1 if full else _numba_lstm.step_parts(plan.hidden_size, batch)
@@ -121,7 +152,9 @@ class NumbaBackend(ScipyBlasBackend):
             if parts == 2:
                 pair = (functools.partial(_compiled_forward, parts=1),
                         functools.partial(_compiled_backward, parts=1))
-            layers = _compiled_forward_layers if parts == 1 and _numba_lstm.layers_together() else None
+            layers = None
+            if parts == 1 and _numba_lstm.layers_together():
+                layers = (_compiled_forward_layers, _compiled_backward_layers)
             return DirectionKernels(functools.partial(_compiled_forward, parts=parts),
                                     functools.partial(_compiled_backward, parts=parts), pair, layers)
         return super()._lstm_direction_kernels(plan, lengths, batch)
