@@ -877,15 +877,16 @@ def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, mon
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("batch", [3, 11])
 def test_numba_runs_two_layers_together_and_agrees(peepholes, dtype, batch, monkeypatch, rng):
-    """With a second thread free, two consecutive layers of a unidirectional stack run at the
-    same time: forward the upper one reads each chunk of the lower one's output as soon as it
-    is made, backward each step of the lower one waits for its row of the upper one's input
-    gradient. Three layers take one call of each two-layer kernel and one single-layer call
-    (forward the last layer alone, backward the first); dropout between the layers (in
-    training), a bidirectional stack and a thread limit of 1 take none. Outputs, final states
-    and every gradient agree with the reference with lengths (one of 0), initial states,
-    final-state gradients, every kind of peephole, chunks of steps (the second layer's of one
-    or two steps), 3 sequences (BLAS for each step's product) and 11 (the tile)."""
+    """With a second thread free, two consecutive layers of a float32 unidirectional stack run
+    at the same time (float64 stacks run their layers one after the other): forward the upper
+    one reads each chunk of the lower one's output as soon as it is made, backward each step
+    of the lower one waits for its row of the upper one's input gradient. Three layers take
+    one call of each two-layer kernel and one single-layer call (forward the last layer alone,
+    backward the first); dropout between the layers (in training), a bidirectional stack and
+    a thread limit of 1 take none. Outputs, final states and every gradient agree with the
+    reference with lengths (one of 0), initial states, final-state gradients, every kind of
+    peephole, chunks of steps (the second layer's of one or two steps), 3 sequences (BLAS for
+    each step's product) and 11 (the tile)."""
     from bnnsfw.backends import _numba_lstm
 
     if not _numba_lstm.layers_together():
@@ -923,10 +924,12 @@ def test_numba_runs_two_layers_together_and_agrees(peepholes, dtype, batch, monk
                 out = layer.apply(x, *states[:2], training=True, sequence_lengths=lengths)
                 grads = layer.apply_backward(x, dy, *states, sequence_lengths=lengths,
                                              training_cache=out.training_cache)
-            if name == "numba":
+            if name == "numba" and dtype == np.float32:
                 forward = ["_forward_layers"] + ([] if layers == 2 else ["_forward"])
                 backward = ["_backward_layers"] + ([] if layers == 2 else ["_backward"])
                 assert seen == forward * 3 + backward
+            elif name == "numba":
+                assert seen == ["_forward"] * layers * 3 + ["_backward"] * layers
             results.append([inference.output, inference.hidden, inference.cell, plain.output, plain.hidden,
                             plain.cell, out.output, out.hidden, out.cell, grads.input, grads.hidden,
                             grads.cell] + _gate_gradients(grads))
@@ -945,7 +948,7 @@ def test_numba_runs_two_layers_together_and_agrees(peepholes, dtype, batch, monk
             if not options.get("bidirectional"):  # inference has no dropout: the two layers together
                 layer.apply(x)
         assert "_backward_layers" not in seen and seen.count("_forward_layers") == (
-            0 if options.get("bidirectional") else 1), options
+            0 if options.get("bidirectional") or dtype == np.float64 else 1), options
 
 
 _LAYERS_ON_ONE_THREAD = """
@@ -954,8 +957,8 @@ import bnnsfw as bf
 from bnnsfw.backends import _numba_lstm
 _numba_lstm.layers_together = lambda: True  # taken although Numba has one thread
 numba.set_num_threads(1)
-params = bf.LSTMParameters.random(input_size=3, hidden_size=6, num_layers=2, seed=3, dtype=np.float64)
-x = np.random.default_rng(0).standard_normal((8, 5, 3))
+params = bf.LSTMParameters.random(input_size=3, hidden_size=6, num_layers=2, seed=3, dtype=np.float32)
+x = np.random.default_rng(0).standard_normal((8, 5, 3)).astype(np.float32)
 outputs = []
 for name in ("numpy", "numba"):
     with bf.LSTMLayer(params, bf.FilterParameters(backend=name)) as layer:
@@ -977,7 +980,7 @@ def test_numba_two_layers_together_end_on_one_thread():
     done = subprocess.run([sys.executable, "-c", _LAYERS_ON_ONE_THREAD], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr
-    assert float(done.stdout.split()[-1]) < 1e-9
+    assert float(done.stdout.split()[-1]) < 1e-5  # float32 against the float32 reference
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -29,9 +29,10 @@ gradients with respect to their initial states.
 The directions of a layer run one after the other, or, where the backend's
 :class:`DirectionKernels` give a ``pair``, the two of a bidirectional layer at the same time
 (:func:`run_directions`): the reverse direction then takes scratch of its own and makes its
-input gradient apart, added to the forward direction's when both have ended. In inference,
-where the kernels give ``layers``, two consecutive layers of a unidirectional stack run at the
-same time, the upper one with scratch of its own.
+input gradient apart, added to the forward direction's when both have ended. Where the
+kernels give ``layers``, two consecutive layers of a unidirectional stack run at the same time
+(unless dropout comes between them in training), the second of the two with scratch of its
+own, and BLAS on one thread for the whole call.
 """
 
 from __future__ import annotations
@@ -398,7 +399,7 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         else:
             views = layout.bind(workspace.bytes("lstm_forward_steps", layout.nbytes))
         lengths = request.sequence_lengths
-        kernels = self._lstm_direction_kernels(plan, lengths, batch)
+        kernels = self._lstm_direction_kernels(plan, lengths, batch, np.dtype(config.dtype))
         pair = kernels.pair if size_d == 2 else None
         together = pair is not None
         forward = kernels.forward if pair is None else pair[0]
@@ -477,7 +478,7 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         workspace = request.workspace
         views = CacheLayout(plan, config, seq_len, batch, training=True).bind(request.cache)
         lengths = request.sequence_lengths
-        kernels = self._lstm_direction_kernels(plan, lengths, batch)
+        kernels = self._lstm_direction_kernels(plan, lengths, batch, dtype)
         pair = kernels.pair if size_d == 2 else None
         together = pair is not None
         backward = kernels.backward if pair is None else pair[1]
@@ -543,11 +544,12 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         _zero_length_states(lengths, grads.hidden, grads.cell)
         return LSTMBackwardResult(gradients=grads)
 
-    def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
-                                batch: int) -> DirectionKernels:
-        """What runs each layer and direction: the per-sequence kernels of
-        :meth:`_lstm_sequence_kernels`, with the weight gradients made from the all-steps gate
-        gradients they leave. A backend that runs whole directions itself overrides this."""
+    def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None, batch: int,
+                                dtype: np.dtype | None = None) -> DirectionKernels:
+        """What runs each layer and direction of ``batch`` sequences in ``dtype``: the
+        per-sequence kernels of :meth:`_lstm_sequence_kernels`, with the weight gradients made
+        from the all-steps gate gradients they leave. A backend that runs whole directions
+        itself overrides this."""
         forward, backward = self._lstm_sequence_kernels(plan, lengths, batch)
         return DirectionKernels(functools.partial(self._sequence_forward, forward),
                                 functools.partial(self._sequence_backward, backward))

@@ -46,7 +46,7 @@ What is compiled, and why:
   the two thread pools never wait for the cores at once.
 - **Two layers at the same time** (:func:`forward_layers`, :func:`backward_layers`): with
   the steps on one thread and a second one free, one parallel loop of two iterations runs two
-  consecutive layers of a unidirectional stack, one layer counting its progress in a shared
+  consecutive layers of a float32 unidirectional stack, one layer counting its progress in a shared
   counter (:mod:`._numba_progress`) and the other waiting on it. Forward the lower layer
   counts its steps of output and the upper one waits for each chunk of them
   (:data:`LAYER_CHUNKS` chunks) before it projects it; backward the upper layer counts the

@@ -131,8 +131,8 @@ class NumbaBackend(ScipyBlasBackend):
     # ----------------------------------------------------------------------------------
     # Which implementation serves a request: decided here and nowhere else.
     # ----------------------------------------------------------------------------------
-    def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
-                                batch: int) -> DirectionKernels:
+    def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None, batch: int,
+                                dtype: np.dtype | None = None) -> DirectionKernels:
         """The compiled kernels for the cells :func:`._numba_lstm.serves` names (the default
         activations, any peepholes, any lengths); what ``scipy-blas`` picks otherwise. Full
         peepholes keep the steps on the calling thread: their products need every unit's cell.
@@ -143,8 +143,10 @@ class NumbaBackend(ScipyBlasBackend):
         direction's weights in its cache.
 
         With the steps on one thread and a second thread free, two consecutive layers of a
-        unidirectional stack run at the same time (``layers``), forward the upper one following
-        the lower step by step, backward the lower one following the upper."""
+        float32 unidirectional stack run at the same time (``layers``), forward the upper one
+        following the lower step by step, backward the lower one following the upper. Not in
+        float64, which serves checks more than speed: each two-layer kernel compiles the
+        one-layer kernel again (15 to 20 s a kernel and dtype, from cold)."""
         if _numba_lstm.serves(plan):
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
             parts = 1 if full else _numba_lstm.step_parts(plan.hidden_size, batch)
@@ -153,11 +155,11 @@ class NumbaBackend(ScipyBlasBackend):
                 pair = (functools.partial(_compiled_forward, parts=1),
                         functools.partial(_compiled_backward, parts=1))
             layers = None
-            if parts == 1 and _numba_lstm.layers_together():
+            if parts == 1 and dtype == np.float32 and _numba_lstm.layers_together():
                 layers = (_compiled_forward_layers, _compiled_backward_layers)
             return DirectionKernels(functools.partial(_compiled_forward, parts=parts),
                                     functools.partial(_compiled_backward, parts=parts), pair, layers)
-        return super()._lstm_direction_kernels(plan, lengths, batch)
+        return super()._lstm_direction_kernels(plan, lengths, batch, dtype)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
         """Compiled for the statistics of the batch and the identity activation (not for RMS
