@@ -311,15 +311,8 @@ class GeneralLSTM:
                     None if c0 is None else c0[index], records[layer][d], target[:, :, d * p:(d + 1) * p],
                     request.hidden_out[index], request.cell_out[index],
                     reverse=config.reads_backwards(d), active=active, workspace=workspace)
-            if active is not None:
-                target[~active] = 0.0
+            finish_layer_output(request, layer, target, active, None if last else masks[layer + 1])
             if not last:
-                mask = masks[layer + 1]
-                if request.training and request.dropout_masks is not None:
-                    drawn = request.dropout_masks[layer + 1]
-                    assert mask is not None and drawn is not None
-                    np.copyto(mask, drawn)
-                    np.multiply(target, mask, out=target)
                 layer_input = target.reshape(seq_len * batch, size_d * p)
 
     def general_backward(self, request: LSTMBackwardRequest) -> None:
@@ -581,6 +574,21 @@ class GeneralLSTM:
         d_w = self._gemm(d_ax2, layer_input, trans_a=True)
         d_u = self._gemm(d_ah2, rec.h_prev.reshape(columns, p), trans_a=True)
         _scatter(grads, layer, d, h, d_w, d_u, d_bias, d_peep, d_projection, d_norm)
+
+
+def finish_layer_output(request: LSTMForwardRequest, layer: int, target: np.ndarray,
+                        active: np.ndarray | None, mask: np.ndarray | None) -> None:
+    """Make layer ``layer``'s output ``target`` (T, N, features) what the next layer reads:
+    zeros past each sequence's length (``active`` (T, N), None when all run), then, in
+    training and below the last layer, the dropout mask drawn for the next layer applied and
+    kept in the cache's ``mask``."""
+    if active is not None:
+        target[~active] = 0.0
+    if layer < request.config.num_layers - 1 and request.training and request.dropout_masks is not None:
+        drawn = request.dropout_masks[layer + 1]
+        assert mask is not None and drawn is not None
+        np.copyto(mask, drawn)
+        np.multiply(target, mask, out=target)
 
 
 def _active(lengths: np.ndarray | None, seq_len: int) -> np.ndarray | None:

@@ -61,7 +61,13 @@ from .contract import (
     Workspace,
 )
 from . import _lstm_general
-from ._lstm_general import GENERAL_CACHE_FORMAT, GeneralCacheLayout, GeneralLSTM, GeneralPacked
+from ._lstm_general import (
+    GENERAL_CACHE_FORMAT,
+    GeneralCacheLayout,
+    GeneralLSTM,
+    GeneralPacked,
+    finish_layer_output,
+)
 from ._lstm_kernels import (
     INTERNAL_ORDER,
     PROJECTION_PAD,
@@ -445,17 +451,11 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
                     run_directions(calls, together)
                     ran = (layer,)
                 for done in ran:
-                    target = target_of(done)
-                    if active is not None:
-                        target[~active] = 0.0
-                    if done < config.num_layers - 1:
-                        mask = views.masks[done + 1]
-                        if request.training and request.dropout_masks is not None:
-                            drawn = request.dropout_masks[done + 1]
-                            assert mask is not None and drawn is not None
-                            np.copyto(mask, drawn)
-                            np.multiply(target, mask, out=target)
-                        layer_input = target.reshape(seq_len * batch, size_d * h)
+                    last = done == config.num_layers - 1
+                    finish_layer_output(request, done, target_of(done), active,
+                                        None if last else views.masks[done + 1])
+                    if not last:
+                        layer_input = target_of(done).reshape(seq_len * batch, size_d * h)
                 layer = ran[-1] + 1
         _zero_length_states(lengths, request.hidden_out, request.cell_out)
         return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
