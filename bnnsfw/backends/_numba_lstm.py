@@ -46,8 +46,8 @@ What is compiled, and why:
   the two thread pools never wait for the cores at once.
 - **Two layers at the same time** (:func:`forward_layers`, :func:`backward_layers`): with
   the steps on one thread and a second one free, one parallel loop of two iterations runs two
-  consecutive layers of a float32 unidirectional stack, one layer counting its progress in a shared
-  counter (:mod:`._numba_progress`) and the other waiting on it. Forward the lower layer
+  consecutive layers of a float32 unidirectional stack, one layer counting its progress in a
+  shared counter (:mod:`._numba_progress`) and the other waiting on it. Forward the lower layer
   counts its steps of output and the upper one waits for each chunk of them
   (:data:`LAYER_CHUNKS` chunks) before it projects it; backward the upper layer counts the
   steps whose rows of its input gradient it has made (a chunk at a time) and each step of the
@@ -84,7 +84,7 @@ from ._numba_progress import publish, wait_for
 from ._numba_tiles import VECTOR_BYTES, product
 
 __all__ = ["CHUNK_COLUMNS", "LAYER_CHUNKS", "THREADED_STEP_MIN", "serves", "step_parts", "chunk_steps",
-           "layers_together", "forward", "forward_layers", "backward"]
+           "layers_together", "forward", "forward_layers", "backward", "backward_layers"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 4096 keeps each product efficient (most benchmark shapes are one chunk) and bounds
@@ -1196,6 +1196,14 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
 LAYER_CHUNKS = 8
 
 
+def _second_chunk(seq_len: int, batch: int) -> int:
+    """Steps per chunk of the upper of two layers run together (forward, of its input
+    projection, which waits for the lower layer's steps; backward, of its input gradient, which
+    the lower layer waits for): :data:`LAYER_CHUNKS` chunks of the sequence, no longer than
+    :func:`chunk_steps`."""
+    return min(chunk_steps(seq_len, batch), -(-seq_len // LAYER_CHUNKS))
+
+
 def layers_together() -> bool:
     """True when two consecutive layers of a unidirectional stack can run at the same time
     (:func:`forward_layers`, :func:`backward_layers`): at least two of Numba's threads under
@@ -1217,7 +1225,7 @@ def forward_layers(lower: dict, upper: dict) -> None:
     has made it."""
     seq_len, _, batch = lower["steps"].shape
     a = _forward_call(**lower, chunk=chunk_steps(seq_len, batch))
-    b = _forward_call(**upper, chunk=min(chunk_steps(seq_len, batch), -(-seq_len // LAYER_CHUNKS)))
+    b = _forward_call(**upper, chunk=_second_chunk(seq_len, batch))
     with blas_limit(1):
         _forward_layers(a.x2, a.wx, a.bias, a.u, a.pe, a.full_pre, a.full_out, a.h0, a.c0, a.steps, a.hidden,
                         a.outs, a.h_fin, a.c_fin, a.projection, a.light, b.x2, b.wx, b.bias, b.u, b.pe,
@@ -1354,7 +1362,7 @@ def backward_layers(upper: dict, lower: dict) -> tuple[tuple, tuple]:
     chunks of steps at a time and counts the steps done; each step of the lower one waits for
     its row. Returns the two layers' weight gradients as :func:`backward` does."""
     seq_len, _, batch = upper["steps"].shape
-    a = _backward_call(**upper, chunk=min(chunk_steps(seq_len, batch), -(-seq_len // LAYER_CHUNKS)))
+    a = _backward_call(**upper, chunk=_second_chunk(seq_len, batch))
     b = _backward_call(**lower, chunk=chunk_steps(seq_len, batch))
     with blas_limit(1):
         _backward_layers(a.x2, a.wx_t, a.u_t, a.peep, a.pe, a.has_peep, a.full_pre_grad, a.full_out_grad,
