@@ -983,6 +983,66 @@ def test_numba_two_layers_together_end_on_one_thread():
     assert float(done.stdout.split()[-1]) < 1e-5  # float32 against the float32 reference
 
 
+_STEPS_ON_ONE_THREAD = """
+import numba, numpy as np
+import bnnsfw as bf
+from bnnsfw.backends import _numba_lstm
+_numba_lstm.step_parts = lambda hidden_size, batch: 2  # shared out although Numba has one thread
+numba.set_num_threads(1)
+params = bf.LSTMParameters.random(input_size=3, hidden_size=40, num_layers=1, seed=3)
+x = np.random.default_rng(0).standard_normal((7, 9, 3)).astype(np.float32)
+outputs = []
+for name in ("numpy", "numba"):
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=name)) as layer:
+        out = layer.apply(x, training=True)
+        grads = layer.apply_backward(x, np.cos(out.output), training_cache=out.training_cache)
+        again = layer.apply(x).output  # inference: the other forward kernel
+        outputs.append(np.concatenate([out.output.ravel(), grads.input.ravel(), again.ravel()]))
+print(float(np.abs(outputs[0] - outputs[1]).max()))
+"""
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_shared_steps_end_on_one_thread():
+    """A step's pieces go to whichever thread claims them first, so the parallel loop that
+    runs a chunk's steps ends when a single thread runs every iteration: the first iteration
+    takes every piece, and no thread waits for a piece nobody has taken (in a child process:
+    a wait would hang)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _STEPS_ON_ONE_THREAD], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < 1e-5  # float32 against the float32 reference
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_claims_and_counts_are_atomic_across_threads():
+    """:func:`claim` gives each flag to exactly one of the threads racing for it, and
+    :func:`count_up` loses no increment."""
+    import numba
+
+    from bnnsfw.backends._numba_progress import claim, count_up
+
+    @numba.njit(parallel=True)
+    def race(flags, counter, owners, rounds):
+        for p in numba.prange(4):
+            for r in range(rounds):
+                count_up(counter)
+                for i in range(r * 8, r * 8 + 8):
+                    if claim(flags, i):
+                        owners[p, i] += 1
+
+    rounds = 20000
+    flags = np.zeros(8 * rounds, np.int64)
+    counter = np.zeros(1, np.int64)
+    owners = np.zeros((4, flags.size), np.int64)
+    race(flags, counter, owners, rounds)
+    assert counter[0] == 4 * rounds
+    assert (flags == 1).all() and (owners.sum(axis=0) == 1).all()
+
+
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_cells_without_peepholes_share_zeros_nothing_writes(rng):
     """Cells without diagonal peepholes take one shared zero array of each shape for them

@@ -1,15 +1,19 @@
-"""A counter one compiled loop advances and another waits on, across threads.
+"""Counters compiled loops advance and wait on, across threads.
 
 Two layers of a stack can run at the same time when one follows the other step by step
 (:func:`._numba_lstm.forward_layers`, :func:`._numba_lstm.backward_layers`): the leading
 layer's loop writes its results for a step (or a chunk of steps), then :func:`publish`\\ es
 how many steps it has done; the other layer's loop :func:`wait_for`\\ s the steps it is about
-to read. Numba has no atomic operations on arrays,
-and a plain store or load may be moved or kept in a register by the compiler (and reordered by
-the processor outside x86), so both are Numba intrinsics: a store with *release* ordering
-(every write before it is visible to a thread that sees the new count) and a load with
-*acquire* ordering (nothing after it is read before it), in a loop that waits with the
-processor's spin hint (``pause`` on x86).
+to read. The threads that share out each step of one layer
+(:func:`._numba_lstm._steps_threads`) :func:`claim` its pieces and :func:`count_up` the
+pieces done, and each waits for the count of the step before.
+
+Numba has no atomic operations on arrays, and a plain store or load may be moved or kept in a
+register by the compiler (and reordered by the processor outside x86), so these are Numba
+intrinsics: a store with *release* ordering (every write before it is visible to a thread that
+sees the new count), a load with *acquire* ordering (nothing after it is read before it), in a
+loop that waits with the processor's spin hint (``pause`` on x86), and atomic
+read-modify-write operations (an exchange, an increment) with both orderings.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["publish", "wait_for"]
+__all__ = ["claim", "count_up", "publish", "wait_for"]
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
@@ -49,6 +53,39 @@ def publish(typingctx, counter, value):
         return context.get_dummy_value()
 
     return types.void(counter, value), codegen
+
+
+@intrinsic
+def count_up(typingctx, counter):
+    """``counter[0] += 1`` as one atomic operation with acquire and release ordering: every
+    thread's increments count, and the writes before each are visible to a thread that sees
+    the new value with :func:`wait_for`."""
+    if not _is_counter(counter):
+        return None
+
+    def codegen(context, builder, sig, args):
+        pointer = _counter_pointer(context, builder, sig.args[0], args[0])
+        builder.atomic_rmw("add", pointer, ir.Constant(ir.IntType(64), 1), "acq_rel")
+        return context.get_dummy_value()
+
+    return types.void(counter), codegen
+
+
+@intrinsic
+def claim(typingctx, flags, index):
+    """True for the one thread whose call first sets ``flags[index]`` (from 0 to 1, one atomic
+    exchange): pieces of work that whichever thread comes first takes."""
+    if not _is_counter(flags) or not isinstance(index, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        base = _counter_pointer(context, builder, sig.args[0], args[0])
+        offset = context.cast(builder, args[1], sig.args[1], types.intp)
+        pointer = builder.gep(base, [offset])
+        before = builder.atomic_rmw("xchg", pointer, ir.Constant(ir.IntType(64), 1), "acq_rel")
+        return builder.icmp_signed("==", before, ir.Constant(ir.IntType(64), 0))
+
+    return types.boolean(flags, index), codegen
 
 
 @intrinsic
