@@ -302,7 +302,7 @@ def _state_run(zg, zf, zi, zo, c_prev, cell, hid):
 
 
 @_inline
-def _forward_step_full(h, z, pe, block, c_next, h_next, cell, hid, full_out):
+def _forward_step_full(h, z, pe, block, c_next, h_next, full_out):
     """:func:`_forward_step` for a full output peephole ``full_out`` (H, H), which sees the new
     cell of every unit: one pass to the new cell, the product ``P_o c_t`` into the output
     gate's rows of ``z``, one pass for the output gate and the hidden state."""
@@ -312,31 +312,28 @@ def _forward_step_full(h, z, pe, block, c_next, h_next, cell, hid, full_out):
     c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
     zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 0, m, 4)
     pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
+    cell, hid = c_next.reshape(m), h_next.reshape(m)
     for e in range(m):
         g, f, i, c = _pre_cell(zg[e], zf[e], zi[e], c_prev[e], pg[e], pf[e], pi[e], half)
         g_row[e] = g
         f_row[e] = f
         i_row[e] = i
         cell[e] = c
-    _mm(full_out, False, cell.reshape((h, batch)), False, z[3 * h:], 1.0)
+    _mm(full_out, False, c_next, False, z[3 * h:], 1.0)
     for e in range(m):
         o, a = _post_cell(zo[e], cell[e], po[e], half)
         o_row[e] = o
         a_row[e] = a
         hid[e] = o * a
-    for j in range(h):
-        for n in range(batch):
-            c_next[j, n] = cell[j * batch + n]
-            h_next[j, n] = hid[j * batch + n]
 
 
 @_inline
-def _forward_step(h, z, pe, block, c_next, h_next, cell, hid, light):
+def _forward_step(h, z, pe, block, c_next, h_next, light):
     """The fused pass of one step over every unit and sequence: reads ``z`` (4H, N) (``U h``
-    plus the projection), writes the cache block's rows, the new cell and hidden state. ``pe``
-    (4, H·N) holds the diagonal peepholes repeated over the sequences (zeros without them);
-    ``cell`` and ``hid`` (H·N,) are scratch. ``light``: inference without peepholes
-    (:func:`_state_run`: no cache rows).
+    plus the projection), writes the cache block's rows and the new cell and hidden state
+    (``c_next``, ``h_next``: contiguous (H, N), written in place). ``pe`` (4, H·N) holds the
+    diagonal peepholes repeated over the sequences (zeros without them). ``light``: inference
+    without peepholes (:func:`_state_run`: no cache rows).
 
     The pass runs over the ``H·N`` elements of each gate row block as one unit-stride loop, on
     one 1-D view per row block: a nest over units and sequences, vectorized along the
@@ -350,20 +347,12 @@ def _forward_step(h, z, pe, block, c_next, h_next, cell, hid, light):
     m = h * batch
     c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
     zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 0, m, 4)
+    cell, hid = c_next.reshape(m), h_next.reshape(m)
     if light:
         _state_run(zg, zf, zi, zo, c_prev, cell, hid)
     else:
         pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
         _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
-    if batch == 1:  # one loop, not a nest of one-trip loops (0.1 µs of a 0.4 µs step at H = 64)
-        for j in range(h):
-            c_next[j, 0] = cell[j]
-            h_next[j, 0] = hid[j]
-        return
-    for j in range(h):
-        for n in range(batch):
-            c_next[j, n] = cell[j * batch + n]
-            h_next[j, n] = hid[j * batch + n]
 
 
 # --------------------------------------------------------------------------------------
@@ -398,16 +387,19 @@ def _start_states(seq_len, reverse, steps, hidden, h0, c0):
 def _step_views(k, seq_len, reverse, steps, hidden, h_fin, c_fin):
     """Walking step ``k``'s time step ``t``, its cache block and hidden state before the step,
     and where the new cell and hidden state go: the next step's block and hidden state, or the
-    final states at the last step."""
+    final states at the last step. These are contiguous (H, N) arrays, which the fused passes
+    write in place as one run of elements (passes that wrote scratch rows and copied them out
+    took about 5 % longer forward on the M, L and long rows).
+    """
     h = steps.shape[1] // 6
     blocks = steps.shape[0]
     t = seq_len - 1 - k if reverse else k
     block = steps[t % blocks]
     h_prev = hidden[t % blocks]
     if k == seq_len - 1:
-        return t, block, h_prev, c_fin[:, :], h_fin[:, :]
+        return t, block, h_prev, c_fin[:], h_fin[:]
     following = t - 1 if reverse else t + 1
-    return t, block, h_prev, steps[following % blocks, :h], hidden[following % blocks][:, :]
+    return t, block, h_prev, steps[following % blocks, :h], hidden[following % blocks]
 
 
 @_kernel
@@ -424,8 +416,6 @@ def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, 
     # fused pass then needs few enough run-time overlap checks to be vectorized (measured: with
     # z handed in, the pass stayed scalar and the step took 1.8× as long).
     z = np.empty((4 * h, batch), steps.dtype)
-    cell = np.empty(h * batch, steps.dtype)
-    hid = np.empty(h * batch, steps.dtype)
     tiled = batch * z.itemsize >= VECTOR_BYTES  # a vector's worth of sequences: the tile product, else BLAS
     for k in range(k_begin, k_end):
         t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
@@ -447,9 +437,9 @@ def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, 
         if full_pre.size:  # full peepholes of g, f, i on the cell before the step
             _mm(full_pre, False, block[:h], False, z, 1.0)
         if full_out.size:
-            _forward_step_full(h, z, pe, block, c_next, h_next, cell, hid, full_out)
+            _forward_step_full(h, z, pe, block, c_next, h_next, full_out)
         else:
-            _forward_step(h, z, pe, block, c_next, h_next, cell, hid, light)
+            _forward_step(h, z, pe, block, c_next, h_next, light)
         out_t = out[t]
         for n in range(batch):
             if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
@@ -583,16 +573,12 @@ def _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_nex
     c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * hn), hn, a0, m, 6)
     pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m, 4)
     zg, zf, zi, zo = zl[0], zl[1], zl[2], zl[3]
-    cell = np.empty(m, block.dtype)
-    hid = np.empty(m, block.dtype)
+    cell = c_next.reshape(hn)[a0:a0 + m]
+    hid = h_next.reshape(hn)[a0:a0 + m]
     if light:
         _state_run(zg, zf, zi, zo, c_prev, cell, hid)
     else:
         _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
-    for jj in range(count):
-        for n in range(batch):
-            c_next[j0 + jj, n] = cell[jj * batch + n]
-            h_next[j0 + jj, n] = hid[jj * batch + n]
     for n in range(batch):
         if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
             for jj in range(count):
