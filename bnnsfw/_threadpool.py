@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = ["blas_controller", "blas_limit", "current_limit"]
 
 _controller: Any = None
 _lock = threading.Lock()
+_blas: list[Any] | None = None  # the controller's BLAS libraries, listed once with it
 
 _limit_lock = threading.Lock()
 _active: list[int] = []  # the limits of the blocks running now (one entry per block)
 _saved: list[tuple[Any, int]] = []  # (library, its own thread count) while any block runs
+_now: list[int] = []  # each saved library's thread count as the blocks have set it
 
 
 def blas_controller() -> Any:
@@ -40,42 +42,67 @@ def blas_controller() -> Any:
 
 
 def _libraries() -> list[Any]:
-    return list(blas_controller().select(user_api="blas").lib_controllers)
+    """The BLAS libraries of :func:`blas_controller` (a fixed list, as the controller is)."""
+    global _blas
+    if _blas is None:
+        _blas = list(blas_controller().select(user_api="blas").lib_controllers)
+    return _blas
 
 
 def _apply(limit: int) -> None:
-    for library, _ in _saved:
-        library.set_num_threads(limit)
+    """Every saved library to ``limit`` threads, or to its own count when ``limit`` is 0;
+    a library already there is left alone (each setting is a call into the library)."""
+    for index, (library, count) in enumerate(_saved):
+        target = limit or count
+        if _now[index] != target:
+            library.set_num_threads(target)
+            _now[index] = target
 
 
-@contextlib.contextmanager
-def blas_limit(n_threads: int) -> Iterator[None]:
+class _Limit(contextlib.AbstractContextManager):
+    """The context manager :func:`blas_limit` returns for a positive limit."""
+
+    __slots__ = ("_n_threads",)
+
+    def __init__(self, n_threads: int) -> None:
+        self._n_threads = n_threads
+
+    def __enter__(self) -> None:
+        n_threads = self._n_threads
+        with _limit_lock:
+            if not _active:
+                _saved[:] = [(library, int(library.get_num_threads())) for library in _libraries()]
+                _now[:] = [count for _, count in _saved]
+            if not _active or n_threads < min(_active):
+                _apply(n_threads)
+            _active.append(n_threads)
+
+    def __exit__(self, *exc: object) -> None:
+        n_threads = self._n_threads
+        with _limit_lock:
+            _active.remove(n_threads)
+            if not _active:
+                _apply(0)
+                _saved.clear()
+                _now.clear()
+            elif n_threads < min(_active):
+                _apply(min(_active))
+
+
+_NO_LIMIT = contextlib.nullcontext()
+
+
+def blas_limit(n_threads: int) -> contextlib.AbstractContextManager[None]:
     """Run BLAS on at most ``n_threads`` threads inside the block (no-op for ``n_threads <= 0``).
 
     Blocks may overlap on any threads: while several run, the smallest of their limits is in
     force; when the last one ends the libraries get back exactly the thread counts they had
-    before the first one began.
+    before the first one began. A library already at the count a block needs is not set
+    again: a layer call enters several blocks, and each setting costs about a microsecond.
     """
     if n_threads <= 0:
-        yield
-        return
-    with _limit_lock:
-        if not _active:
-            _saved[:] = [(library, int(library.get_num_threads())) for library in _libraries()]
-        if not _active or n_threads < min(_active):
-            _apply(n_threads)
-        _active.append(n_threads)
-    try:
-        yield
-    finally:
-        with _limit_lock:
-            _active.remove(n_threads)
-            if not _active:
-                for library, count in _saved:
-                    library.set_num_threads(count)
-                _saved.clear()
-            elif n_threads < min(_active):
-                _apply(min(_active))
+        return _NO_LIMIT
+    return _Limit(n_threads)
 
 
 def current_limit() -> int:

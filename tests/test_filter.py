@@ -132,3 +132,32 @@ def test_wrong_filter_parameters_type():
     with pytest.raises(bf.InvalidParameterError,
                        match=r"ScaleLayer\(filter_parameters\) must be a FilterParameters"):
         ScaleLayer(np.eye(2), {"backend": "numpy"})
+
+
+def test_blas_limits_nest_overlap_and_restore_exactly():
+    """Limits in force together: the smallest applies, a block of 0 changes nothing, blocks may
+    end in any order, and the last to end restores every library's own count."""
+    from bnnsfw._threadpool import blas_limit, current_limit
+
+    def counts() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = counts()
+    if not before:
+        pytest.skip("no BLAS library that threadpoolctl can control")
+    with blas_limit(2):
+        assert set(counts()) == {2} and current_limit() == 2
+        with blas_limit(1):
+            assert set(counts()) == {1} and current_limit() == 1
+            with blas_limit(3), blas_limit(0):
+                assert set(counts()) == {1} and current_limit() == 1
+            assert set(counts()) == {1}
+        assert set(counts()) == {2} and current_limit() == 2
+    assert counts() == before and current_limit() == 0
+    wide, narrow = blas_limit(2), blas_limit(1)  # overlapping, not nested (two threads' calls)
+    wide.__enter__()
+    narrow.__enter__()
+    wide.__exit__(None, None, None)
+    assert set(counts()) == {1} and current_limit() == 1
+    narrow.__exit__(None, None, None)
+    assert counts() == before and current_limit() == 0
