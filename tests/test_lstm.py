@@ -1044,6 +1044,25 @@ def test_numba_claims_and_counts_are_atomic_across_threads():
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_packs_the_step_weights_in_wide_rows():
+    """The numba backend's packing keeps ``U`` and ``Uᵀ`` once more as the first columns of
+    contiguous arrays with ``ROW_PAD`` more columns of zeros, for every layer and direction."""
+    from bnnsfw.backends import _numba_lstm
+
+    params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, bidirectional=True, seed=1)
+    with layer_for(params, "numba") as layer:
+        payload = layer._packed_weights().payload
+    assert len(payload.weights) == 2 and all(len(row) == 2 for row in payload.weights)
+    for row in payload.weights:
+        for w in row:
+            for wide, narrow in ((w.u_wide, w.u), (w.u_t_wide, w.u_t)):
+                rows, columns = narrow.shape
+                assert wide.flags.c_contiguous and wide.shape == (rows, columns + _numba_lstm.ROW_PAD)
+                np.testing.assert_array_equal(wide[:, :columns], narrow)
+                assert not wide[:, columns:].any()
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_cells_without_peepholes_share_zeros_nothing_writes(rng):
     """Cells without diagonal peepholes take one shared zero array of each shape for them
     (made once); forward and backward, on one thread and shared out over threads, leave it

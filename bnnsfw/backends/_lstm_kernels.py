@@ -164,6 +164,10 @@ class LSTMWeights(NamedTuple):
     u_t: np.ndarray  # (H, 4H): Uᵀ stored contiguous, for backward's Uᵀ dz
     full_pre_grad: np.ndarray | None  # (4H, H)
     peepholes_grad: LSTMPeepholes
+    # U and Uᵀ in rows padded to C + 16 elements, for the compiled step products (a backend that
+    # wants them packs them: ``NumbaBackend.lstm_pack_weights``); None elsewhere.
+    u_wide: np.ndarray | None = None
+    u_t_wide: np.ndarray | None = None
 
     @property
     def wx(self) -> np.ndarray:

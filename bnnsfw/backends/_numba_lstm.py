@@ -88,8 +88,9 @@ from ._lstm_kernels import LSTMStepPlan, LSTMWeights
 from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_tiles import VECTOR_BYTES, product
 
-__all__ = ["CHUNK_COLUMNS", "LAYER_CHUNKS", "THREADED_STEP_MIN", "serves", "step_parts", "chunk_steps",
-           "layers_together", "forward", "forward_layers", "backward", "backward_layers"]
+__all__ = ["CHUNK_COLUMNS", "LAYER_CHUNKS", "ROW_PAD", "THREADED_STEP_MIN", "serves", "step_parts",
+           "chunk_steps", "layers_together", "wide_rows", "forward", "forward_layers", "backward",
+           "backward_layers"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 4096 keeps each product efficient (most benchmark shapes are one chunk) and bounds
@@ -469,9 +470,10 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
     """One layer and direction forward, on one thread (BLAS may use more).
 
     ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
-    (4H, H) the forward weights (halved rows), ``pe`` (4, H·N) the diagonal peepholes repeated
-    over the sequences (zeros without them), ``full_pre`` (4H, H) the full peepholes of the
-    candidate, forget and input gates and ``full_out`` (H, H) the output gate's ((0, 0) without);
+    (4H, H + ROW_PAD: :func:`wide_rows`) the forward weights (halved rows), ``pe`` (4, H·N)
+    the diagonal peepholes repeated over the sequences (zeros without them), ``full_pre``
+    (4H, H) the full peepholes of the candidate, forget and input gates and ``full_out`` (H, H)
+    the output gate's ((0, 0) without);
     ``h0``/``c0`` (H, N), or (0, 0) for zeros; ``lengths`` (N,) or (0,); ``steps`` (T, 6H, N)
     and ``hidden`` (T, H, N) the cache, or (2, 6H, N) and (2, H, N) taken in turn when nothing
     is kept (inference); ``outs[0]`` (T, N, H) the output (any strides; ``outs`` as
@@ -488,13 +490,14 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
     chunk = projection.shape[1] // batch
+    u_rows = u[:, :steps.shape[1] // 6]
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         if wait.size:
             wait_for(wait, k_end)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
-        _recur(projection, first_t, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin,
-               c_fin, reverse, k_begin, k_end, light, report)
+        _recur(projection, first_t, u_rows, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out,
+               h_fin, c_fin, reverse, k_begin, k_end, light, report)
 
 
 @_threaded
@@ -651,16 +654,17 @@ def _recur_threads(parts, projection, chunk_first, u, pe, h0, c0, lengths, steps
 @_kernel
 def _forward_threads(parts, x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
                      projection, reverse, light):
-    """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` has unit-stride
-    rows, ``pe`` (4, H·N) as in :func:`_forward_part`."""
+    """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` as there,
+    ``pe`` (4, H·N) as in :func:`_forward_part`."""
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
     chunk = projection.shape[1] // batch
+    u_rows = u[:, :steps.shape[1] // 6]
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
-        _recur_threads(parts, projection, first_t, u, pe, h0, c0, lengths, steps, hidden, out, h_fin, c_fin,
-                       reverse, k_begin, k_end, light)
+        _recur_threads(parts, projection, first_t, u_rows, pe, h0, c0, lengths, steps, hidden, out, h_fin,
+                       c_fin, reverse, k_begin, k_end, light)
 
 
 # --------------------------------------------------------------------------------------
@@ -869,13 +873,14 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
     """One layer and direction backward from a training forward's cache, on one thread (BLAS
     may use more).
 
-    ``x2`` (T·N, I) the layer input; ``wx_t`` (I, 4H), ``u_t`` (H, 4H) and ``peep`` (4, H) the
-    true weights (zero peepholes when ``has_peep`` is false), ``pe`` (4, H·N) the peepholes
-    repeated over the sequences, ``full_pre_grad`` (4H, H) and ``full_out_grad`` (H, H) the
-    true full peepholes ((0, 0) without them); ``steps``/``hidden`` the cache;
-    ``dys[0]`` (T, N, H) the output's gradient (any strides, ``dys`` as :func:`_any_layout`
-    makes it; zeros when there is none); ``carried`` (H, N) the final hidden state's
-    gradient and ``dc`` (H, N) the final cell's, updated to the initial cell's. Writes
+    ``x2`` (T·N, I) the layer input; ``wx_t`` (I, 4H), ``u_t`` (H, 4H + ROW_PAD:
+    :func:`wide_rows`) and ``peep`` (4, H) the true weights (zero peepholes when ``has_peep``
+    is false), ``pe`` (4, H·N) the peepholes repeated over the sequences, ``full_pre_grad``
+    (4H, H) and ``full_out_grad`` (H, H) the true full peepholes ((0, 0) without them);
+    ``steps``/``hidden`` the cache; ``dys[0]`` (T, N, H) the output's gradient (any strides,
+    ``dys`` as :func:`_any_layout` makes it; zeros when there is none); ``carried`` (H, N) the
+    final hidden state's gradient and ``dc`` (H, N) the final cell's, updated to the initial
+    cell's. Writes
     (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), ``d_peep``, ``d_full_pre``
     and ``d_full_out`` (shaped as their weights), ``dh_first`` (H, N), and ``d_input`` (T·N, I)
     as ``dX + input_beta·d_input``. Scratch: ``d_gates`` (4H, chunk·N), ``columns``
@@ -889,9 +894,10 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
     n_chunks = (seq_len + chunk - 1) // chunk
+    u_t_rows = u_t[:, :2 * steps.shape[1] // 3]
     for q in range(n_chunks - 1, -1, -1):  # backward walks the chunks, and their steps, in reverse
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-        _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
+        _backprop(steps, dy, lengths, u_t_rows, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
                   dh_first, reverse, k_begin, k_end, first_t, wait)
         _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
                         d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0,
@@ -1084,16 +1090,16 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
 def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx,
                       d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, reverse):
     """:func:`_backward` with every step and every product shared out over ``parts`` threads
-    (BLAS held to one thread by the caller); ``u_t`` with unit-stride rows, scratch ``dz``
-    (2, 4H, N)."""
+    (BLAS held to one thread by the caller); ``u_t`` as there, scratch ``dz`` (2, 4H, N)."""
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
     n_chunks = (seq_len + chunk - 1) // chunk
+    u_t_rows = u_t[:, :2 * steps.shape[1] // 3]
     for q in range(n_chunks - 1, -1, -1):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-        _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, d_gates, dh_first, reverse,
-                          k_begin, k_end, first_t)
+        _backprop_threads(parts, steps, dy, lengths, u_t_rows, pe, dc, carried, dh, dz, d_gates, dh_first,
+                          reverse, k_begin, k_end, first_t)
         _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
                                 d_peep, d_input, input_beta, first_t, k_end - k_begin,
                                 0.0 if q == n_chunks - 1 else 1.0)
@@ -1133,6 +1139,28 @@ def _repeated(peepholes: tuple[np.ndarray | None, ...], h: int, batch: int, dtyp
     if all(p is None for p in peepholes):
         return _no_peepholes(h, batch, dtype)
     return np.repeat(_diagonal(peepholes, h, dtype), batch, axis=1)
+
+
+#: Elements added to each row of the step weights (:func:`wide_rows`): 64 bytes of float32.
+ROW_PAD = 16
+
+
+def wide_rows(a: np.ndarray) -> np.ndarray:
+    """``a`` (R, C) as the first C columns of a contiguous (R, C + :data:`ROW_PAD`) array, the
+    rest zeros: how the kernels take the step weights ``U`` and ``Uᵀ``.
+
+    The step products (:func:`~._numba_tiles.product`) read six or twelve rows of the weights
+    side by side. Rows whose length in bytes is a multiple of 4 KiB (``Uᵀ``'s 4H = 1 024
+    float32 at H = 256, ``U``'s from H = 1 024) all start at the same offset in a page, so
+    their elements fall in one set of the level-1 cache, which holds 8 lines a set, and evict
+    each other: backward's ``Uᵀ dz`` on half the long row's units, 128 × 1 024 × 8, took 43.7 µs
+    with rows 4 KiB apart and 21.6 µs with rows 64 bytes further apart (L's, 128 × 1 024 × 32,
+    77.9 against 75.3; one thread, alternated in one process). A wider array, not a view of
+    one, keeps the kernels' argument contiguous: one compiled kernel for every shape."""
+    rows, columns = a.shape
+    wide = np.zeros((rows, columns + ROW_PAD), a.dtype)
+    wide[:, :columns] = a
+    return wide
 
 
 def _any_layout(a: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -1207,7 +1235,7 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
     light = inference and w.full_pre is None and full_out is None and all(
         p is None for p in w.peepholes.diagonal)
     return _ForwardCall(
-        x2, wx, bias, np.ascontiguousarray(w.u),  # unit-stride rows for the step product
+        x2, wx, bias, wide_rows(w.u) if w.u_wide is None else w.u_wide,
         _repeated(w.peepholes.diagonal, h, batch, dtype), _EMPTY[dtype] if w.full_pre is None else w.full_pre,
         _EMPTY[dtype] if full_out is None else full_out, _feature_major(h0, dtype), _feature_major(c0, dtype),
         _NO_LENGTHS if lengths is None else lengths, steps, hidden, _any_layout(output), h_fin, c_fin,
@@ -1351,7 +1379,8 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
             np.copyto(state, final.T)
     full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
     return _BackwardCall(
-        x2, w.wx_t, w.u_t, _diagonal(w.peepholes_grad.diagonal, h, dtype),
+        x2, w.wx_t, wide_rows(w.u_t) if w.u_t_wide is None else w.u_t_wide,
+        _diagonal(w.peepholes_grad.diagonal, h, dtype),
         _repeated(w.peepholes_grad.diagonal, h, batch, dtype),
         any(p is not None for p in w.peepholes_grad.diagonal),
         _EMPTY[dtype] if full_pre is None else full_pre, _EMPTY[dtype] if full_out is None else full_out,
@@ -1389,7 +1418,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
         assert a.full_pre_grad.size == 0 and a.full_out_grad.size == 0, "threads serve no full peepholes"
         dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), steps.dtype)
         with blas_limit(1):
-            _backward_threads(parts, a.x2, a.wx_t, np.ascontiguousarray(a.u_t), a.pe, a.has_peep, a.lengths,
+            _backward_threads(parts, a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths,
                               a.steps, a.hidden, a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep,
                               a.d_input, a.input_beta, a.dh_first, a.d_gates, a.columns, a.dh, dz, reverse)
     else:

@@ -22,9 +22,11 @@ import numpy as np
 
 from . import _numba_lstm, _numba_normalization
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
-from ._lstm_stack import CacheViews, DirectionKernels, CallArguments, scatter_gradients
+from ._lstm_stack import CacheViews, CallArguments, DirectionKernels, _Packed, scatter_gradients
 from .contract import (
     LSTMGateArrays,
+    LSTMPackedWeights,
+    LSTMPackRequest,
     NormalizationBackwardRequest,
     NormalizationBackwardResult,
     NormalizationForwardRequest,
@@ -160,6 +162,19 @@ class NumbaBackend(ScipyBlasBackend):
             return DirectionKernels(functools.partial(_compiled_forward, parts=parts),
                                     functools.partial(_compiled_backward, parts=parts), pair, layers)
         return super()._lstm_direction_kernels(plan, lengths, batch, dtype)
+
+    def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
+        """``scipy-blas``'s packing; for the cells the compiled kernels serve, with ``U`` and
+        ``Uᵀ`` once more in the wider rows those kernels read (:func:`._numba_lstm.wide_rows`),
+        made once per packing instead of at every call."""
+        packed = super().lstm_pack_weights(request)
+        payload = packed.payload
+        if not isinstance(payload, _Packed) or not _numba_lstm.serves(payload.plan):
+            return packed
+        weights = [[w._replace(u_wide=_numba_lstm.wide_rows(w.u), u_t_wide=_numba_lstm.wide_rows(w.u_t))
+                     for w in row] for row in payload.weights]
+        return LSTMPackedWeights(config=packed.config, version=packed.version,
+                                 payload=_Packed(payload.plan, weights))
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
         """Compiled for the statistics of the batch and the identity activation (not for RMS
