@@ -951,70 +951,54 @@ def test_numba_runs_two_layers_together_and_agrees(peepholes, dtype, batch, monk
             0 if options.get("bidirectional") or dtype == np.float64 else 1), options
 
 
-_LAYERS_ON_ONE_THREAD = """
+_ON_ONE_THREAD = """
 import numba, numpy as np
 import bnnsfw as bf
 from bnnsfw.backends import _numba_lstm
-_numba_lstm.layers_together = lambda: True  # taken although Numba has one thread
+{force}
 numba.set_num_threads(1)
-params = bf.LSTMParameters.random(input_size=3, hidden_size=6, num_layers=2, seed=3, dtype=np.float32)
-x = np.random.default_rng(0).standard_normal((8, 5, 3)).astype(np.float32)
+params = bf.LSTMParameters.random(input_size=3, seed=3, dtype=np.float32, {shape})
+x = np.random.default_rng(0).standard_normal((8, 9, 3)).astype(np.float32)
 outputs = []
 for name in ("numpy", "numba"):
     with bf.LSTMLayer(params, bf.FilterParameters(backend=name)) as layer:
         out = layer.apply(x, training=True)
         grads = layer.apply_backward(x, np.cos(out.output), training_cache=out.training_cache)
-        outputs.append(np.concatenate([out.output.ravel(), grads.input.ravel()]))
+        again = layer.apply(x).output  # inference: the other forward kernels
+        outputs.append(np.concatenate([out.output.ravel(), grads.input.ravel(), again.ravel()]))
 print(float(np.abs(outputs[0] - outputs[1]).max()))
 """
+
+
+def _difference_on_one_thread(force: str, shape: str) -> float:
+    """A training step and an inference of the numba backend against the reference in a child
+    process where Numba has one thread and ``force`` takes a parallel path anyway (a wait that
+    never ends would hang it: the timeout fails the test); the largest difference."""
+    import subprocess
+    import sys
+
+    child = _ON_ONE_THREAD.format(force=force, shape=shape)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout.split()[-1])
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_two_layers_together_end_on_one_thread():
     """The two-layer kernels' parallel loops on a single thread run first the layer that never
     waits (forward the lower, backward the upper), so the other one never waits for steps
-    nobody makes (in a child process: a wait would hang)."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", _LAYERS_ON_ONE_THREAD], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert float(done.stdout.split()[-1]) < 1e-5  # float32 against the float32 reference
-
-
-_STEPS_ON_ONE_THREAD = """
-import numba, numpy as np
-import bnnsfw as bf
-from bnnsfw.backends import _numba_lstm
-_numba_lstm.step_parts = lambda hidden_size, batch: 2  # shared out although Numba has one thread
-numba.set_num_threads(1)
-params = bf.LSTMParameters.random(input_size=3, hidden_size=40, num_layers=1, seed=3)
-x = np.random.default_rng(0).standard_normal((7, 9, 3)).astype(np.float32)
-outputs = []
-for name in ("numpy", "numba"):
-    with bf.LSTMLayer(params, bf.FilterParameters(backend=name)) as layer:
-        out = layer.apply(x, training=True)
-        grads = layer.apply_backward(x, np.cos(out.output), training_cache=out.training_cache)
-        again = layer.apply(x).output  # inference: the other forward kernel
-        outputs.append(np.concatenate([out.output.ravel(), grads.input.ravel(), again.ravel()]))
-print(float(np.abs(outputs[0] - outputs[1]).max()))
-"""
+    nobody makes."""
+    force = "_numba_lstm.layers_together = lambda: True"
+    assert _difference_on_one_thread(force, "hidden_size=6, num_layers=2") < 1e-5  # float32 reference
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_shared_steps_end_on_one_thread():
     """A step's pieces go to whichever thread claims them first, so the parallel loop that
     runs a chunk's steps ends when a single thread runs every iteration: the first iteration
-    takes every piece, and no thread waits for a piece nobody has taken (in a child process:
-    a wait would hang)."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", _STEPS_ON_ONE_THREAD], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert float(done.stdout.split()[-1]) < 1e-5  # float32 against the float32 reference
+    takes every piece, and no thread waits for a piece nobody has taken."""
+    force = "_numba_lstm.step_parts = lambda hidden_size, batch: 2"
+    assert _difference_on_one_thread(force, "hidden_size=40") < 1e-5  # float32 reference
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
