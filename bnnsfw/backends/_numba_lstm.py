@@ -20,8 +20,7 @@ What is compiled, and why:
 - **Time in chunks.** The input projection ``W x_t`` is one product per chunk of steps, and
   backward's weight and input gradients are one product each per chunk, so the scratch memory
   is bounded by the chunk (:data:`CHUNK_COLUMNS` columns of ``T·N``), not by the sequence
-  length, while each product stays large (every benchmark shape but the long sequence is one
-  chunk).
+  length, while each product stays large.
 - **One fused pass per step** over the ``H·N`` units adds the step's projection and bias,
   applies the four gate functions and the peepholes, updates the cell and the hidden state,
   writes the cache block and the output. Backward is one fused pass computing ``dz`` for the
@@ -93,9 +92,12 @@ __all__ = ["CHUNK_COLUMNS", "LAYER_CHUNKS", "ROW_PAD", "THREADED_STEP_MIN", "ser
            "backward_layers"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
-#: products. 4096 keeps each product efficient (most benchmark shapes are one chunk) and bounds
-#: the scratch at ``4H × 4096`` elements: 16 MiB at H = 256 in float32.
-CHUNK_COLUMNS = 4096
+#: products. 1024 keeps each product large and a chunk's projection, which the steps read
+#: back, at ``4H × 1024`` elements (4 MiB at H = 256 in float32), most of it still in the
+#: caches: against 4096 columns, the long row (T = 2000, N = 8, H = 256) took 0.89–0.92× the
+#: time forward and 0.90–0.95× a training step, L (2 chunks instead of 1) 0.97–0.99×, XL
+#: the same; the other benchmark shapes are one chunk either way.
+CHUNK_COLUMNS = 1024
 
 #: Compiled kernels: no GIL, fast math, the NumPy error model, cached on disk.
 _kernel = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
