@@ -2,9 +2,10 @@
 
 It runs each layer and direction of the LSTM as compiled loops (:mod:`._numba_lstm`: per step
 one BLAS product and one fused, vectorized pass, forward and backward, or for larger steps
-parallel regions whose threads each take a run of units; the input projection and the weight
-gradients one product per chunk of steps; for small steps, two layers of a float32
-unidirectional stack at the same time) for the cell almost every model uses,
+one parallel region per chunk of steps, whose threads each take a run of units of every
+step; the input projection and the weight gradients one product per chunk of steps; for
+small steps, two layers of a float32 unidirectional stack at the same time) for the cell
+almost every model uses,
 with no, diagonal or full peepholes, over full or variable lengths; and normalization with the
 statistics of the batch and the identity activation with compiled, multithreaded row kernels
 (:mod:`._numba_normalization`; statistics sets too large for their arithmetic go to the
