@@ -1004,27 +1004,57 @@ def test_numba_shared_steps_end_on_one_thread():
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_claims_and_counts_are_atomic_across_threads():
     """:func:`claim` gives each flag to exactly one of the threads racing for it, and
-    :func:`count_up` loses no increment."""
+    :func:`count_up` loses no increment. Every round the two threads meet (each counts up,
+    then waits for the other's count) and race for the round's flags at the same moment: a
+    claim made of a plain load and store gave thousands of flags to both. In a child process
+    (a meeting that never ends, as after a lost increment, fails it by the timeout), skipped
+    when the parallel loop's two iterations run on one thread."""
+    import subprocess
+    import sys
+
     import numba
 
-    from bnnsfw.backends._numba_progress import claim, count_up
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two Numba threads")
+    done = subprocess.run([sys.executable, "-c", _RACE], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    if done.stdout.split() == ["one", "thread"]:
+        pytest.skip("the parallel loop's two iterations ran on one thread")
+    assert done.stdout.split() == ["40000", "True", "0"]
 
-    @numba.njit(parallel=True)
-    def race(flags, counter, owners, rounds):
-        for p in numba.prange(4):
-            for r in range(rounds):
-                count_up(counter)
-                for i in range(r * 8, r * 8 + 8):
-                    if claim(flags, i):
-                        owners[p, i] += 1
 
-    rounds = 20000
-    flags = np.zeros(8 * rounds, np.int64)
-    counter = np.zeros(1, np.int64)
-    owners = np.zeros((4, flags.size), np.int64)
-    race(flags, counter, owners, rounds)
-    assert counter[0] == 4 * rounds
-    assert (flags == 1).all() and (owners.sum(axis=0) == 1).all()
+_RACE = """
+import numba, numpy as np
+from bnnsfw.backends._numba_progress import claim, count_up, wait_for
+
+@numba.njit(parallel=True)
+def race(flags, counter, owners, rounds):
+    for p in numba.prange(2):
+        for r in range(rounds):
+            count_up(counter)
+            wait_for(counter, 2 * (r + 1))
+            for i in range(r * 8, r * 8 + 8):
+                if claim(flags, i):
+                    owners[p, i] += 1
+
+@numba.njit(parallel=True)
+def threads(ids):
+    for p in numba.prange(2):
+        ids[p] = numba.get_thread_id()
+
+numba.set_num_threads(2)
+ids = np.zeros(2, np.int64)
+threads(ids)
+if ids[0] == ids[1]:
+    print("one thread")
+    raise SystemExit
+rounds = 20000
+flags = np.zeros(8 * rounds, np.int64)
+counter = np.zeros(1, np.int64)
+owners = np.zeros((2, flags.size), np.int64)
+race(flags, counter, owners, rounds)
+print(counter[0], bool((flags == 1).all()), int((owners.sum(axis=0) != 1).sum()))
+"""
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
