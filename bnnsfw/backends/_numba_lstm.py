@@ -896,7 +896,7 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
     n_chunks = (seq_len + chunk - 1) // chunk
-    u_t_rows = u_t[:, :2 * steps.shape[1] // 3]
+    u_t_rows = u_t[:, :4 * (steps.shape[1] // 6)]
     for q in range(n_chunks - 1, -1, -1):  # backward walks the chunks, and their steps, in reverse
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _backprop(steps, dy, lengths, u_t_rows, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
@@ -1097,7 +1097,7 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
     n_chunks = (seq_len + chunk - 1) // chunk
-    u_t_rows = u_t[:, :2 * steps.shape[1] // 3]
+    u_t_rows = u_t[:, :4 * (steps.shape[1] // 6)]
     for q in range(n_chunks - 1, -1, -1):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _backprop_threads(parts, steps, dy, lengths, u_t_rows, pe, dc, carried, dh, dz, d_gates, dh_first,
@@ -1219,6 +1219,7 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
                   chunk: int) -> _ForwardCall:
     """Scratch, laid-out states and weights for :func:`_forward`, from the arguments of
     :func:`forward`; ``chunk`` steps per input projection."""
+    assert w.u_wide is not None, "weights packed by NumbaBackend.lstm_pack_weights"
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -1237,7 +1238,7 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
     light = inference and w.full_pre is None and full_out is None and all(
         p is None for p in w.peepholes.diagonal)
     return _ForwardCall(
-        x2, wx, bias, wide_rows(w.u) if w.u_wide is None else w.u_wide,
+        x2, wx, bias, w.u_wide,
         _repeated(w.peepholes.diagonal, h, batch, dtype), _EMPTY[dtype] if w.full_pre is None else w.full_pre,
         _EMPTY[dtype] if full_out is None else full_out, _feature_major(h0, dtype), _feature_major(c0, dtype),
         _NO_LENGTHS if lengths is None else lengths, steps, hidden, _any_layout(output), h_fin, c_fin,
@@ -1368,6 +1369,7 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
                    d_input: np.ndarray, accumulate_input: bool, scratch, chunk: int) -> _BackwardCall:
     """Scratch, laid-out gradients and weights for :func:`_backward`, from the arguments of
     :func:`backward`; ``chunk`` steps per weight-gradient product."""
+    assert w.u_t_wide is not None, "weights packed by NumbaBackend.lstm_pack_weights"
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -1381,7 +1383,7 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
             np.copyto(state, final.T)
     full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
     return _BackwardCall(
-        x2, w.wx_t, wide_rows(w.u_t) if w.u_t_wide is None else w.u_t_wide,
+        x2, w.wx_t, w.u_t_wide,
         _diagonal(w.peepholes_grad.diagonal, h, dtype),
         _repeated(w.peepholes_grad.diagonal, h, batch, dtype),
         any(p is not None for p in w.peepholes_grad.diagonal),
