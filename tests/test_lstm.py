@@ -735,7 +735,8 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
     """``_numba_tiles.product`` (``out = add + a @ b``, each step's ``U h`` and ``Uᵀ dz``) agrees
     with a float64 product for every kind of tile: row counts that leave 0 to 5 rows after
     the 6-row (or 12-row) tiles, column counts of two vectors, one, a padded rest or several
-    of each, an empty sum. It writes nothing outside ``out`` (views inside larger arrays),
+    of each (with AVX-512, 7 narrow vectors' worth is a panel of two wide ones, one wide and
+    one narrow), an empty sum. It writes nothing outside ``out`` (views inside larger arrays),
     takes ``out`` as ``add``, and refuses operands whose rows are not unit-stride."""
     from bnnsfw.backends._numba_tiles import lanes, product
 
@@ -744,7 +745,7 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
     for m in (1, 5, 6, 7, 13, 23, 26):
         for k in (0, 1, 17):
-            for n in (1, 3, width, width + 1, 2 * width, 2 * width + 3, 3 * width, 5 * width - 1):
+            for n in (1, 3, width, width + 1, 2 * width, 2 * width + 3, 3 * width, 5 * width - 1, 7 * width):
                 a = rng.standard_normal((m, k)).astype(dtype)
                 b = rng.standard_normal((k, n)).astype(dtype)
                 add = rng.standard_normal((m, n)).astype(dtype)
@@ -765,6 +766,59 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
     with pytest.raises(ValueError, match="unit-stride rows"):
         product(a, b, np.zeros((4, 12), dtype)[:, ::2], np.zeros((4, 6), dtype))
 
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_tile_takes_wide_vectors_only_where_the_code_is_compiled_for_avx512(monkeypatch):
+    """The wide panels are 64 bytes when the features Numba compiles for include AVX-512F
+    (``NUMBA_CPU_FEATURES`` when set, which can turn it off on a machine that has it), else
+    32, the narrow width."""
+    from numba.core import config
+
+    from bnnsfw.backends import _numba_tiles
+
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx,+avx2,+fma,-avx512f")
+    assert _numba_tiles._wide_bytes() == _numba_tiles.VECTOR_BYTES == 32
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx,+avx2,+fma,+avx512f,+avx512bw")
+    assert _numba_tiles._wide_bytes() == 64
+
+
+_NARROW_TILES = """
+import numpy as np
+from bnnsfw.backends._numba_tiles import WIDE_BYTES, product
+assert WIDE_BYTES == 32, WIDE_BYTES
+rng = np.random.default_rng(0)
+worst = 0.0
+for m, k, n in ((13, 17, 8), (26, 9, 16), (7, 33, 24), (12, 5, 40), (6, 64, 56)):
+    a, b, add = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n), (m, n)))
+    out = np.empty((m, n), np.float32)
+    product(a, b, add, out)
+    want = add.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
+    worst = max(worst, float(np.abs(out - want).max() / (1.0 + np.abs(want).max())))
+print(worst)
+"""
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_tile_without_avx512_agrees_with_a_float64_product(tmp_path):
+    """Compiled for a machine without AVX-512 (a child process with ``NUMBA_CPU_FEATURES``
+    that turns it off, and a cache of its own), the tile takes 32-byte panels only and its
+    products still agree with float64 ones, on column counts of one, two, three, five and
+    seven such vectors."""
+    import os
+    import subprocess
+    import sys
+
+    from numba.core import codegen
+
+    features = ",".join("-" + f[1:] if f.startswith("+avx512") else f
+                        for f in codegen.get_host_cpu_features().split(","))
+    if "+avx2" not in features.split(","):
+        pytest.skip("the machine has no AVX2 to compile the 32-byte tile for")
+    env = dict(os.environ, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", _NARROW_TILES], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < 1e-5
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("parts", [2, 3])

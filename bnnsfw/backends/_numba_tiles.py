@@ -5,24 +5,26 @@ sequences), and it runs once per step with the same weights. BLAS repacks both o
 every call, and the dot-product kernel it replaced (vectorized along the shared axis ``k``)
 spent much of its time in the horizontal sums that end each dot product. :func:`product`
 instead keeps a tile of ``out`` in vector registers while it walks ``k``: each step of the
-walk loads a row of ``b`` (``2L`` columns, ``L`` = 32 bytes of the dtype: 8 float32 or
-4 float64) and multiplies it by six broadcast scalars of ``a``, twelve fused multiply-adds
-with no sum across lanes. One thread ran 95–112 GFLOP/s in float32 on the benchmark's step
+walk loads a row of ``b`` (``2L`` columns, ``L`` the elements of one vector: 16 float32 with
+AVX-512, else 8) and multiplies it by six broadcast scalars of ``a``, twelve fused
+multiply-adds with no sum across lanes. One thread ran 95–112 GFLOP/s in float32 on the benchmark's step
 shapes (``256 × 128 × 16`` up to ``1024 × 512 × 64``), against 60–82 for the dot-product kernel,
 93–103 for a one-thread OpenBLAS call on the same operands and about 105 for one core's share
 of the sgemm peak.
 
 The tile is written in LLVM's vector types (:func:`_tile`, a Numba intrinsic), which LLVM
-lowers for whatever the machine has: 32-byte vectors on AVX2 and AVX-512, two 16-byte halves
-on SSE or NEON. ``llvm.fmuladd`` becomes one fused instruction where the machine has one.
+lowers for whatever the machine has: 64-byte vectors where the code is compiled for AVX-512
+(:data:`WIDE_BYTES`), 32-byte ones on AVX2, two 16-byte halves on SSE or NEON. ``llvm.fmuladd``
+becomes one fused instruction where the machine has one.
 
-Columns go in panels of two vectors, then at most one of one vector; when N is not a whole
-number of vectors, the product runs on copies of ``b`` and ``add`` padded with zero columns.
+Columns go in panels of two wide vectors, then at most one of one wide vector, then (with
+AVX-512) at most one of a 32-byte vector; when N is not a whole number of 32-byte vectors,
+the product runs on copies of ``b`` and ``add`` padded with zero columns.
 Each call of the tile in the source compiles to a loop of its own, so the kernel calls it from
 few places, and :func:`product` hands its operands on as views of one layout: the kernel
-compiles once per dtype, in about 2.4 s (a kernel per layout of the operands, with the padded
-columns handled in each block of rows, took 4–5 s each, and the demo's first call from an
-empty cache went from 14 to 36 s).
+compiles once per dtype, in about 4.2 s with the 64-byte panels (3.0 without; a kernel per
+layout of the operands, with the padded columns handled in each block of rows, took 4–5 s
+each, and the demo's first call from an empty cache went from 14 to 36 s).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["ROWS", "NARROW_ROWS", "VECTOR_BYTES", "lanes", "product"]
+__all__ = ["ROWS", "NARROW_ROWS", "VECTOR_BYTES", "WIDE_BYTES", "lanes", "product"]
 
 #: Rows of ``out`` per tile: six rows by two vectors keep twelve sums in flight, more than a
 #: fused multiply-add's latency times the two a cycle that a core issues (4 × 2 on the
@@ -43,8 +45,27 @@ ROWS = 6
 #: Rows per tile of a one-vector panel (N of 8 float32, say): twelve sums in flight again.
 NARROW_ROWS = 2 * ROWS
 
-#: Bytes per vector of the tile (8 float32, 4 float64).
+#: Bytes per vector of the narrowest panels (8 float32, 4 float64); columns go in whole
+#: numbers of these.
 VECTOR_BYTES = 32
+
+
+def _wide_bytes() -> int:
+    """Bytes per vector of the wide panels: 64 where the code is compiled for AVX-512 (the
+    features Numba compiles for: its ``NUMBA_CPU_FEATURES``, else the machine's), else
+    :data:`VECTOR_BYTES`."""
+    from numba.core import codegen, config
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
+    return 64 if "+avx512f" in str(features).split(",") else VECTOR_BYTES
+
+
+#: Bytes per vector of the wide panels (:func:`_wide_bytes`). With AVX-512 a tile of 64-byte
+#: vectors holds as many sums in half the instructions (a loaded row of ``b`` and each
+#: broadcast serve 16 float32 columns instead of 8): one thread ran 92–115 GFLOP/s on the
+#: step shapes, against 67–112 for 32-byte vectors, whose speed changed from one process to
+#: the next (68–76 in some, 102–112 in others, the same shapes and machine).
+WIDE_BYTES = _wide_bytes()
 
 _kernel = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
 _inline = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True, inline="always")
@@ -56,25 +77,27 @@ def lanes(dtype: np.dtype) -> int:
 
 
 @intrinsic
-def _tile(typingctx, a, b, add, out, rows, vectors):
+def _tile(typingctx, a, b, add, out, rows, vectors, vector_bytes):
     """``out[i, :V·L] = add[i, :V·L] + Σ_k a[i, k]·b[k, :V·L]`` for ``i < rows``, ``V = vectors``
-    (both literal integers), ``k < a.shape[1]``. Every array is 2-D with unit-stride rows (any
-    row stride); ``out`` may be ``add``: the tile reads all of ``add`` before it writes."""
-    if not (isinstance(rows, types.IntegerLiteral) and isinstance(vectors, types.IntegerLiteral)):
+    of ``vector_bytes`` each (``L`` elements; all three literal integers), ``k < a.shape[1]``.
+    Every array is 2-D with unit-stride rows (any row stride); ``out`` may be ``add``: the tile
+    reads all of ``add`` before it writes."""
+    literals = (rows, vectors, vector_bytes)
+    if not all(isinstance(t, types.IntegerLiteral) for t in literals):
         return None
     arrays = (a, b, add, out)
     if not all(isinstance(t, types.Array) and t.ndim == 2 for t in arrays):
         return None
     if len({t.dtype for t in arrays}) != 1 or a.dtype not in (types.float32, types.float64):
         return None
-    n_rows, n_vectors = rows.literal_value, vectors.literal_value
-    signature = types.void(a, b, add, out, rows, vectors)
+    n_rows, n_vectors, n_bytes = rows.literal_value, vectors.literal_value, vector_bytes.literal_value
+    signature = types.void(a, b, add, out, rows, vectors, vector_bytes)
 
     def codegen(context, builder, sig, args):
         dtype = sig.args[0].dtype
         scalar = context.get_value_type(dtype)
         itemsize = dtype.bitwidth // 8
-        width = VECTOR_BYTES // itemsize
+        width = n_bytes // itemsize
         vector = ir.VectorType(scalar, width)
         i64 = ir.IntType(64)
         bytes_ptr = ir.IntType(8).as_pointer()
@@ -93,7 +116,7 @@ def _tile(typingctx, a, b, add, out, rows, vectors):
             return builder.mul(row_bytes[which], ir.Constant(i64, i))
 
         def column(v):
-            return ir.Constant(i64, v * VECTOR_BYTES)
+            return ir.Constant(i64, v * n_bytes)
 
         sums = [[cgutils.alloca_once(builder, vector) for _ in range(n_vectors)] for _ in range(n_rows)]
         for i in range(n_rows):
@@ -126,29 +149,35 @@ def _tile(typingctx, a, b, add, out, rows, vectors):
 
 @_inline
 def _block(a, b, add, out, i, rows):
-    """Rows ``i … i + rows − 1`` of ``out`` (whose columns are a whole number of vectors), one
-    panel of columns after the other, so that these rows of ``a`` are read from memory once
-    and then from L1 (``b``, read once per block, stays in L2): panels of two vectors, then
-    one of one vector."""
+    """Rows ``i … i + rows − 1`` of ``out`` (whose columns are a whole number of
+    :data:`VECTOR_BYTES` vectors), one panel of columns after the other, so that these rows of
+    ``a`` are read from memory once and then from L1 (``b``, read once per block, stays in
+    L2): panels of two wide vectors (:data:`WIDE_BYTES`), then one of one, then, with
+    AVX-512, one of a narrow vector for the columns left."""
     n = out.shape[1]
-    width = VECTOR_BYTES // out.itemsize
+    width = WIDE_BYTES // out.itemsize
     a_rows, add_rows, out_rows = a[i:i + rows], add[i:i + rows], out[i:i + rows]
     n0 = 0
     while n0 + 2 * width <= n:
         _tile(a_rows, b[:, n0:n0 + 2 * width], add_rows[:, n0:n0 + 2 * width], out_rows[:, n0:n0 + 2 * width],
-              rows, 2)
+              rows, 2, WIDE_BYTES)
         n0 += 2 * width
-    if n0 < n:
-        _tile(a_rows, b[:, n0:n0 + width], add_rows[:, n0:n0 + width], out_rows[:, n0:n0 + width], rows, 1)
+    if n0 + width <= n:
+        _tile(a_rows, b[:, n0:n0 + width], add_rows[:, n0:n0 + width], out_rows[:, n0:n0 + width], rows, 1,
+              WIDE_BYTES)
+        n0 += width
+    if WIDE_BYTES > VECTOR_BYTES and n0 < n:
+        _tile(a_rows, b[:, n0:n], add_rows[:, n0:n], out_rows[:, n0:n], rows, 1, VECTOR_BYTES)
 
 
 @_inline
 def _blocks(a, b, add, out):
     """Every row: blocks of :data:`ROWS` rows (:data:`NARROW_ROWS` for one vector's worth of
-    columns), then of 4, 2 and 1 (fewer sums in flight, but only for the last few rows)."""
+    columns, wide or narrow), then of 4, 2 and 1 (fewer sums in flight, but only for the last
+    few rows)."""
     m, n = out.shape
     i = 0
-    if n * out.itemsize == VECTOR_BYTES:
+    if n * out.itemsize == WIDE_BYTES or n * out.itemsize == VECTOR_BYTES:
         while i + NARROW_ROWS <= m:
             _block(a, b, add, out, i, NARROW_ROWS)
             i += NARROW_ROWS
