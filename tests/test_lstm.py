@@ -824,7 +824,7 @@ def test_numba_tile_without_avx512_agrees_with_a_float64_product(tmp_path):
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("hidden_size", [5, 37])
-@pytest.mark.parametrize("batch", [4, 27])
+@pytest.mark.parametrize("batch", [4, 16, 27])
 def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, batch,
                                                                    monkeypatch, rng):
     """Each step's units and each product shared out over threads (a thread may get no unit:
@@ -834,7 +834,8 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     together, tested below, so the layers here are unidirectional), two layers, initial
     states, final-state gradients and chunks of steps. The step products see every kind of
     column panel: 27 sequences are two vectors' worth, one vector's and a padded rest in
-    float32, and 4 are one padded vector, or one whole one in float64."""
+    float32, and 4 are one padded vector, or one whole one in float64; 16 are whole cache
+    lines, whose gate gradients the steps store past the caches."""
     from bnnsfw.backends import _numba_lstm
 
     used = []
@@ -872,6 +873,43 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     assert sorted(used) == ([("_backward_threads", parts)] * 2 * directions
                             + [("_forward_threads", parts)] * 6 * directions)
     _assert_all_close(results[1], results[0], dtype)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("lines", [1, 2])
+def test_numba_gate_gradients_stored_past_the_caches_agree_with_the_reference(dtype, lines, monkeypatch, rng):
+    """With rows of whole cache lines (16 or 32 float32 sequences, 8 or 16 float64), each
+    step stores its gate gradients into the chunk's columns past the caches; on one thread
+    (the steps and BLAS) and shared out over two, over several chunks, with lengths, the
+    gradients agree with the reference. The scratch those columns go to starts each row on
+    a cache line, rows padded apart."""
+    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends._numba_stream import LINE_BYTES
+
+    batch = lines * LINE_BYTES // np.dtype(dtype).itemsize
+
+    class Scratch:
+        def array(self, name, shape, dtype):
+            return np.empty(shape, dtype)[1:]  # an unaligned start
+
+    columns = _numba_lstm._aligned(Scratch(), "d_gates", (5, 3 * batch), np.dtype(dtype))
+    assert columns.shape == (5, 3 * batch) and columns.ctypes.data % LINE_BYTES == 0
+    assert columns.strides[0] == (3 * batch + _numba_lstm.ROW_PAD) * columns.itemsize
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)
+    params = LSTMParameters.random(input_size=3, hidden_size=20, num_layers=1, seed=5, dtype=dtype)
+    x = rng.standard_normal((5, batch, 3)).astype(dtype)
+    dy = rng.standard_normal((5, batch, 20)).astype(dtype)
+    lengths = np.resize([5, 2, 0, 4], batch)
+    for parts in (1, 2):
+        monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch, parts=parts: parts)
+        results = []
+        for name in ("numpy", "numba"):
+            with layer_for(params, name) as layer:
+                out = layer.apply(x, training=True, sequence_lengths=lengths)
+                grads = layer.apply_backward(x, dy, sequence_lengths=lengths, training_cache=out.training_cache)
+            results.append([grads.input, grads.hidden, grads.cell] + _gate_gradients(grads))
+        _assert_all_close(results[1], results[0], dtype)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -85,6 +85,7 @@ from .._threadpool import blas_limit, current_limit
 from ..enums import ActivationFunction as AF
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
 from ._numba_progress import claim, count_up, publish, wait_for
+from ._numba_stream import LINE_BYTES, store_fence, stream_copy
 from ._numba_tiles import VECTOR_BYTES, product
 
 __all__ = ["CHUNK_COLUMNS", "LAYER_CHUNKS", "ROW_PAD", "THREADED_STEP_MIN", "serves", "step_parts",
@@ -246,6 +247,25 @@ def _rows(flat, stride, start, length, count):
     """Views of ``count`` runs of ``length`` elements of a 1-D array, run ``k`` starting at
     ``k·stride + start`` (a thread's units in each row block of a feature-major array)."""
     return [flat[k * stride + start:k * stride + start + length] for k in range(count)]
+
+
+@_inline
+def _store_columns(dz, d_gates, r0, r1, first):
+    """Rows ``r0 … r1 − 1`` of a step's ``dz`` (4H, N) into its columns ``first … first + N − 1``
+    of the chunk's gate gradients ``d_gates`` (4H, chunk·N). Each row's columns are a short run
+    in a large array the caches do not hold, so an ordinary store first reads each line from
+    memory: when a row of ``dz`` is a whole number of cache lines, the runs are stored past
+    the caches (:func:`._numba_stream.stream_copy`, then a store fence), whole lines that need no
+    read (``d_gates`` is line-aligned, :func:`_aligned`)."""
+    batch = dz.shape[1]
+    if (batch * dz.itemsize) % LINE_BYTES == 0:
+        for r in range(r0, r1):
+            stream_copy(dz[r], d_gates[r, first:first + batch])
+        store_fence()
+    else:
+        for r in range(r0, r1):
+            for n in range(batch):
+                d_gates[r, first + n] = dz[r, n]
 
 
 @_inline
@@ -794,9 +814,7 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
                     carried[j, n] = 0.0
         if full_pre_grad.size:  # the cell before the step feeds g, f, i through full peepholes
             _mm(full_pre_grad, True, dz, False, dc, 1.0)
-        for r in range(4 * h):
-            for n in range(batch):
-                d_gates[r, first + n] = dz[r, n]
+        _store_columns(dz, d_gates, 0, 4 * h, first)
         target = dh_first if k == 0 else carried
         if k == 0:
             for j in range(h):
@@ -984,10 +1002,7 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gat
             for jj in range(count):
                 carried[j0 + jj, n] = 0.0
     for g in range(4):
-        for jj in range(count):
-            r = g * h + j0 + jj
-            for n in range(batch):
-                d_gates[r, first + n] = dz[r, n]
+        _store_columns(dz, d_gates, g * h + j0, g * h + j1, first)
 
 
 @_threaded
@@ -1163,6 +1178,20 @@ def wide_rows(a: np.ndarray) -> np.ndarray:
     wide = np.zeros((rows, columns + ROW_PAD), a.dtype)
     wide[:, :columns] = a
     return wide
+
+
+def _aligned(scratch, name: str, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """A scratch matrix whose rows start on cache lines, :data:`ROW_PAD` elements further apart
+    than its width (a view into a larger buffer). The steps write a run of each row of the
+    chunk's gate gradients: whole lines stored past the caches (:func:`_store_columns`), or,
+    with rows of a multiple of 4 KiB (1 024 float32 columns), lines of one level-1 cache set
+    that evict each other, as :func:`wide_rows` describes; the padding spreads them."""
+    rows, columns = shape
+    itemsize = np.dtype(dtype).itemsize
+    stride = columns + ROW_PAD
+    buffer = scratch.array(name, (rows * stride + LINE_BYTES // itemsize,), dtype)
+    start = (-buffer.ctypes.data % LINE_BYTES) // itemsize
+    return buffer[start:start + rows * stride].reshape(rows, stride)[:, :columns]
 
 
 def _any_layout(a: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -1398,8 +1427,8 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
         _EMPTY[dtype] if full_out is None else scratch.array("lstm_numba_d_full_out", (h, h), dtype),
         d_input, 1.0 if accumulate_input else 0.0,
         scratch.array("lstm_numba_dh_first", (h, batch), dtype),
-        scratch.array("lstm_numba_d_gates", (4 * h, chunk * batch), dtype),
-        scratch.array("lstm_numba_columns", (h, chunk * batch), dtype),
+        _aligned(scratch, "lstm_numba_d_gates", (4 * h, chunk * batch), dtype),
+        _aligned(scratch, "lstm_numba_columns", (h, chunk * batch), dtype),
         scratch.array("lstm_numba_dh", (h, batch), dtype), dh_initial, dc_initial)
 
 

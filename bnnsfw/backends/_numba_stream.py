@@ -26,7 +26,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["LINE_BYTES", "STREAM_MIN", "affine", "store_fence"]
+__all__ = ["LINE_BYTES", "STREAM_MIN", "affine", "stream_copy", "store_fence"]
 
 #: Bytes per vector store: one cache line, so each store fills a line of the write-combining
 #: buffer at once (two 32-byte stores where vectors are 32 bytes wide).
@@ -148,3 +148,13 @@ def affine(u, v, out, a, b, centre, shift, with_u):
     else:
         for i in range(out.size):
             out[i] = b * (v[i] - centre) + shift
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def stream_copy(source, out):
+    """``out[:] = source[:len(out)]`` for 1-D unit-stride runs of one float dtype, stored past
+    the caches whatever the length (:func:`_affine`; scalar stores for the elements before
+    the first line of ``out`` that starts in it and after the last it ends). For short runs of
+    whole lines in an array the caches do not hold; the caller ends with :func:`store_fence`."""
+    zero = out.dtype.type(0.0)
+    _affine(source, source, out, zero, out.dtype.type(1.0), zero, zero, False)
