@@ -907,7 +907,8 @@ def test_numba_gate_gradients_stored_past_the_caches_agree_with_the_reference(dt
         for name in ("numpy", "numba"):
             with layer_for(params, name) as layer:
                 out = layer.apply(x, training=True, sequence_lengths=lengths)
-                grads = layer.apply_backward(x, dy, sequence_lengths=lengths, training_cache=out.training_cache)
+                grads = layer.apply_backward(x, dy, sequence_lengths=lengths,
+                                             training_cache=out.training_cache)
             results.append([grads.input, grads.hidden, grads.cell] + _gate_gradients(grads))
         _assert_all_close(results[1], results[0], dtype)
 

@@ -56,7 +56,8 @@ def _wide_bytes() -> int:
     :data:`VECTOR_BYTES`."""
     from numba.core import codegen, config
 
-    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
+    chosen = getattr(config, "CPU_FEATURES", None)  # set at import from the environment
+    features = chosen if chosen is not None else codegen.get_host_cpu_features()
     return 64 if "+avx512f" in str(features).split(",") else VECTOR_BYTES
 
 
