@@ -255,8 +255,8 @@ def _store_columns(dz, d_gates, r0, r1, first):
     of the chunk's gate gradients ``d_gates`` (4H, chunk·N). Each row's columns are a short run
     in a large array the caches do not hold, so an ordinary store first reads each line from
     memory: when a row of ``dz`` is a whole number of cache lines, the runs are stored past
-    the caches (:func:`._numba_stream.stream_copy`, then a store fence), whole lines that need no
-    read (``d_gates`` is line-aligned, :func:`_aligned`)."""
+    the caches (:func:`._numba_stream.stream_copy`, then a store fence), whole lines that
+    need no read (``d_gates`` is line-aligned, :func:`_aligned`)."""
     batch = dz.shape[1]
     if (batch * dz.itemsize) % LINE_BYTES == 0:
         for r in range(r0, r1):

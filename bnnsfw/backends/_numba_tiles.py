@@ -7,10 +7,10 @@ spent much of its time in the horizontal sums that end each dot product. :func:`
 instead keeps a tile of ``out`` in vector registers while it walks ``k``: each step of the
 walk loads a row of ``b`` (``2L`` columns, ``L`` the elements of one vector: 16 float32 with
 AVX-512, else 8) and multiplies it by six broadcast scalars of ``a``, twelve fused
-multiply-adds with no sum across lanes. One thread ran 95–112 GFLOP/s in float32 on the benchmark's step
-shapes (``256 × 128 × 16`` up to ``1024 × 512 × 64``), against 60–82 for the dot-product kernel,
-93–103 for a one-thread OpenBLAS call on the same operands and about 105 for one core's share
-of the sgemm peak.
+multiply-adds with no sum across lanes. One thread ran 95–112 GFLOP/s in float32 on the
+benchmark's step shapes (``256 × 128 × 16`` up to ``1024 × 512 × 64``, 32-byte vectors),
+against 60–82 for the dot-product kernel, 93–103 for a one-thread OpenBLAS call on the same
+operands and about 105 for one core's share of the sgemm peak.
 
 The tile is written in LLVM's vector types (:func:`_tile`, a Numba intrinsic), which LLVM
 lowers for whatever the machine has: 64-byte vectors where the code is compiled for AVX-512
