@@ -255,13 +255,13 @@ def _store_columns(dz, d_gates, r0, r1, first):
     of the chunk's gate gradients ``d_gates`` (4H, chunk·N). Each row's columns are a short run
     in a large array the caches do not hold, so an ordinary store first reads each line from
     memory: when a row of ``dz`` is a whole number of cache lines, the runs are stored past
-    the caches (:func:`._numba_stream.stream_copy`, then a store fence), whole lines that
-    need no read (``d_gates`` is line-aligned, :func:`_aligned`)."""
+    the caches (:func:`._numba_stream.stream_copy`), whole lines that need no read
+    (``d_gates`` is line-aligned, :func:`_aligned`). The caller ends the step with
+    :func:`._numba_stream.store_fence` before anything reads them."""
     batch = dz.shape[1]
     if (batch * dz.itemsize) % LINE_BYTES == 0:
         for r in range(r0, r1):
             stream_copy(dz[r], d_gates[r, first:first + batch])
-        store_fence()
     else:
         for r in range(r0, r1):
             for n in range(batch):
@@ -827,6 +827,7 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
             product(u_t, dz, target, target)
         else:
             _mm(u_t, False, dz, False, target, beta)
+    store_fence()  # the chunk's gate gradients, before its products read them
 
 
 @_kernel
@@ -1003,6 +1004,7 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gat
                 carried[j0 + jj, n] = 0.0
     for g in range(4):
         _store_columns(dz, d_gates, g * h + j0, g * h + j1, first)
+    store_fence()  # before the piece is counted done
 
 
 @_threaded
