@@ -1324,6 +1324,44 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_layers_together_reach_the_one_layer_kernels(monkeypatch, rng):
+    """Two layers run together call the same compiled one-layer kernels as a layer alone: the
+    two-layer kernels pass ``reverse`` on as a run-time bool, since a constant there is typed
+    as a literal and compiles the whole forward (or backward) family a second time (about
+    15 s each from cold). The two paths agree."""
+    import numba
+
+    from bnnsfw.backends import _numba_lstm
+
+    calls = []
+    for name in ("forward_layers", "backward_layers"):
+        original = getattr(_numba_lstm, name)
+
+        def spy(*args, _original=original, _name=name):
+            calls.append(_name)
+            return _original(*args)
+
+        monkeypatch.setattr(_numba_lstm, name, spy)
+    params = LSTMParameters.random(input_size=4, hidden_size=6, num_layers=2, seed=5, dtype=np.float32)
+    x = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    dy = rng.standard_normal((5, 3, 6)).astype(np.float32)
+    results = []
+    for together in (False, True):
+        monkeypatch.setattr(_numba_lstm, "layers_together", lambda together=together: together)
+        monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 1)
+        with layer_for(params, "numba") as layer:
+            out = layer.apply(x, training=True)
+            grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
+            results.append((out.output, grads.input))
+    assert calls == ["forward_layers", "backward_layers"]
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for kernel in (_numba_lstm._forward, _numba_lstm._backward):
+        single = [s for s in kernel.signatures if s[0].dtype == numba.float32]
+        assert len(single) == 1, (kernel.py_func.__name__, single)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("parts", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dtype, monkeypatch, rng):

@@ -525,23 +525,25 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
 @_threaded
 def _forward_layers(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, steps, hidden, outs, h_fin, c_fin,
                     projection, light, x2_b, wx_b, bias_b, u_b, pe_b, full_pre_b, full_out_b, h0_b, c0_b,
-                    steps_b, hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, light_b, lengths, progress,
-                    none):
+                    steps_b, hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, light_b, lengths, reverse,
+                    progress, none):
     """Two consecutive layers of one direction forward in time, at the same time: the lower
     one (the arguments of :func:`_forward`) on one thread, counting its steps of output in
     ``progress`` (int64, one element, zero at the call); the upper one (the same arguments
     with ``_b``; its input ``x2_b`` is the lower one's output) on another, each chunk of its
-    steps waiting for the steps it reads. ``none`` is an empty counter.
+    steps waiting for the steps it reads. ``reverse`` is False, passed in: a constant here
+    would be typed as a literal and compile :func:`_forward` a second time. ``none`` is an
+    empty counter.
 
     The lower layer never waits, so the two end whatever threads run them: on one thread the
     lower layer (iteration 0) runs first, then the upper one."""
     for p in numba.prange(2):
         if p == 0:
             _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin,
-                     c_fin, projection, False, light, none, progress)
+                     c_fin, projection, reverse, light, none, progress)
         else:
             _forward(x2_b, wx_b, bias_b, u_b, pe_b, full_pre_b, full_out_b, h0_b, c0_b, lengths, steps_b,
-                     hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, False, light_b, progress, none)
+                     hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, reverse, light_b, progress, none)
 
 
 @_kernel
@@ -933,24 +935,25 @@ def _backward_layers(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_
                      dh_first, d_gates, columns, dh, x2_b, wx_t_b, u_t_b, peep_b, pe_b, has_peep_b,
                      full_pre_grad_b, full_out_grad_b, steps_b, hidden_b, dys_b, dc_b, carried_b, d_wx_b,
                      d_u_b, d_bias_b, d_peep_b, d_full_pre_b, d_full_out_b, d_input_b, input_beta_b,
-                     dh_first_b, d_gates_b, columns_b, dh_b, lengths, progress, none):
+                     dh_first_b, d_gates_b, columns_b, dh_b, lengths, reverse, progress, none):
     """Two consecutive layers of one direction backward (forward in time), at the same time:
     the upper one (the arguments of :func:`_backward`) on one thread, counting in ``progress``
     (int64, one element, zero at the call) the steps whose rows of its input gradient are
     written; the lower one (the same arguments with ``_b``; its output gradient ``dys_b`` is
-    the upper one's ``d_input``) on another, each step waiting for its row. ``none`` is an
-    empty counter. The upper layer never waits, so on one thread (iteration 0 first) the two
-    end as well."""
+    the upper one's ``d_input``) on another, each step waiting for its row. ``reverse`` is
+    False, passed in for the reason :func:`_forward_layers` gives; ``none`` is an empty
+    counter. The upper layer never waits, so on one thread (iteration 0 first) the two end as
+    well."""
     for p in numba.prange(2):
         if p == 0:
             _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden,
                       dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input,
-                      input_beta, dh_first, d_gates, columns, dh, False, none, progress)
+                      input_beta, dh_first, d_gates, columns, dh, reverse, none, progress)
         else:
             _backward(x2_b, wx_t_b, u_t_b, peep_b, pe_b, has_peep_b, full_pre_grad_b, full_out_grad_b,
                       lengths, steps_b, hidden_b, dys_b, dc_b, carried_b, d_wx_b, d_u_b, d_bias_b, d_peep_b,
                       d_full_pre_b, d_full_out_b, d_input_b, input_beta_b, dh_first_b, d_gates_b, columns_b,
-                      dh_b, False, progress, none)
+                      dh_b, reverse, progress, none)
 
 
 # --------------------------------------------------------------------------------------
@@ -1336,7 +1339,7 @@ def forward_layers(lower: dict, upper: dict) -> None:
         _forward_layers(a.x2, a.wx, a.bias, a.u, a.pe, a.full_pre, a.full_out, a.h0, a.c0, a.steps, a.hidden,
                         a.outs, a.h_fin, a.c_fin, a.projection, a.light, b.x2, b.wx, b.bias, b.u, b.pe,
                         b.full_pre, b.full_out, b.h0, b.c0, b.steps, b.hidden, b.outs, b.h_fin, b.c_fin,
-                        b.projection, b.light, a.lengths, np.zeros(1, np.int64), _NO_COUNTER)
+                        b.projection, b.light, a.lengths, False, np.zeros(1, np.int64), _NO_COUNTER)
     a.finish()
     b.finish()
 
@@ -1479,5 +1482,5 @@ def backward_layers(upper: dict, lower: dict) -> tuple[tuple, tuple]:
                          a.columns, a.dh, b.x2, b.wx_t, b.u_t, b.peep, b.pe, b.has_peep, b.full_pre_grad,
                          b.full_out_grad, b.steps, b.hidden, b.dys, b.dc, b.carried, b.d_wx, b.d_u, b.d_bias,
                          b.d_peep, b.d_full_pre, b.d_full_out, b.d_input, b.input_beta, b.dh_first, b.d_gates,
-                         b.columns, b.dh, a.lengths, np.zeros(1, np.int64), _NO_COUNTER)
+                         b.columns, b.dh, a.lengths, False, np.zeros(1, np.int64), _NO_COUNTER)
     return a.finish(), b.finish()
