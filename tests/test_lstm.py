@@ -736,15 +736,18 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
     with a float64 product for every kind of tile: row counts that leave 0 to 5 rows after
     the 6-row (or 12-row) tiles, column counts of two vectors, one, a padded rest or several
     of each (with AVX-512, 7 narrow vectors' worth is a panel of two wide ones, one wide and
-    one narrow), an empty sum. It writes nothing outside ``out`` (views inside larger arrays),
-    takes ``out`` as ``add``, and refuses operands whose rows are not unit-stride."""
-    from bnnsfw.backends._numba_tiles import lanes, product
+    one narrow, and one narrow vector's worth with an even shared length is the paired tile,
+    whose row counts leave 0 to 11 rows after its 12-row tiles), an empty sum. It writes
+    nothing outside ``out`` (views inside larger arrays), takes ``out`` as ``add``, and
+    refuses operands whose rows are not unit-stride."""
+    from bnnsfw.backends._numba_tiles import PAIR_ROWS, lanes, product
 
     width = lanes(dtype)
     assert width == 32 // np.dtype(dtype).itemsize
+    assert PAIR_ROWS == 12
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
-    for m in (1, 5, 6, 7, 13, 23, 26):
-        for k in (0, 1, 17):
+    for m in (1, 5, 6, 7, 13, 23, 26, 35):
+        for k in (0, 1, 2, 17, 40):
             for n in (1, 3, width, width + 1, 2 * width, 2 * width + 3, 3 * width, 5 * width - 1, 7 * width):
                 a = rng.standard_normal((m, k)).astype(dtype)
                 b = rng.standard_normal((k, n)).astype(dtype)
@@ -823,8 +826,8 @@ def test_numba_tile_without_avx512_agrees_with_a_float64_product(tmp_path):
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("hidden_size", [5, 37])
-@pytest.mark.parametrize("batch", [4, 16, 27])
+@pytest.mark.parametrize("hidden_size", [5, 38])
+@pytest.mark.parametrize("batch", [4, 8, 16, 27])
 def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, batch,
                                                                    monkeypatch, rng):
     """Each step's units and each product shared out over threads (a thread may get no unit:
@@ -835,7 +838,9 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     states, final-state gradients and chunks of steps. The step products see every kind of
     column panel: 27 sequences are two vectors' worth, one vector's and a padded rest in
     float32, and 4 are one padded vector, or one whole one in float64; 16 are whole cache
-    lines, whose gate gradients the steps store past the caches."""
+    lines, whose gate gradients the steps store past the caches; one narrow vector's worth
+    (8 in float32, 4 in float64) takes the paired tile with AVX-512, forward where H is even
+    (38) and backward (4H)."""
     from bnnsfw.backends import _numba_lstm
 
     used = []
