@@ -372,3 +372,67 @@ def test_backend_object_is_accepted_directly():
     assert bf.get_backend(backend) is backend
     with pytest.raises(bf.InvalidParameterError, match="backend must implement the backend contract"):
         bf.get_backend(42)
+
+
+_STALE_KERNEL_CHILD = """
+import numpy as np
+import bnnsfw as bf
+params = bf.NormalizationParameters(type=bf.NormalizationType.instance(), input_shape=(3, 4, 5),
+                                    dtype=np.float32)
+with bf.use_backend("numba"), bf.NormalizationLayer(params) as layer:
+    layer.apply(np.ones((2, 3, 4, 5), np.float32))
+"""
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_kernels_cache_stamps_cover_every_kernel_module(tmp_path):
+    """A cached kernel carries the compiled code it calls from other kernel modules, so its
+    cache entry is stamped with all of their sources: every kernel module's functions take
+    the stamping locator, whose stamp is the one Numba's own locator gives plus a digest that
+    changes with any byte of any kernel module. End to end, in a copy of the package: after a
+    change to ``_numba_stream.py`` alone, the normalization kernel that calls its stores is
+    compiled again instead of being loaded from the cache."""
+    import os
+    import shutil
+    import subprocess
+
+    from bnnsfw.backends import _numba_cache, _numba_lstm, _numba_normalization, _numba_tiles
+
+    names = {path.name for path in _numba_cache.KERNEL_MODULES}
+    assert {"_numba_lstm.py", "_numba_tiles.py", "_numba_stream.py", "_numba_normalization.py"} <= names
+    for kernel in (_numba_tiles._product, _numba_lstm._recur, _numba_normalization._row_forward):
+        locator = kernel._cache._impl.locator
+        assert isinstance(locator, _numba_cache.KernelSourcesLocator)
+        inner_stamp, digest = locator.get_source_stamp()
+        assert inner_stamp == locator._inner.get_source_stamp()
+        assert digest == _numba_cache.sources_digest()
+    copies = []
+    for path in _numba_cache.KERNEL_MODULES:
+        copies.append(tmp_path / path.name)
+        shutil.copyfile(path, copies[-1])
+    before = _numba_cache.sources_digest(tuple(copies))
+    with open(copies[-1], "a", encoding="utf-8") as fh:
+        fh.write("\n# one more line\n")
+    assert _numba_cache.sources_digest(tuple(copies)) != before
+
+    package = tmp_path / "tree"
+    shutil.copytree(os.path.dirname(bf.__file__), package / "bnnsfw",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(package), NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+               NUMBA_DEBUG_CACHE="1")
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, "-c", _STALE_KERNEL_CHILD], capture_output=True, text=True,
+                              timeout=600, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done.stdout + done.stderr
+
+    first = run()
+    assert "data saved" in first and "_row_forward" in first
+    again = run()
+    assert "_row_forward" in again and "data saved" not in again  # warm: loaded, nothing compiled
+    with open(package / "bnnsfw" / "backends" / "_numba_stream.py", "a", encoding="utf-8") as fh:
+        fh.write("\n# a change to the stores only\n")
+    changed = run()
+    saved = [line for line in changed.splitlines() if "data saved" in line]
+    assert any("_row_forward" in line for line in saved), changed

@@ -66,7 +66,8 @@ What is compiled, and why:
 
 Kernels are compiled on first use and cached on disk (``cache=True``; Numba keeps the cache
 beside the module, in the user's cache folder when the package folder is read only, or in
-``NUMBA_CACHE_DIR``).
+``NUMBA_CACHE_DIR``), each entry stamped with the sources of every kernel module
+(:mod:`._numba_cache`).
 """
 
 from __future__ import annotations
@@ -83,10 +84,13 @@ from numba.extending import overload
 
 from .._threadpool import blas_limit, current_limit
 from ..enums import ActivationFunction as AF
+from . import _numba_cache
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
 from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_stream import LINE_BYTES, store_fence, stream_copy
 from ._numba_tiles import VECTOR_BYTES, product
+
+_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["CHUNK_COLUMNS", "LAYER_CHUNKS", "ROW_PAD", "THREADED_STEP_MIN", "serves", "step_parts",
            "chunk_steps", "layers_together", "wide_rows", "forward", "forward_layers", "backward",

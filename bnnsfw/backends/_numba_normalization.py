@@ -37,7 +37,11 @@ from typing import Callable, Iterator
 import numba
 import numpy as np
 
+from . import _numba_cache
+
 from ._numba_stream import affine, store_fence
+
+_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["serves", "forward", "backward"]
 

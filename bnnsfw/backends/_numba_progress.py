@@ -25,6 +25,10 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from . import _numba_cache
+
+_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+
 __all__ = ["claim", "count_up", "publish", "wait_for"]
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")

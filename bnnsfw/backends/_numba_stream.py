@@ -26,6 +26,10 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from . import _numba_cache
+
+_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+
 __all__ = ["LINE_BYTES", "STREAM_MIN", "affine", "stream_copy", "store_fence"]
 
 #: Bytes per vector store: one cache line, so each store fills a line of the write-combining

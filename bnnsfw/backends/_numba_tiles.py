@@ -41,6 +41,10 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from . import _numba_cache
+
+_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+
 __all__ = ["ROWS", "NARROW_ROWS", "VECTOR_BYTES", "WIDE_BYTES", "lanes", "product"]
 
 #: Rows of ``out`` per tile: six rows by two vectors keep twelve sums in flight, more than a
