@@ -739,8 +739,9 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
     one narrow, and one narrow vector's worth with an even shared length is the paired tile,
     whose row counts leave 0 to 11 rows after its 12-row tiles), an empty sum. It writes
     nothing outside ``out`` (views inside larger arrays), takes ``out`` as ``add``, and
-    refuses operands whose rows are not unit-stride."""
-    from bnnsfw.backends._numba_tiles import PAIR_ROWS, lanes, product
+    refuses operands whose rows are not unit-stride. The same with ``b`` paired beforehand
+    for several products (``paired``, ``paired_product``)."""
+    from bnnsfw.backends._numba_tiles import PAIR_ROWS, lanes, paired, paired_product, product
 
     width = lanes(dtype)
     assert width == 32 // np.dtype(dtype).itemsize
@@ -764,6 +765,11 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
                 same = add.copy()
                 product(a, b, same, same)
                 assert np.abs(same - want).max() <= tolerance * scale, (m, k, n)
+                pairs = paired(b)
+                assert pairs.shape == ((k // 2, 2 * n) if pairs.size else (0, n)), (m, k, n)
+                again = np.empty_like(out)
+                paired_product(a, b, pairs, add, again)
+                assert np.abs(again - want).max() <= tolerance * scale, (m, k, n)
     a = rng.standard_normal((4, 3)).astype(dtype)
     b = rng.standard_normal((3, 6)).astype(dtype)
     with pytest.raises(ValueError, match="unit-stride rows"):

@@ -88,7 +88,7 @@ from . import _numba_cache
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
 from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_stream import LINE_BYTES, store_fence, stream_copy
-from ._numba_tiles import VECTOR_BYTES, product
+from ._numba_tiles import VECTOR_BYTES, paired, paired_product, product
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -591,11 +591,12 @@ def _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_nex
     if m == 0:
         return
     zl = np.empty((4, m), block.dtype)  # the thread's own: aliases nothing, so the pass vectorizes
+    pairs = paired(h_prev)  # once for the four gates' products
     for g in range(4):
         rows = zl[g].reshape((count, batch))
         added = projection[g * h + j0:g * h + j1, first:first + batch]
         if with_product:
-            product(u[g * h + j0:g * h + j1], h_prev, added, rows)
+            paired_product(u[g * h + j0:g * h + j1], h_prev, pairs, added, rows)
         else:
             for jj in range(count):
                 for n in range(batch):
