@@ -1786,6 +1786,38 @@ def test_an_open_layer_keeps_a_bounded_scratch_space(backend_name, monkeypatch, 
         assert layer._workspace.nbytes <= 1 << 16
 
 
+def test_the_workspace_hands_out_the_current_memory_of_each_name(monkeypatch, rng):
+    """The workspace keeps the typed views it hands out and counts the bytes it holds as
+    buffers come and go: after any sequence of requests, growth and trims, a name's array is
+    its current buffer (never one it has let go of) and the count is what it holds."""
+    from bnnsfw.layers.lstm import _Workspace
+
+    monkeypatch.setattr(_Workspace, "RETAINED_BYTES", 4096)
+    monkeypatch.setattr(_Workspace, "KEPT_VIEWS", 16)
+    workspace = _Workspace()
+    for _ in range(300):
+        name = f"b{rng.integers(4)}"
+        dtype = np.dtype(rng.choice([np.float32, np.float64, np.uint8]))
+        shape = tuple(int(n) for n in rng.integers(1, 40, size=rng.integers(1, 3)))
+        if rng.random() < 0.2:
+            workspace.trim()
+            assert workspace.nbytes <= _Workspace.RETAINED_BYTES
+        if rng.random() < 0.8:
+            array = workspace.array(name, shape, dtype)
+            assert array.shape == shape and array.dtype == dtype
+        else:
+            array = workspace.bytes(name, shape[0])
+            assert array.shape == shape[:1] and array.dtype == np.uint8
+        assert array.flags.c_contiguous and array.flags.writeable
+        current = workspace._buffers[name]
+        assert np.shares_memory(array, current)
+        assert array.ctypes.data == current.ctypes.data
+        assert workspace.nbytes == sum(b.nbytes for b in workspace._buffers.values())
+        again = workspace.array(name, (2,), np.dtype(np.uint8))
+        assert np.shares_memory(again, workspace._buffers[name])
+        assert len(workspace._views) <= 16
+
+
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_scratch_does_not_grow_with_the_sequence_length(monkeypatch, rng):
     """The compiled kernels work a chunk of steps at a time: ten times the steps, the same

@@ -410,8 +410,8 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         together = pair is not None
         forward = kernels.forward if pair is None else pair[0]
         # two layers at a time when the kernels can and no dropout mask comes between them
-        layers_kernel = kernels.layers[0] if kernels.layers is not None and size_d == 1 and not (
-            request.training and request.dropout_masks is not None) else None
+        layers_kernel = kernels.layers[0] if kernels.layers is not None and size_d == 1 and (
+            config.num_layers > 1) and not (request.training and request.dropout_masks is not None) else None
         active, inactive = _step_masks(lengths, seq_len)
         h0, c0 = request.hidden, request.cell
 
@@ -432,7 +432,9 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         layer_input = request.x.reshape(seq_len * batch, config.input_size)
         # With layers together, BLAS stays on one thread for the whole call: its own threads,
         # woken for a lone layer's products just after Numba's parallel loop, would wait for
-        # the cores with Numba's, which spin for a while after each loop.
+        # the cores with Numba's, which spin for a while after each loop. A stack of one layer
+        # has no such loop, and its calls are short: it keeps BLAS as it is (setting the limit
+        # and putting it back took 12 µs, a tenth of a small layer's call).
         with blas_limit(1 if layers_kernel is not None else 0):
             layer = 0
             ran: tuple[int, ...]
@@ -487,7 +489,8 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         dy, dh_final, dc_final = request.output_gradient, request.hidden_gradient, request.cell_gradient
         x2 = request.x.reshape(seq_len * batch, config.input_size)
         # two layers at a time when the kernels can and no dropout mask comes between them
-        layers_kernel = kernels.layers[1] if kernels.layers is not None and size_d == 1 else None
+        layers_kernel = (kernels.layers[1] if kernels.layers is not None and size_d == 1 and size_l > 1
+                         else None)
 
         def input_of(layer: int) -> np.ndarray:
             upper = views.inputs[layer]

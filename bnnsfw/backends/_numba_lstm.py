@@ -157,11 +157,13 @@ def step_parts(hidden_size: int, batch: int) -> int:
     at least :data:`THREADED_STEP_MIN` multiply-adds over several sequences when parallel
     regions are cheap, else 1 (the steps on the calling thread, BLAS's own threads in the
     products). A thread limit in force (a layer's ``n_threads``, :func:`blas_limit`) caps it."""
+    if batch < 2 or 4 * hidden_size * hidden_size * batch < THREADED_STEP_MIN:
+        return 1
     threads = numba.get_num_threads()
     limit = current_limit()
     if limit:
         threads = min(threads, limit)
-    if threads < 2 or batch < 2 or 4 * hidden_size * hidden_size * batch < THREADED_STEP_MIN:
+    if threads < 2:
         return 1
     return threads if _cheap_parallel_regions() else 1
 
@@ -1149,14 +1151,16 @@ def _feature_major(state: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
 
 def _diagonal(peepholes: tuple[np.ndarray | None, ...], h: int, dtype: np.dtype) -> np.ndarray:
     """The internal-order diagonal peepholes as one (4, H) array, zero rows where a gate has
-    none (all zeros without peepholes)."""
+    none (all zeros without peepholes: :func:`_no_peepholes`, made once per shape)."""
+    if all(p is None for p in peepholes):
+        return _no_peepholes(h, 1, dtype)
     return np.stack([np.zeros(h, dtype) if p is None else p.reshape(h) for p in peepholes])
 
 
 @functools.lru_cache(maxsize=32)
 def _no_peepholes(h: int, batch: int, dtype: np.dtype) -> np.ndarray:
-    """Zeros (4, H·N): :func:`_repeated` for a cell without diagonal peepholes, made once per
-    shape (the kernels only read it)."""
+    """Zeros (4, H·N): :func:`_repeated` (and with N = 1 :func:`_diagonal`) for a cell without
+    diagonal peepholes, made once per shape (the kernels only read it)."""
     return np.zeros((4, h * batch), dtype)
 
 

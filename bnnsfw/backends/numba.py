@@ -126,6 +126,20 @@ def _compiled_backward_layers(upper: CallArguments, lower: CallArguments) -> Non
         _scatter(plan, layer, d, gradients, gates)
 
 
+@functools.cache
+def _compiled_kernels(parts: int, layers: bool) -> DirectionKernels:
+    """The compiled kernels with ``parts`` threads for each step's units; with two, each
+    direction of a bidirectional layer on one thread (``pair``); with ``layers``, two layers
+    at a time (:meth:`NumbaBackend._lstm_direction_kernels` says when). Made once for each
+    choice: a call of a small layer asks for them twice."""
+    pair = None
+    if parts == 2:
+        pair = (functools.partial(_compiled_forward, parts=1), functools.partial(_compiled_backward, parts=1))
+    return DirectionKernels(functools.partial(_compiled_forward, parts=parts),
+                            functools.partial(_compiled_backward, parts=parts), pair,
+                            (_compiled_forward_layers, _compiled_backward_layers) if layers else None)
+
+
 class NumbaBackend(ScipyBlasBackend):
     """Compiled LSTM time loops and normalization row kernels; ``scipy-blas`` for the rest."""
 
@@ -153,15 +167,8 @@ class NumbaBackend(ScipyBlasBackend):
         if _numba_lstm.serves(plan):
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
             parts = 1 if full else _numba_lstm.step_parts(plan.hidden_size, batch)
-            pair = None
-            if parts == 2:
-                pair = (functools.partial(_compiled_forward, parts=1),
-                        functools.partial(_compiled_backward, parts=1))
-            layers = None
-            if parts == 1 and dtype == np.float32 and _numba_lstm.layers_together():
-                layers = (_compiled_forward_layers, _compiled_backward_layers)
-            return DirectionKernels(functools.partial(_compiled_forward, parts=parts),
-                                    functools.partial(_compiled_backward, parts=parts), pair, layers)
+            layers = parts == 1 and dtype == np.float32 and _numba_lstm.layers_together()
+            return _compiled_kernels(parts, layers)
         return super()._lstm_direction_kernels(plan, lengths, batch, dtype)
 
     def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
