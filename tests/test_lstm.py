@@ -925,6 +925,42 @@ def test_numba_gate_gradients_stored_past_the_caches_agree_with_the_reference(dt
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rng):
+    """The chunk's input projection, a run of whose every row each step reads, is a contiguous
+    array with ``ROW_PAD`` more columns than the chunk's (rows of a multiple of 4 KiB would put
+    those runs in one set of the level-1 cache); over several chunks and a last short one, on
+    one thread and shared out over two, inference and training agree with the reference."""
+    from bnnsfw.backends import _numba_lstm
+
+    batch = 4
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 3 * batch)  # chunks of 3 steps: 3, 3, 1
+    seen: list[tuple[tuple[int, ...], bool]] = []
+    for name, where in (("_forward", 15), ("_forward_threads", 14)):
+        kernel = getattr(_numba_lstm, name)
+
+        def recorded(*args, kernel=kernel, where=where):
+            seen.append((args[where].shape, args[where].flags.c_contiguous))
+            return kernel(*args)
+
+        monkeypatch.setattr(_numba_lstm, name, recorded)
+    params = LSTMParameters.random(input_size=3, hidden_size=20, num_layers=1, seed=6, dtype=dtype)
+    x = rng.standard_normal((7, batch, 3)).astype(dtype)
+    dy = rng.standard_normal((7, batch, 20)).astype(dtype)
+    for parts in (1, 2):
+        monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch, parts=parts: parts)
+        results = []
+        for name in ("numpy", "numba"):
+            with layer_for(params, name) as layer:
+                inferred = layer.apply(x).output
+                out = layer.apply(x, training=True)
+                grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
+            results.append([inferred, out.output, grads.input] + _gate_gradients(grads))
+        _assert_all_close(results[1], results[0], dtype)
+    assert len(seen) == 4 and set(seen) == {((80, 3 * batch + _numba_lstm.ROW_PAD), True)}
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("peepholes", [None, "diagonal"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, monkeypatch, rng):

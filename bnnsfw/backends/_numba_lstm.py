@@ -506,18 +506,19 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
     and ``hidden`` (T, H, N) the cache, or (2, 6H, N) and (2, H, N) taken in turn when nothing
     is kept (inference); ``outs[0]`` (T, N, H) the output (any strides; ``outs`` as
     :func:`_any_layout` makes it); ``h_fin``/``c_fin`` (H, N) the final states; ``projection``
-    (4H, chunk·N) scratch; ``light`` for inference without peepholes (the steps write no cache
-    rows: :func:`_state_run`). ``wait`` and ``report`` are progress counters (int64, one element,
-    or empty for none; forward direction only): before it reads the input of a chunk the
-    kernel waits until ``wait`` counts the chunk's steps, and after each step it counts the
-    steps of output it has written in ``report`` (:func:`_forward_layers`).
+    (4H, chunk·N + ROW_PAD) scratch (:func:`_forward_call`); ``light`` for inference without
+    peepholes (the steps write no cache rows: :func:`_state_run`). ``wait`` and ``report`` are
+    progress counters (int64, one element, or empty for none; forward direction only): before
+    it reads the input of a chunk the kernel waits until ``wait`` counts the chunk's steps, and
+    after each step it counts the steps of output it has written in ``report``
+    (:func:`_forward_layers`).
 
     A sequence past its length keeps its state and outputs zeros; its cache block holds
     finite values that backward ignores (as the reference's does).
     """
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
-    chunk = projection.shape[1] // batch
+    chunk = (projection.shape[1] - ROW_PAD) // batch
     u_rows = u[:, :steps.shape[1] // 6]
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
@@ -689,7 +690,7 @@ def _forward_threads(parts, x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden,
     ``pe`` (4, H·N) as in :func:`_forward_part`."""
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
-    chunk = projection.shape[1] // batch
+    chunk = (projection.shape[1] - ROW_PAD) // batch
     u_rows = u[:, :steps.shape[1] // 6]
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
@@ -1271,7 +1272,12 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
         steps = scratch.array("lstm_numba_blocks", (2, six_h, batch), dtype)
         hidden = scratch.array("lstm_numba_hidden", (2, h, batch), dtype)
     assert hidden is not None  # a training cache keeps the states
-    projection = scratch.array("lstm_numba_projection", (4 * h, chunk * batch), dtype)
+    # ROW_PAD more columns than the chunk's: each step reads a run of every row, and rows of a
+    # multiple of 4 KiB (the chunks of 1 024 float32 columns of L, XL and the long row) would
+    # put all those runs in one set of the level-1 cache (as :func:`wide_rows` describes for U).
+    # A contiguous array, not a padded view of one: with the view (a kernel compiled for any
+    # strides) L's forward took 1.2 times as long.
+    projection = scratch.array("lstm_numba_projection", (4 * h, chunk * batch + ROW_PAD), dtype)
     h_fin = scratch.array("lstm_numba_h_fin", (h, batch), dtype)
     c_fin = scratch.array("lstm_numba_c_fin", (h, batch), dtype)
     size_i = x2.shape[1]
