@@ -492,6 +492,13 @@ def _chunk(seq_len, chunk, q, reverse):
     return k_begin, k_end, first_t
 
 
+@_inline
+def _projection_steps(projection, batch):
+    """Steps per chunk of a forward's projection scratch, (4H, chunk·N + ROW_PAD) as
+    :func:`_forward_call` makes it."""
+    return (projection.shape[1] - ROW_PAD) // batch
+
+
 @_kernel
 def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
              projection, reverse, light, wait, report):
@@ -518,7 +525,7 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
     """
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
-    chunk = (projection.shape[1] - ROW_PAD) // batch
+    chunk = _projection_steps(projection, batch)
     u_rows = u[:, :steps.shape[1] // 6]
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
@@ -690,7 +697,7 @@ def _forward_threads(parts, x2, wx, bias, u, pe, h0, c0, lengths, steps, hidden,
     ``pe`` (4, H·N) as in :func:`_forward_part`."""
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
-    chunk = (projection.shape[1] - ROW_PAD) // batch
+    chunk = _projection_steps(projection, batch)
     u_rows = u[:, :steps.shape[1] // 6]
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
