@@ -436,3 +436,64 @@ def test_numba_kernels_cache_stamps_cover_every_kernel_module(tmp_path):
     changed = run()
     saved = [line for line in changed.splitlines() if "data saved" in line]
     assert any("_row_forward" in line for line in saved), changed
+
+
+def _fresh_asm(kernel, *args) -> str:
+    """The assembly of ``kernel`` compiled anew (not from the disk cache, whose code cannot be
+    inspected) for ``args``, with the kernel's own options."""
+    import numba
+
+    options = {k: v for k, v in kernel.targetoptions.items() if k not in ("cache", "nopython")}
+    fresh = numba.njit(**options)(kernel.py_func)
+    fresh(*args)
+    return fresh.inspect_asm(fresh.signatures[0])
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_kernel_loops_take_the_wide_vectors():
+    """The loops LLVM vectorizes by itself (the fused LSTM passes, the normalization passes) use
+    vectors of ``WIDE_BYTES`` (64 bytes where the kernels are compiled for AVX-512; LLVM's own
+    tuning for those machines stops at 32): in the assembly of the LSTM's backward pass, of
+    the layer norm's forward pass and of the batch norm's backward, packed arithmetic on 64-byte
+    registers (``zmm``) outnumbers that on 32-byte ones (``ymm``); in the forward pass (whose
+    products may be inlined from the tile, which takes 64-byte vectors anyway) the gates'
+    reciprocals are on 64-byte registers and none on 32-byte ones."""
+    import re
+
+    from bnnsfw.backends import _numba_lstm, _numba_normalization, _numba_tiles
+
+    if _numba_tiles.WIDE_BYTES != 64:
+        pytest.skip("the kernels are not compiled for AVX-512 here")
+    arithmetic = re.compile(r"^\s+v(?:fn?m(?:add|sub)\w*|mul|add|sub)p[sd]\s[^\n]*%([yz]mm)", re.M)
+    reciprocals = re.compile(r"^\s+vrcp\w*ps\s[^\n]*%([xyz]mm)", re.M)
+
+    def wide(asm: str) -> bool:
+        registers = arithmetic.findall(asm)
+        return registers.count("zmm") > registers.count("ymm")
+
+    rng = np.random.default_rng(0)
+    h, batch, f32 = 32, 16, np.float32
+
+    def arrays(*shape):
+        return rng.standard_normal(shape).astype(f32)
+
+    no_lengths = np.empty(0, np.int64)
+    forward = _fresh_asm(_numba_lstm._forward_part, 0, h, arrays(4 * h, h), arrays(4 * h, batch), 0,
+                         np.zeros((4, h * batch), f32), np.zeros((6 * h, batch), f32), arrays(h, batch),
+                         np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((batch, h), f32),
+                         no_lengths, 0, True, False)
+    registers = reciprocals.findall(forward)
+    assert "zmm" in registers and "ymm" not in registers, registers
+    backward = _fresh_asm(_numba_lstm._backward_part, 0, h, arrays(6 * h, batch), arrays(2, batch, h), 0,
+                          no_lengths, np.zeros((4, h * batch), f32), np.zeros((h, batch), f32),
+                          np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((4 * h, batch), f32),
+                          np.zeros((4 * h, 2 * batch), f32), 0)
+    assert wide(backward)
+    x = arrays(8, 256)
+    layer_norm = _fresh_asm(_numba_normalization._flat_forward, x, np.ones(256, f32), np.zeros(256, f32),
+                            1e-5, np.empty_like(x), np.empty(8), np.empty(8), 1e30, np.zeros(8, np.bool_))
+    assert wide(layer_norm)
+    x3 = arrays(4, 2, 128)
+    batch_norm = _fresh_asm(_numba_normalization._channel_backward, x3, arrays(4, 2, 128), np.ones(2, f32),
+                            1e-5, np.empty_like(x3), np.empty(2), np.empty(2), 1e30, np.zeros(2, np.bool_))
+    assert wide(batch_norm)

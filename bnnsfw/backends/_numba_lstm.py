@@ -88,7 +88,7 @@ from . import _numba_cache
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
 from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_stream import LINE_BYTES, store_fence, stream_copy
-from ._numba_tiles import VECTOR_BYTES, paired, paired_product, product
+from ._numba_tiles import VECTOR_BYTES, paired, paired_product, product, wide_loops
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -438,6 +438,7 @@ def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, 
     ``W x + b`` of the chunk that starts at time step ``chunk_first``. Arrays as in
     :func:`_forward`; after each step's output, the count of steps done goes to ``report``
     (when not empty)."""
+    wide_loops()
     six_h, batch = steps.shape[1], steps.shape[2]
     seq_len = out.shape[0]
     h = six_h // 6
@@ -564,6 +565,7 @@ def _forward_layers(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, steps, hidd
 def _project_chunk(wx, bias, x2, projection, first_t, count, batch):
     """``projection[:, :count·N]`` = ``W x + b`` for the ``count`` steps from ``first_t``: one
     product and one pass."""
+    wide_loops()
     width = count * batch
     rows = x2[first_t * batch:first_t * batch + width]
     _mm(wx, False, rows, True, projection[:, :width], 0.0)
@@ -594,6 +596,7 @@ def _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_nex
     repeated over the sequences (zeros without them); ``light``: inference without peepholes
     (no cache rows, :func:`_state_run`). ``U h`` is :func:`product` on the thread's rows of
     ``u``, which stay in its cache from step to step."""
+    wide_loops()
     h = u.shape[1]
     batch = block.shape[1]
     count = j1 - j0
@@ -671,6 +674,7 @@ def _project_threads(parts, wx, bias, x2, projection, first_t, count, batch):
     width = count * batch
     x_rows = x2[first_t * batch:first_t * batch + width]
     for p in numba.prange(parts):
+        wide_loops()
         r0, r1 = p * rows // parts, (p + 1) * rows // parts
         _mm(wx[r0:r1], False, x_rows, True, projection[r0:r1, :width], 0.0)
         for r in range(r0, r1):
@@ -793,6 +797,7 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
     ``dh_first`` written at walking step 0. A sequence past its length has ``dz = 0`` and passes
     ``dh`` and ``dc`` through. Before it reads ``dy[t]`` a step waits until the progress counter
     ``wait`` (when not empty; forward direction only) counts the steps from ``t`` to the end."""
+    wide_loops()
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
     dz = np.empty((4 * h, batch), steps.dtype)
@@ -854,6 +859,7 @@ def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d
     step ``chunk_first``: one product or one pass each, added to the earlier chunks' with
     ``beta = 1`` (``d_input`` rows are the chunk's own: ``input_beta``). ``d_full_pre`` (4H, H)
     and ``d_full_out`` (H, H) are the full peepholes' gradients ((0, 0) without them)."""
+    wide_loops()
     batch = steps.shape[2]
     h = steps.shape[1] // 6
     width = count * batch
@@ -984,6 +990,7 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gat
     the loop that adds ``dy`` clears ``carried`` as it reads it, and nothing else is copied
     (the piece took 0.85–0.87× the time of one that kept ``dc`` and cleared ``carried``
     column by column, on M's, L's and the long row's halves)."""
+    wide_loops()
     h = carried.shape[0]
     batch = carried.shape[1]
     count = j1 - j0
@@ -1080,6 +1087,7 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
     width = count * batch
     x0 = chunk_first * batch
     for p in numba.prange(parts):
+        wide_loops()
         j0, j1 = _part(h, parts, p)
         for s in range(count):
             state = hidden[chunk_first + s]
@@ -1087,6 +1095,7 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
                 for n in range(batch):
                     columns[j, s * batch + n] = state[j, n]
     for p in numba.prange(parts):
+        wide_loops()
         r0, r1 = p * 4 * h // parts, (p + 1) * 4 * h // parts
         c0, c1 = p * width // parts, (p + 1) * width // parts
         if r1 > r0:

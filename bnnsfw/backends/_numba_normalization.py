@@ -40,6 +40,7 @@ import numpy as np
 from . import _numba_cache
 
 from ._numba_stream import affine, store_fence
+from ._numba_tiles import wide_loops
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -102,6 +103,7 @@ def _row_forward(x, flat, gamma, beta, groups, epsilon, out, means, variances, l
     rows, k_size, s_size = x.shape
     per_group = gamma.shape[0] > 1
     for r in numba.prange(rows):
+        wide_loops()
         g = r % groups if per_group else 0
         count, mean, squares = 0.0, 0.0, 0.0
         for f0 in range(0, flat.shape[1], SEGMENT):
@@ -145,6 +147,7 @@ def _row_backward(x, flat, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_bet
     k_step = max(1, SEGMENT // max(s_size, 1))  # whole k per segment (1 unless S < SEGMENT)
     zero = x.dtype.type(0.0)
     for b in numba.prange(blocks):
+        wide_loops()
         d_gamma = d_gamma_blocks[b]
         d_beta = d_beta_blocks[b]
         d_gamma[:, :] = 0.0
@@ -214,6 +217,7 @@ def _flat_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide):
     (The (R, K, S) loops above with S = 1 would not vectorize.)"""
     rows, m = x.shape
     for r in numba.prange(rows):
+        wide_loops()
         total = 0.0
         for j in range(m):
             total += x[r, j]
@@ -246,6 +250,7 @@ def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks, lim
     blocks = d_gamma_blocks.shape[0]
     zero = x.dtype.type(0.0)
     for b in numba.prange(blocks):
+        wide_loops()
         d_gamma = d_gamma_blocks[b]
         d_beta = d_beta_blocks[b]
         d_gamma[:] = 0.0
@@ -297,6 +302,7 @@ def _channel_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide
     batch, channels, s_size = x.shape
     count = batch * s_size
     for g in numba.prange(channels):
+        wide_loops()
         total = 0.0
         for n in range(batch):
             for s in range(s_size):
@@ -327,6 +333,7 @@ def _channel_backward(x, dy, gamma, epsilon, dx, d_gamma, d_beta, limit, wide):
     batch, channels, s_size = x.shape
     count = batch * s_size
     for g in numba.prange(channels):
+        wide_loops()
         total = 0.0
         for n in range(batch):
             for s in range(s_size):

@@ -46,7 +46,7 @@ from . import _numba_cache
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "VECTOR_BYTES", "WIDE_BYTES", "lanes", "paired",
-           "paired_product", "product"]
+           "paired_product", "product", "wide_loops"]
 
 #: Rows of ``out`` per tile: six rows by two vectors keep twelve sums in flight, more than a
 #: fused multiply-add's latency times the two a cycle that a core issues (4 × 2 on the
@@ -88,6 +88,27 @@ WIDE_BYTES = _wide_bytes()
 
 _kernel = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
 _inline = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True, inline="always")
+
+
+@intrinsic
+def wide_loops(typingctx):
+    """Vectorize the calling function's loops with vectors of :data:`WIDE_BYTES`: sets its
+    ``prefer-vector-width`` attribute, which LLVM's loop vectorizer reads. LLVM's tuning for
+    the AVX-512 Xeons prefers 32-byte vectors in the loops it vectorizes itself (the tiles
+    below say their width); in those loops the wide vectors halve the instructions (the fused
+    forward pass of M's step, one thread: 7.1–7.6 µs → 5.4; five gate functions 3.5 → 2.6 ns a
+    unit). The attribute applies to the function being compiled: a kernel calls this once,
+    outside its loops, and in the body of each ``prange`` loop (a function of its own)."""
+    signature = types.void()
+
+    def codegen(context, builder, sig, args):
+        attributes = builder.function.attributes
+        if isinstance(attributes, set):  # llvmlite's set of names, printed as written
+            # (its ``add`` accepts only the attributes it lists, no string attributes)
+            set.add(attributes, f'"prefer-vector-width"="{8 * WIDE_BYTES}"')
+        return context.get_dummy_value()
+
+    return signature, codegen
 
 
 def lanes(dtype: np.dtype) -> int:
