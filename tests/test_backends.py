@@ -457,7 +457,7 @@ def test_numba_kernel_loops_take_the_wide_vectors():
     the layer norm's forward pass and of the batch norm's backward, packed arithmetic on 64-byte
     registers (``zmm``) outnumbers that on 32-byte ones (``ymm``); in the forward pass (whose
     products may be inlined from the tile, which takes 64-byte vectors anyway) the gates'
-    reciprocals are on 64-byte registers and none on 32-byte ones."""
+    divisions (the rational tanh's) are on 64-byte registers and none on 32-byte ones."""
     import re
 
     from bnnsfw.backends import _numba_lstm, _numba_normalization, _numba_tiles
@@ -465,7 +465,7 @@ def test_numba_kernel_loops_take_the_wide_vectors():
     if _numba_tiles.WIDE_BYTES != 64:
         pytest.skip("the kernels are not compiled for AVX-512 here")
     arithmetic = re.compile(r"^\s+v(?:fn?m(?:add|sub)\w*|mul|add|sub)p[sd]\s[^\n]*%([yz]mm)", re.M)
-    reciprocals = re.compile(r"^\s+vrcp\w*ps\s[^\n]*%([xyz]mm)", re.M)
+    divisions = re.compile(r"^\s+v(?:div|rcp\w*)ps\s[^\n]*%([xyz]mm)", re.M)
 
     def wide(asm: str) -> bool:
         registers = arithmetic.findall(asm)
@@ -482,7 +482,7 @@ def test_numba_kernel_loops_take_the_wide_vectors():
                          np.zeros((4, h * batch), f32), np.zeros((6 * h, batch), f32), arrays(h, batch),
                          np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((batch, h), f32),
                          no_lengths, 0, True, False)
-    registers = reciprocals.findall(forward)
+    registers = divisions.findall(forward)
     assert "zmm" in registers and "ymm" not in registers, registers
     backward = _fresh_asm(_numba_lstm._backward_part, 0, h, arrays(6 * h, batch), arrays(2, batch, h), 0,
                           no_lengths, np.zeros((4, h * batch), f32), np.zeros((h, batch), f32),
