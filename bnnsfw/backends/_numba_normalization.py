@@ -49,6 +49,9 @@ __all__ = ["serves", "forward", "backward"]
 #: Fast-math flags that let LLVM reorder sums (vector reductions) but keep NaN and infinity
 #: meaningful: the loops' ``not squares < limit`` test must see a NaN, and with all flags on
 #: (``fastmath=True`` assumes no NaN) it was folded away.
+#: ``arcp`` stays (the LSTM kernels leave it out: ``_numba_lstm.FAST_MATH``): these kernels
+#: divide only in scalar code, per statistics set, so no element's bits depend on whether a
+#: vectorized loop or its scalar remainder computed it.
 _FASTMATH = {"reassoc", "nsz", "arcp", "contract", "afn"}
 _parallel = numba.njit(parallel=True, nogil=True, fastmath=_FASTMATH, error_model="numpy", cache=True)
 _inline = numba.njit(nogil=True, fastmath=_FASTMATH, error_model="numpy", cache=True, inline="always")
