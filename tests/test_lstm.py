@@ -860,6 +860,7 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
         monkeypatch.setattr(_numba_lstm, name, spy)
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
+    monkeypatch.setattr(_numba_lstm, "OVERLAP_COLUMNS", 0)  # the walk shared out too (overlapped: below)
     directions = 1 if parts == 2 else 2
     params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2,
                                    bidirectional=directions == 2, peepholes="diagonal", seed=4, dtype=dtype)
@@ -884,6 +885,77 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     assert sorted(used) == ([("_backward_threads", parts)] * 2 * directions
                             + [("_forward_threads", parts)] * 6 * directions)
     _assert_all_close(results[1], results[0], dtype)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(("hidden_size", "batch", "seq_len"), [(5, 4, 9), (38, 16, 17), (20, 27, 8)])
+def test_numba_overlapped_backward_agrees_with_the_reference(dtype, hidden_size, batch, seq_len, monkeypatch,
+                                                             rng):
+    """With two threads and small steps the backward walks the steps on one thread while the
+    other makes each walked piece's products (``_backward_overlapped``), with the split
+    ``overlap_pieces`` gives; the gradients agree with the reference, with lengths (one of 0),
+    diagonal peepholes, two layers, initial states, final-state gradients, with and without
+    an output gradient, pieces of one step and longer, and a short last piece. Two backward
+    calls from one cache give the same bits."""
+    from bnnsfw.backends import _numba_lstm
+
+    used = []
+    original = _numba_lstm._backward_overlapped
+
+    def spy(*args):
+        used.append((_argument(original, args, "piece"), _argument(original, args, "walker_pieces")))
+        return original(*args)
+
+    monkeypatch.setattr(_numba_lstm, "_backward_overlapped", spy)
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2, peepholes="diagonal",
+                                   seed=7, dtype=dtype)
+    x = rng.standard_normal((seq_len, batch, 3)).astype(dtype)
+    dy = rng.standard_normal((seq_len, batch, hidden_size)).astype(dtype)
+    states = tuple(rng.standard_normal((2, batch, hidden_size)).astype(dtype) for _ in range(2))
+    final_grads = tuple(rng.standard_normal((2, batch, hidden_size)).astype(dtype) for _ in range(2))
+    lengths = np.resize([seq_len, 2, 0, seq_len - 1], batch)
+    results = []
+    for name in ("numpy", "numba"):
+        arrays = []
+        with layer_for(params, name) as layer:
+            out = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+            for output_gradient in (dy, None):
+                grads = layer.apply_backward(x, output_gradient, *states, *final_grads,
+                                             sequence_lengths=lengths, training_cache=out.training_cache)
+                arrays += [grads.input, grads.hidden, grads.cell] + _gate_gradients(grads)
+            if name == "numba":
+                again = layer.apply_backward(x, None, *states, *final_grads, sequence_lengths=lengths,
+                                             training_cache=out.training_cache)
+                for got, first in zip([again.input, again.hidden, again.cell] + _gate_gradients(again),
+                                      arrays[len(arrays) // 2:]):
+                    np.testing.assert_array_equal(got, first)
+        results.append(arrays)
+    piece, walker_pieces = _numba_lstm.overlap_pieces(seq_len, hidden_size, 3)
+    upper = _numba_lstm.overlap_pieces(seq_len, hidden_size, hidden_size)
+    assert used == [upper, (piece, walker_pieces)] * 3  # 3 backward calls, the upper layer first
+    assert piece < seq_len and 1 <= walker_pieces < -(-seq_len // piece)
+    _assert_all_close(results[1], results[0], dtype)
+
+
+def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
+    """The overlapped backward serves two threads, steps below ``OVERLAP_STEP_MAX`` (M's
+    2²⁰ multiply-adds; not the long row's 2²¹ or L's 2²³), at most ``OVERLAP_COLUMNS``
+    columns, and at least two pieces of steps; the walking thread takes the products of
+    ``(p − 1)(1 − w)/2`` of the ``p`` pieces, ``w`` the walk's cost against a piece's products."""
+    from bnnsfw.backends import _numba_lstm
+
+    assert _numba_lstm.overlaps(2, 50, 16, 128)  # M
+    assert _numba_lstm.overlaps(2, 40, 32, 64)
+    assert not _numba_lstm.overlaps(3, 50, 16, 128)  # three threads: shared out
+    assert not _numba_lstm.overlaps(2, 64, 32, 256)  # L
+    assert not _numba_lstm.overlaps(2, 100, 8, 256)  # the long row's steps
+    assert not _numba_lstm.overlaps(2, 200, 16, 128)  # 3 200 columns
+    assert not _numba_lstm.overlaps(2, 1, 16, 128)  # one piece
+    assert _numba_lstm.overlap_pieces(50, 128, 128) == (7, 2)  # M: w = 1/2, 8 pieces
+    assert _numba_lstm.overlap_pieces(50, 128, 1) == (7, 1)  # products cheaper than the walk
+    assert _numba_lstm.overlap_pieces(80, 64, 512) == (10, 3)  # w = 96/1088
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -1401,7 +1473,8 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
             for got, want in zip(*results):
                 np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
     kernels = {_numba_lstm._forward: "outs", _numba_lstm._forward_threads: "outs",
-               _numba_lstm._backward: "dys", _numba_lstm._backward_threads: "dys"}
+               _numba_lstm._backward: "dys", _numba_lstm._backward_threads: "dys",
+               _numba_lstm._backward_overlapped: "dys"}
     for kernel, name in kernels.items():
         position = list(inspect.signature(kernel.py_func).parameters).index(name)
         for signature in kernel.signatures:

@@ -93,8 +93,9 @@ from ._numba_tiles import VECTOR_BYTES, paired, paired_product, product, wide_lo
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["CHUNK_COLUMNS", "FAST_MATH", "LAYER_CHUNKS", "ROW_PAD", "THREADED_STEP_MIN", "serves",
-           "step_parts", "chunk_steps", "layers_together", "wide_rows", "forward", "forward_layers",
+__all__ = ["CHUNK_COLUMNS", "FAST_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS", "OVERLAP_PIECES",
+           "OVERLAP_STEP_MAX", "ROW_PAD", "THREADED_STEP_MIN", "serves", "step_parts", "chunk_steps",
+           "overlaps", "overlap_pieces", "layers_together", "wide_rows", "forward", "forward_layers",
            "backward", "backward_layers"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
@@ -183,6 +184,45 @@ def step_parts(hidden_size: int, batch: int) -> int:
 def chunk_steps(seq_len: int, batch: int) -> int:
     """Steps per chunk: :data:`CHUNK_COLUMNS` columns, at least one step, at most ``seq_len``."""
     return max(1, min(seq_len, CHUNK_COLUMNS // max(batch, 1)))
+
+
+#: Pieces an overlapped backward walks the steps in (:func:`_backward_overlapped`): each
+#: piece's products start as soon as it is walked.
+OVERLAP_PIECES = 8
+
+#: Largest step, ``4H·H·N`` multiply-adds (exclusive), whose backward on two threads is
+#: overlapped (:func:`overlaps`): on such steps a walk shared out over two threads gains
+#: little over one. Measured (training steps, blocks alternated in one process, overlapped
+#: against shared out): 2¹⁹–2²⁰ (H = 64 to 128, N = 8 to 32) 0.85–0.96; 2²¹ (H = 256, N = 8)
+#: 1.04; 2²² 1.12–1.41; L's 2²³ 1.05–1.08.
+OVERLAP_STEP_MAX = 1 << 21
+
+#: Most columns (steps × sequences) of a layer whose backward is overlapped: its gate
+#: gradients are kept for the whole sequence (``4H`` rows of this many columns at most, twice
+#: :data:`CHUNK_COLUMNS`), not a chunk at a time.
+OVERLAP_COLUMNS = 2 * CHUNK_COLUMNS
+
+
+def overlaps(parts: int, seq_len: int, batch: int, hidden_size: int) -> bool:
+    """True when a backward on ``parts`` threads is overlapped (:func:`_backward_overlapped`):
+    two threads, steps below :data:`OVERLAP_STEP_MAX`, at most :data:`OVERLAP_COLUMNS` columns
+    and at least two pieces of steps."""
+    return (parts == 2 and 4 * hidden_size * hidden_size * batch < OVERLAP_STEP_MAX
+            and seq_len * batch <= OVERLAP_COLUMNS and -(-seq_len // OVERLAP_PIECES) < seq_len)
+
+
+def overlap_pieces(seq_len: int, hidden_size: int, input_size: int) -> tuple[int, int]:
+    """Steps per piece of an overlapped backward, and how many pieces (the last walked: the
+    first time steps) the walking thread makes the products of once its walk is done; the
+    other thread makes the rest while the walk goes on. The split evens out the two threads'
+    work: walking a piece costs about ``1.5·H / (2I + H)`` of its products (the products hold
+    ``2I + H`` multiply-adds per gate row and step, the walk ``H`` and its fused pass), so with
+    ``w`` that ratio and ``p`` pieces the walker takes ``(p − 1)(1 − w)/2`` of them, at least
+    one and at most ``p − 1``."""
+    piece = -(-seq_len // OVERLAP_PIECES)
+    pieces = -(-seq_len // piece)
+    walk = min(1.0, 1.5 * hidden_size / (2 * input_size + hidden_size))
+    return piece, max(1, min(pieces - 1, round((pieces - 1) * (1.0 - walk) / 2)))
 
 
 # --------------------------------------------------------------------------------------
@@ -1163,6 +1203,61 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
                                 0.0 if q == n_chunks - 1 else 1.0)
 
 
+@_threaded
+def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx, d_u,
+                         d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, reverse, piece,
+                         walker_pieces, other_wx, other_u, other_bias, other_peep, other_columns, empty,
+                         none):
+    """:func:`_backward` of a layer whose steps make one chunk, on two threads that overlap
+    the walk with the products instead of sharing out each: thread 0 walks the steps back
+    (:func:`_backprop`, one thread) ``piece`` steps at a time and counts the pieces walked;
+    thread 1 makes each walked piece's products (:func:`_chunk_products`: weight, bias and
+    peephole gradients into ``other_*`` of its own, the piece's rows of ``d_input``) while the
+    walk goes on. Once the walk is done, thread 0 makes the products of the last
+    ``walker_pieces`` pieces walked (the first time steps) into ``d_wx``, ``d_u``, ``d_bias``
+    and ``d_peep``, and the two threads' sums are added. Which thread makes which piece is
+    fixed by the arguments, so the result's bits depend on the data and these alone.
+    ``d_gates`` and ``columns`` span the whole sequence; ``other_columns`` is thread 1's
+    copy of ``columns``; ``empty`` a (0, 0) array and ``none`` an empty counter. Thread 0
+    never waits, so the call ends however many threads run it."""
+    dy = dys[0]
+    seq_len, batch = steps.shape[0], steps.shape[2]
+    pieces = (seq_len + piece - 1) // piece
+    u_t_rows = u_t[:, :4 * (steps.shape[1] // 6)]
+    walked = np.zeros(1, np.int64)
+    for p in numba.prange(2):
+        if p == 0:
+            for q in range(pieces - 1, -1, -1):
+                k_begin, k_end, first_t = _chunk(seq_len, piece, q, reverse)
+                _backprop(steps, dy, lengths, u_t_rows, pe, empty, empty, dc, carried, dh, d_gates, dh_first,
+                          reverse, k_begin, k_end, 0, none)
+                count_up(walked)
+            for q in range(walker_pieces - 1, -1, -1):
+                k_begin, k_end, first_t = _chunk(seq_len, piece, q, reverse)
+                gates = d_gates[:, first_t * batch:]
+                _chunk_products(x2, wx_t, steps, hidden, has_peep, gates, columns, d_wx, d_u, d_bias, d_peep,
+                                d_input, input_beta, first_t, k_end - k_begin,
+                                0.0 if q == walker_pieces - 1 else 1.0, empty, empty)
+        else:
+            for q in range(pieces - 1, walker_pieces - 1, -1):
+                wait_for(walked, pieces - q)
+                k_begin, k_end, first_t = _chunk(seq_len, piece, q, reverse)
+                gates = d_gates[:, first_t * batch:]
+                _chunk_products(x2, wx_t, steps, hidden, has_peep, gates, other_columns, other_wx, other_u,
+                                other_bias, other_peep, d_input, input_beta, first_t, k_end - k_begin,
+                                0.0 if q == pieces - 1 else 1.0, empty, empty)
+    for r in range(d_wx.shape[0]):
+        for c in range(d_wx.shape[1]):
+            d_wx[r, c] += other_wx[r, c]
+        for c in range(d_u.shape[1]):
+            d_u[r, c] += other_u[r, c]
+        d_bias[r] += other_bias[r]
+    if has_peep:
+        for g in range(4):
+            for j in range(d_peep.shape[1]):
+                d_peep[g, j] += other_peep[g, j]
+
+
 # --------------------------------------------------------------------------------------
 # The per-sequence kernels the stack calls (``LSTMStack`` signatures).
 # --------------------------------------------------------------------------------------
@@ -1490,12 +1585,30 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     internal-order gradients ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), the
     diagonal peepholes' (4, H), the full peepholes' of the candidate, forget and input gates
     (4H, H) and of the output gate (H, H) (each None without them); writes ``d_input`` (added
-    to it with ``accumulate_input``) and the initial states' gradients."""
+    to it with ``accumulate_input``) and the initial states' gradients. With ``parts`` = 2
+    and small steps the walk and the products overlap (:func:`overlaps`,
+    :func:`_backward_overlapped`); else, with ``parts`` > 1, both are shared out
+    (:func:`_backward_threads`)."""
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
+    overlapped = overlaps(parts, seq_len, batch, h)
     a = _backward_call(w, x2, lengths, steps, hidden, dy, dh_final, dc_final, dh_initial, dc_initial, d_input,
-                       accumulate_input, scratch, chunk_steps(seq_len, batch))
-    if parts > 1:
+                       accumulate_input, scratch, seq_len if overlapped else chunk_steps(seq_len, batch))
+    if overlapped:
+        assert a.full_pre_grad.size == 0 and a.full_out_grad.size == 0, "threads serve no full peepholes"
+        dtype = steps.dtype
+        piece, walker_pieces = overlap_pieces(seq_len, h, x2.shape[1])
+        other_wx, other_u, other_bias, other_peep = (
+            scratch.array(f"lstm_numba_other_{name}", array.shape, dtype)
+            for name, array in (("wx", a.d_wx), ("u", a.d_u), ("bias", a.d_bias), ("peep", a.d_peep)))
+        with blas_limit(1):
+            _backward_overlapped(
+                a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc, a.carried,
+                a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input, a.input_beta, a.dh_first, a.d_gates, a.columns,
+                a.dh, reverse, piece, walker_pieces, other_wx, other_u, other_bias, other_peep,
+                _aligned(scratch, "lstm_numba_other_columns", a.columns.shape, dtype), _EMPTY[dtype],
+                _NO_COUNTER)
+    elif parts > 1:
         assert a.full_pre_grad.size == 0 and a.full_out_grad.size == 0, "threads serve no full peepholes"
         dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), steps.dtype)
         with blas_limit(1):
