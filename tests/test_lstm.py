@@ -942,12 +942,13 @@ def test_numba_overlapped_backward_agrees_with_the_reference(dtype, hidden_size,
 def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
     """The overlapped backward serves two threads, steps below ``OVERLAP_STEP_MAX`` (M's
     2²⁰ multiply-adds; not the long row's 2²¹ or L's 2²³), at most ``OVERLAP_COLUMNS``
-    columns, and at least two pieces of steps; the walking thread takes the products of
+    columns (one chunk), and at least two pieces of steps; the walking thread takes the products of
     ``(p − 1)(1 − w)/2`` of the ``p`` pieces, ``w`` the walk's cost against a piece's products."""
     from bnnsfw.backends import _numba_lstm
 
     assert _numba_lstm.overlaps(2, 50, 16, 128)  # M
-    assert _numba_lstm.overlaps(2, 40, 32, 64)
+    assert _numba_lstm.overlaps(2, 32, 32, 64)  # 1 024 columns: one chunk
+    assert not _numba_lstm.overlaps(2, 40, 32, 64)  # 1 280 columns
     assert not _numba_lstm.overlaps(3, 50, 16, 128)  # three threads: shared out
     assert not _numba_lstm.overlaps(2, 64, 32, 256)  # L
     assert not _numba_lstm.overlaps(2, 100, 8, 256)  # the long row's steps

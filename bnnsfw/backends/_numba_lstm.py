@@ -198,9 +198,9 @@ OVERLAP_PIECES = 8
 OVERLAP_STEP_MAX = 1 << 21
 
 #: Most columns (steps × sequences) of a layer whose backward is overlapped: its gate
-#: gradients are kept for the whole sequence (``4H`` rows of this many columns at most, twice
-#: :data:`CHUNK_COLUMNS`), not a chunk at a time.
-OVERLAP_COLUMNS = 2 * CHUNK_COLUMNS
+#: gradients are kept for the whole sequence, so at most one chunk's worth
+#: (:data:`CHUNK_COLUMNS`), the scratch the shared-out backward takes.
+OVERLAP_COLUMNS = CHUNK_COLUMNS
 
 
 def overlaps(parts: int, seq_len: int, batch: int, hidden_size: int) -> bool:
@@ -1208,8 +1208,8 @@ def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy
                          d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, reverse, piece,
                          walker_pieces, other_wx, other_u, other_bias, other_peep, other_columns, empty,
                          none):
-    """:func:`_backward` of a layer whose steps make one chunk, on two threads that overlap
-    the walk with the products instead of sharing out each: thread 0 walks the steps back
+    """:func:`_backward` of a layer whose steps make one chunk (:func:`overlaps`), on two
+    threads that overlap the walk with the products instead of sharing out each: thread 0 walks the steps back
     (:func:`_backprop`, one thread) ``piece`` steps at a time and counts the pieces walked;
     thread 1 makes each walked piece's products (:func:`_chunk_products`: weight, bias and
     peephole gradients into ``other_*`` of its own, the piece's rows of ``d_input``) while the
