@@ -203,12 +203,18 @@ OVERLAP_STEP_MAX = 1 << 21
 OVERLAP_COLUMNS = CHUNK_COLUMNS
 
 
+def _piece_steps(seq_len: int) -> int:
+    """Steps per piece of an overlapped backward: :data:`OVERLAP_PIECES` pieces, the last
+    one shorter."""
+    return -(-seq_len // OVERLAP_PIECES)
+
+
 def overlaps(parts: int, seq_len: int, batch: int, hidden_size: int) -> bool:
     """True when a backward on ``parts`` threads is overlapped (:func:`_backward_overlapped`):
     two threads, steps below :data:`OVERLAP_STEP_MAX`, at most :data:`OVERLAP_COLUMNS` columns
     and at least two pieces of steps."""
     return (parts == 2 and 4 * hidden_size * hidden_size * batch < OVERLAP_STEP_MAX
-            and seq_len * batch <= OVERLAP_COLUMNS and -(-seq_len // OVERLAP_PIECES) < seq_len)
+            and seq_len * batch <= OVERLAP_COLUMNS and _piece_steps(seq_len) < seq_len)
 
 
 def overlap_pieces(seq_len: int, hidden_size: int, input_size: int) -> tuple[int, int]:
@@ -219,7 +225,7 @@ def overlap_pieces(seq_len: int, hidden_size: int, input_size: int) -> tuple[int
     ``2I + H`` multiply-adds per gate row and step, the walk ``H`` and its fused pass), so with
     ``w`` that ratio and ``p`` pieces the walker takes ``(p − 1)(1 − w)/2`` of them, at least
     one and at most ``p − 1``."""
-    piece = -(-seq_len // OVERLAP_PIECES)
+    piece = _piece_steps(seq_len)
     pieces = -(-seq_len // piece)
     walk = min(1.0, 1.5 * hidden_size / (2 * input_size + hidden_size))
     return piece, max(1, min(pieces - 1, round((pieces - 1) * (1.0 - walk) / 2)))
