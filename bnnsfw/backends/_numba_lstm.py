@@ -1215,8 +1215,9 @@ def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy
                          walker_pieces, other_wx, other_u, other_bias, other_peep, other_columns, empty,
                          none):
     """:func:`_backward` of a layer whose steps make one chunk (:func:`overlaps`), on two
-    threads that overlap the walk with the products instead of sharing out each: thread 0 walks the steps back
-    (:func:`_backprop`, one thread) ``piece`` steps at a time and counts the pieces walked;
+    threads that overlap the walk with the products instead of sharing out each: thread 0
+    walks the steps back (:func:`_backprop`, one thread) ``piece`` steps at a time and counts
+    the pieces walked;
     thread 1 makes each walked piece's products (:func:`_chunk_products`: weight, bias and
     peephole gradients into ``other_*`` of its own, the piece's rows of ``d_input``) while the
     walk goes on. Once the walk is done, thread 0 makes the products of the last
@@ -1600,27 +1601,26 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     overlapped = overlaps(parts, seq_len, batch, h)
     a = _backward_call(w, x2, lengths, steps, hidden, dy, dh_final, dc_final, dh_initial, dc_initial, d_input,
                        accumulate_input, scratch, seq_len if overlapped else chunk_steps(seq_len, batch))
-    if overlapped:
+    if parts > 1:
         assert a.full_pre_grad.size == 0 and a.full_out_grad.size == 0, "threads serve no full peepholes"
         dtype = steps.dtype
-        piece, walker_pieces = overlap_pieces(seq_len, h, x2.shape[1])
-        other_wx, other_u, other_bias, other_peep = (
-            scratch.array(f"lstm_numba_other_{name}", array.shape, dtype)
-            for name, array in (("wx", a.d_wx), ("u", a.d_u), ("bias", a.d_bias), ("peep", a.d_peep)))
         with blas_limit(1):
-            _backward_overlapped(
-                a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc, a.carried,
-                a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input, a.input_beta, a.dh_first, a.d_gates, a.columns,
-                a.dh, reverse, piece, walker_pieces, other_wx, other_u, other_bias, other_peep,
-                _aligned(scratch, "lstm_numba_other_columns", a.columns.shape, dtype), _EMPTY[dtype],
-                _NO_COUNTER)
-    elif parts > 1:
-        assert a.full_pre_grad.size == 0 and a.full_out_grad.size == 0, "threads serve no full peepholes"
-        dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), steps.dtype)
-        with blas_limit(1):
-            _backward_threads(parts, a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths,
-                              a.steps, a.hidden, a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep,
-                              a.d_input, a.input_beta, a.dh_first, a.d_gates, a.columns, a.dh, dz, reverse)
+            if overlapped:
+                piece, walker_pieces = overlap_pieces(seq_len, h, x2.shape[1])
+                other_wx, other_u, other_bias, other_peep = (
+                    scratch.array(f"lstm_numba_other_{name}", array.shape, dtype)
+                    for name, array in (("wx", a.d_wx), ("u", a.d_u), ("bias", a.d_bias), ("peep", a.d_peep)))
+                _backward_overlapped(
+                    a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc,
+                    a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input, a.input_beta, a.dh_first,
+                    a.d_gates, a.columns, a.dh, reverse, piece, walker_pieces, other_wx, other_u, other_bias,
+                    other_peep, _aligned(scratch, "lstm_numba_other_columns", a.columns.shape, dtype),
+                    _EMPTY[dtype], _NO_COUNTER)
+            else:
+                dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), dtype)
+                _backward_threads(parts, a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden,
+                                  a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input,
+                                  a.input_beta, a.dh_first, a.d_gates, a.columns, a.dh, dz, reverse)
     else:
         a.run(reverse)
     return a.finish()
