@@ -736,18 +736,19 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
     with a float64 product for every kind of tile: row counts that leave 0 to 5 rows after
     the 6-row (or 12-row) tiles, column counts of two vectors, one, a padded rest or several
     of each (with AVX-512, 7 narrow vectors' worth is a panel of two wide ones, one wide and
-    one narrow, and one narrow vector's worth with an even shared length is the paired tile,
-    whose row counts leave 0 to 11 rows after its 12-row tiles), an empty sum. It writes
+    one narrow, and one narrow or one wide vector's worth with an even shared length is the
+    paired tile, whose row counts leave 0 to 11 rows after its 12-row tiles and reach every
+    tile of its two-vector form: 8, 4, 2 and 1 rows), an empty sum. It writes
     nothing outside ``out`` (views inside larger arrays), takes ``out`` as ``add``, and
     refuses operands whose rows are not unit-stride. The same with ``b`` paired beforehand
     for several products (``paired``, ``paired_product``)."""
-    from bnnsfw.backends._numba_tiles import PAIR_ROWS, lanes, paired, paired_product, product
+    from bnnsfw.backends._numba_tiles import PAIR_ROWS, PAIR_WIDE_ROWS, lanes, paired, paired_product, product
 
     width = lanes(dtype)
     assert width == 32 // np.dtype(dtype).itemsize
-    assert PAIR_ROWS == 12
+    assert (PAIR_ROWS, PAIR_WIDE_ROWS) == (12, 8)
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
-    for m in (1, 5, 6, 7, 13, 23, 26, 35):
+    for m in (1, 5, 6, 7, 13, 23, 26, 35, 40):
         for k in (0, 1, 2, 17, 40):
             for n in (1, 3, width, width + 1, 2 * width, 2 * width + 3, 3 * width, 5 * width - 1, 7 * width):
                 a = rng.standard_normal((m, k)).astype(dtype)
@@ -845,8 +846,8 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     column panel: 27 sequences are two vectors' worth, one vector's and a padded rest in
     float32, and 4 are one padded vector, or one whole one in float64; 16 are whole cache
     lines, whose gate gradients the steps store past the caches; one narrow vector's worth
-    (8 in float32, 4 in float64) takes the paired tile with AVX-512, forward where H is even
-    (38) and backward (4H)."""
+    (8 in float32, 4 in float64) and one wide vector's worth (16 in float32, 8 in float64) take
+    the paired tile with AVX-512, forward where H is even (38) and backward (4H)."""
     from bnnsfw.backends import _numba_lstm
 
     used = []

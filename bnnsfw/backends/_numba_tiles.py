@@ -25,10 +25,18 @@ product of one 32-byte vector's worth of columns (8 float32 sequences, 4 float64
 64-byte rows, and each fused multiply-add takes two steps of ``k`` for the whole row of ``out``,
 ``a[i, 2k]`` and ``a[i, 2k + 1]`` broadcast over alternate lanes. On one thread the 32-byte tile
 ran 62–68 GFLOP/s on ``512 × 256 × 8`` (the long row's step, half the units) and ``1024 × 256
-× 8``, the paired one 117–132.
+× 8``, the paired one 117–132. One 64-byte vector's worth of columns (16 float32 sequences,
+8 float64) with an even ``K`` is paired too, half a vector's columns at a time: each
+broadcast pair then serves two vectors of pairs, sixteen fused multiply-adds for eight
+broadcasts and two loaded rows (ten loads), where the one-vector tile takes twelve
+broadcasts and a loaded row for twelve. On one thread, float32, the
+pairing of ``b`` included (three runs alternated with the one-vector tile):
+``256 × 128 × 16`` (M's forward step, half its units) 132–151 GFLOP/s against 107–121,
+``128 × 512 × 16`` (its backward ``Uᵀ dz``, half the units) 129–162 against 100–114.
 Each call of the tile in the source compiles to a loop of its own, so the kernel calls it from
 few places, and :func:`product` hands its operands on as views of one layout: the kernel
-compiles once per dtype, in about 4.2 s with the 64-byte panels (3.0 without; a kernel per
+compiles once per dtype, in about 5 s with the 64-byte panels and both paired tiles (3.0
+without either; the two-vector paired tile added about 0.5 s; a kernel per
 layout of the operands, with the padded columns handled in each block of rows, took 4–5 s
 each, and the demo's first call from an empty cache went from 14 to 36 s).
 """
@@ -45,8 +53,8 @@ from . import _numba_cache
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "VECTOR_BYTES", "WIDE_BYTES", "lanes", "paired",
-           "paired_product", "product", "wide_loops"]
+__all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "VECTOR_BYTES", "WIDE_BYTES", "lanes",
+           "paired", "paired_product", "product", "wide_loops"]
 
 #: Rows of ``out`` per tile: six rows by two vectors keep twelve sums in flight, more than a
 #: fused multiply-add's latency times the two a cycle that a core issues (4 × 2 on the
@@ -57,11 +65,17 @@ ROWS = 6
 #: Rows per tile of a one-vector panel (N of 8 float32, say): twelve sums in flight again.
 NARROW_ROWS = 2 * ROWS
 
-#: Rows per tile of the paired product (one narrow vector's worth of columns with AVX-512:
+#: Rows per tile of the paired product of one narrow vector's worth of columns (with AVX-512:
 #: :func:`_pair_tile`). Twelve sums in flight, as in the other tiles; on ``512 × 256 × 8`` in
 #: float32, one thread, 8, 12 and 16 rows ran within 3 % of each other, 6 rows 20 % slower and
 #: 24 (which spill the 32 vector registers) 2–3 times slower.
 PAIR_ROWS = 12
+
+#: Rows per tile of the paired product of one wide vector's worth of columns (two vectors of
+#: pairs a row): sixteen sums. With twelve or ten rows (24 or 20 sums) the compiled walk moved
+#: some sums to the stack and back at every step (seen in the assembly): on ``256 × 128 × 16``
+#: in float32, one thread, 88–94 GFLOP/s against 148–151 with eight rows.
+PAIR_WIDE_ROWS = 8
 
 #: Bytes per vector of the narrowest panels (8 float32, 4 float64); columns go in whole
 #: numbers of these.
@@ -201,9 +215,10 @@ def _pair_types(arrays, vector_bytes):
 
 @intrinsic
 def _pair_rows(typingctx, b, pairs, vector_bytes):
-    """``pairs[k, 2j + e] = b[2k + e, j]`` for ``k < pairs.shape[0]``, ``e`` 0 or 1 and ``j`` below
-    half the elements ``L`` of a vector of ``vector_bytes``: each pair of rows of ``b`` (``L/2``
-    columns) interleaved into one vector, a load of each row and one shuffle."""
+    """``pairs[k, L·v + 2j + e] = b[2k + e, (L/2)·v + j]`` for ``k < pairs.shape[0]``, ``e`` 0 or 1,
+    ``j`` below half the elements ``L`` of a vector of ``vector_bytes`` and ``v`` below the
+    number of such half-vectors in a row of ``b``: each pair of rows of ``b`` interleaved, ``L/2``
+    columns at a time, into one vector each, a load of each row's half and one shuffle."""
     typed = _pair_types((b, pairs), vector_bytes)
     if typed is None:
         return None
@@ -214,40 +229,46 @@ def _pair_rows(typingctx, b, pairs, vector_bytes):
         scalar = context.get_value_type(dtype)
         half, whole = ir.VectorType(scalar, width // 2), ir.VectorType(scalar, width)
         i64 = ir.IntType(64)
+        align = dtype.bitwidth // 8
         structs = [context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:2], args[:2])]
         data = [builder.bitcast(s.data, ir.IntType(8).as_pointer()) for s in structs]
         row_bytes = [cgutils.unpack_tuple(builder, s.strides, 2)[0] for s in structs]
-        count = cgutils.unpack_tuple(builder, structs[1].shape, 2)[0]
+        count, columns = cgutils.unpack_tuple(builder, structs[1].shape, 2)
         mixed = ir.Constant(ir.VectorType(ir.IntType(32), width),
                             [j // 2 + (width // 2) * (j % 2) for j in range(width)])
-        align = dtype.bitwidth // 8
+        vectors = builder.udiv(columns, ir.Constant(i64, width))
         with cgutils.for_range(builder, count) as loop:
             even = builder.mul(builder.mul(loop.index, ir.Constant(i64, 2)), row_bytes[0])
             odd = builder.add(even, row_bytes[0])
-            rows = [builder.load(builder.bitcast(builder.gep(data[0], [at]), half.as_pointer()), align=align)
-                    for at in (even, odd)]
-            target = builder.bitcast(builder.gep(data[1], [builder.mul(loop.index, row_bytes[1])]),
-                                     whole.as_pointer())
-            builder.store(builder.shuffle_vector(rows[0], rows[1], mixed), target, align=align)
+            target_row = builder.mul(loop.index, row_bytes[1])
+            with cgutils.for_range(builder, vectors) as group:
+                offset = builder.mul(group.index, ir.Constant(i64, width // 2 * align))
+                rows = [builder.load(builder.bitcast(builder.gep(data[0], [builder.add(at, offset)]),
+                                                     half.as_pointer()), align=align)
+                        for at in (even, odd)]
+                target = builder.gep(data[1], [builder.add(target_row, builder.add(offset, offset))])
+                builder.store(builder.shuffle_vector(rows[0], rows[1], mixed),
+                              builder.bitcast(target, whole.as_pointer()), align=align)
         return context.get_dummy_value()
 
     return signature, codegen
 
 
 @intrinsic
-def _pair_tile(typingctx, a, pairs, add, out, rows, vector_bytes):
-    """``out[i, :L/2] = add[i, :L/2] + Σ_k a[i, k]·b[k, :L/2]`` for ``i < rows`` (a literal
-    integer), ``L`` the elements of a vector of ``vector_bytes``, ``b`` given as ``pairs``
-    (:func:`_pair_rows`, ``K/2`` rows of ``L``). Each step of the walk broadcasts the pair
-    ``a[i, 2k], a[i, 2k + 1]`` over a vector and multiplies it by the pair row ``k``: one fused
-    multiply-add takes two steps of ``k`` for ``L/2`` columns, and the even and odd lanes of
-    each sum are added at the end. Arrays as in :func:`_tile`."""
+def _pair_tile(typingctx, a, pairs, add, out, rows, vectors, vector_bytes):
+    """``out[i, :V·L/2] = add[i, :V·L/2] + Σ_k a[i, k]·b[k, :V·L/2]`` for ``i < rows``, ``V =
+    vectors`` (both literal integers), ``L`` the elements of a vector of ``vector_bytes``, ``b``
+    given as ``pairs`` (:func:`_pair_rows`, ``K/2`` rows of ``V·L``). Each step of the walk
+    broadcasts the pair ``a[i, 2k], a[i, 2k + 1]`` over a vector and multiplies it by the ``V``
+    vectors of pair row ``k``: one fused multiply-add takes two steps of ``k`` for ``L/2``
+    columns, and the even and odd lanes of each sum are added at the end. Arrays as in
+    :func:`_tile`."""
     typed = _pair_types((a, pairs, add, out), vector_bytes)
-    if typed is None or not isinstance(rows, types.IntegerLiteral):
+    if typed is None or not all(isinstance(t, types.IntegerLiteral) for t in (rows, vectors)):
         return None
     dtype, width = typed
-    n_rows = rows.literal_value
-    signature = types.void(a, pairs, add, out, rows, vector_bytes)
+    n_rows, n_vectors = rows.literal_value, vectors.literal_value
+    signature = types.void(a, pairs, add, out, rows, vectors, vector_bytes)
 
     def codegen(context, builder, sig, args):
         scalar = context.get_value_type(dtype)
@@ -269,48 +290,71 @@ def _pair_tile(typingctx, a, pairs, add, out, rows, vector_bytes):
         def lanes(values):
             return ir.Constant(ir.VectorType(i32, len(values)), values)
 
-        sums = [cgutils.alloca_once(builder, whole) for _ in range(n_rows)]
-        for total in sums:
-            builder.store(ir.Constant(whole, [0.0] * width), total)
+        def column(v):
+            return ir.Constant(i64, v * (width // 2) * itemsize)
+
+        # each sum starts as its row of ``add`` in the even lanes, zeros in the odd ones
+        spread = lanes([j // 2 + (width // 2) * (j % 2) for j in range(width)])
+        zeros = ir.Constant(half, [0.0] * (width // 2))
+        sums = [[cgutils.alloca_once(builder, whole) for _ in range(n_vectors)] for _ in range(n_rows)]
+        for i in range(n_rows):
+            for v in range(n_vectors):
+                start = builder.load(at(2, i, column(v), half), align=itemsize)
+                builder.store(builder.shuffle_vector(start, zeros, spread), sums[i][v])
         pair_everywhere, undefined = lanes([0, 1] * (width // 2)), ir.Constant(two, ir.Undefined)
         with cgutils.for_range(builder, count) as loop:
-            b_pair = builder.load(at(1, 0, builder.mul(loop.index, row_bytes[1]), whole), align=itemsize)
+            b_row = builder.mul(loop.index, row_bytes[1])
+            b_pairs = [builder.load(at(1, 0, builder.add(b_row, ir.Constant(i64, v * width * itemsize)),
+                                       whole), align=itemsize) for v in range(n_vectors)]
             a_column = builder.mul(loop.index, ir.Constant(i64, 2 * itemsize))
             for i in range(n_rows):
                 pair = builder.load(at(0, i, a_column, two), align=itemsize)
                 broadcast = builder.shuffle_vector(pair, undefined, pair_everywhere)
-                builder.store(builder.call(fmuladd, [broadcast, b_pair, builder.load(sums[i])]), sums[i])
+                for v in range(n_vectors):
+                    total = builder.call(fmuladd, [broadcast, b_pairs[v], builder.load(sums[i][v])])
+                    builder.store(total, sums[i][v])
         even, odd = lanes(list(range(0, width, 2))), lanes(list(range(1, width, 2)))
-        zero = ir.Constant(i64, 0)
         for i in range(n_rows):
-            total = builder.load(sums[i])
-            both = builder.fadd(builder.shuffle_vector(total, total, even),
-                                builder.shuffle_vector(total, total, odd))
-            start = builder.load(at(2, i, zero, half), align=itemsize)
-            builder.store(builder.fadd(start, both), at(3, i, zero, half), align=itemsize)
+            for v in range(n_vectors):
+                total = builder.load(sums[i][v])
+                both = builder.fadd(builder.shuffle_vector(total, total, even),
+                                    builder.shuffle_vector(total, total, odd))
+                builder.store(both, at(3, i, column(v), half), align=itemsize)
         return context.get_dummy_value()
 
     return signature, codegen
 
 
 @_inline
-def _pair_blocks(a, pairs, add, out):
-    """Every row of a paired product (:func:`_pair_tile`): blocks of :data:`PAIR_ROWS` rows,
-    then of 4, 2 and 1."""
+def _pair_rows_of(a, pairs, add, out, vectors):
+    """Every row of a paired product of ``vectors`` (a literal 1 or 2) vectors of pairs a row
+    (:func:`_pair_tile`): blocks of :data:`PAIR_ROWS` rows (:data:`PAIR_WIDE_ROWS` for two
+    vectors), then of 4, 2 and 1."""
     m = out.shape[0]
     i = 0
-    while i + PAIR_ROWS <= m:
-        rows = slice(i, i + PAIR_ROWS)
-        _pair_tile(a[rows], pairs, add[rows], out[rows], PAIR_ROWS, WIDE_BYTES)
-        i += PAIR_ROWS
+    tile_rows = PAIR_ROWS if vectors == 1 else PAIR_WIDE_ROWS
+    while i + tile_rows <= m:
+        rows = slice(i, i + tile_rows)
+        _pair_tile(a[rows], pairs, add[rows], out[rows], tile_rows, vectors, WIDE_BYTES)
+        i += tile_rows
     while i + 4 <= m:
-        _pair_tile(a[i:i + 4], pairs, add[i:i + 4], out[i:i + 4], 4, WIDE_BYTES)
+        _pair_tile(a[i:i + 4], pairs, add[i:i + 4], out[i:i + 4], 4, vectors, WIDE_BYTES)
         i += 4
     if i + 2 <= m:
-        _pair_tile(a[i:i + 2], pairs, add[i:i + 2], out[i:i + 2], 2, WIDE_BYTES)
+        _pair_tile(a[i:i + 2], pairs, add[i:i + 2], out[i:i + 2], 2, vectors, WIDE_BYTES)
         i += 2
     if i < m:
-        _pair_tile(a[i:i + 1], pairs, add[i:i + 1], out[i:i + 1], 1, WIDE_BYTES)
+        _pair_tile(a[i:i + 1], pairs, add[i:i + 1], out[i:i + 1], 1, vectors, WIDE_BYTES)
+
+
+@_inline
+def _pair_blocks(a, pairs, add, out):
+    """Every row of a paired product (:func:`_pair_tile`): one vector of pairs a row (a narrow
+    vector's worth of columns) or two (a wide vector's worth)."""
+    if pairs.shape[1] * pairs.itemsize == WIDE_BYTES:
+        _pair_rows_of(a, pairs, add, out, 1)
+    else:
+        _pair_rows_of(a, pairs, add, out, 2)
 
 
 @_inline
@@ -376,10 +420,10 @@ def _unit_rows(x):
 
 @_inline
 def _pairs_apply(b):
-    """True when products of ``b`` take the paired tile: AVX-512, one narrow vector's worth of
-    columns and an even, non-zero number of rows."""
-    return (WIDE_BYTES == 2 * VECTOR_BYTES and b.shape[1] * b.itemsize == VECTOR_BYTES and b.shape[0] > 0
-            and b.shape[0] % 2 == 0)
+    """True when products of ``b`` take the paired tile: AVX-512, one narrow or one wide
+    vector's worth of columns and an even, non-zero number of rows."""
+    return (WIDE_BYTES == 2 * VECTOR_BYTES and b.shape[1] * b.itemsize in (VECTOR_BYTES, WIDE_BYTES)
+            and b.shape[0] > 0 and b.shape[0] % 2 == 0)
 
 
 @_inline
