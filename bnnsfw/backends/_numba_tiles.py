@@ -74,7 +74,7 @@ PAIR_ROWS = 12
 #: Rows per tile of the paired product of one wide vector's worth of columns (two vectors of
 #: pairs a row): sixteen sums. With twelve or ten rows (24 or 20 sums) the compiled walk moved
 #: some sums to the stack and back at every step (seen in the assembly): on ``256 × 128 × 16``
-#: in float32, one thread, 88–94 GFLOP/s against 148–151 with eight rows.
+#: in float32, one thread, 84–94 GFLOP/s against 148–151 with eight rows.
 PAIR_WIDE_ROWS = 8
 
 #: Bytes per vector of the narrowest panels (8 float32, 4 float64); columns go in whole
