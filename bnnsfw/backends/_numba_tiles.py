@@ -201,6 +201,15 @@ def _tile(typingctx, a, b, add, out, rows, vectors, vector_bytes):
     return signature, codegen
 
 
+def _interleaved(width):
+    """The shuffle that puts lane ``j`` of a first half-vector in lane ``2j`` of a vector of
+    ``width`` lanes and lane ``j`` of a second one in lane ``2j + 1``: rows of ``b`` paired
+    (:func:`_pair_rows`), or a row of ``add`` spread over the even lanes of a paired tile's
+    sums with zeros for the second (:func:`_pair_tile`)."""
+    order = [j // 2 + (width // 2) * (j % 2) for j in range(width)]
+    return ir.Constant(ir.VectorType(ir.IntType(32), width), order)
+
+
 def _pair_types(arrays, vector_bytes):
     """The common dtype of ``arrays`` (2-D, one float dtype) and the elements of a vector of
     ``vector_bytes`` (a literal integer), or None when they do not type."""
@@ -234,8 +243,7 @@ def _pair_rows(typingctx, b, pairs, vector_bytes):
         data = [builder.bitcast(s.data, ir.IntType(8).as_pointer()) for s in structs]
         row_bytes = [cgutils.unpack_tuple(builder, s.strides, 2)[0] for s in structs]
         count, columns = cgutils.unpack_tuple(builder, structs[1].shape, 2)
-        mixed = ir.Constant(ir.VectorType(ir.IntType(32), width),
-                            [j // 2 + (width // 2) * (j % 2) for j in range(width)])
+        mixed = _interleaved(width)
         vectors = builder.udiv(columns, ir.Constant(i64, width))
         with cgutils.for_range(builder, count) as loop:
             even = builder.mul(builder.mul(loop.index, ir.Constant(i64, 2)), row_bytes[0])
@@ -294,7 +302,7 @@ def _pair_tile(typingctx, a, pairs, add, out, rows, vectors, vector_bytes):
             return ir.Constant(i64, v * (width // 2) * itemsize)
 
         # each sum starts as its row of ``add`` in the even lanes, zeros in the odd ones
-        spread = lanes([j // 2 + (width // 2) * (j % 2) for j in range(width)])
+        spread = _interleaved(width)
         zeros = ir.Constant(half, [0.0] * (width // 2))
         sums = [[cgutils.alloca_once(builder, whole) for _ in range(n_vectors)] for _ in range(n_rows)]
         for i in range(n_rows):
