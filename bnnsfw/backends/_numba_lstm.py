@@ -1235,7 +1235,7 @@ def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy
     for p in numba.prange(2):
         if p == 0:
             for q in range(pieces - 1, -1, -1):
-                k_begin, k_end, first_t = _chunk(seq_len, piece, q, reverse)
+                k_begin, k_end, _ = _chunk(seq_len, piece, q, reverse)
                 _backprop(steps, dy, lengths, u_t_rows, pe, empty, empty, dc, carried, dh, d_gates, dh_first,
                           reverse, k_begin, k_end, 0, none)
                 count_up(walked)
