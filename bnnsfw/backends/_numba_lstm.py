@@ -307,10 +307,23 @@ def _leading(m):
 
 
 @numba.njit(cache=True, inline="always")
-def _rows(flat, stride, start, length, count):
-    """Views of ``count`` runs of ``length`` elements of a 1-D array, run ``k`` starting at
-    ``k·stride + start`` (a thread's units in each row block of a feature-major array)."""
-    return [flat[k * stride + start:k * stride + start + length] for k in range(count)]
+def _rows(flat, stride, start, length):
+    """Views of four runs of ``length`` elements of a 1-D array, run ``k`` starting at
+    ``k·stride + start`` (a thread's units in each row block of a feature-major array). A
+    tuple, not a list: a list of the views, made at every step, cost 0.4–0.6 µs a pass (its
+    allocation and the references it holds; H = 64, N = 1: the pass 0.86–0.90 µs against
+    1.36–1.56 with the list)."""
+    a, b, c, d = start, stride + start, 2 * stride + start, 3 * stride + start
+    return flat[a:a + length], flat[b:b + length], flat[c:c + length], flat[d:d + length]
+
+
+@numba.njit(cache=True, inline="always")
+def _six_rows(flat, stride, start, length):
+    """:func:`_rows` for six runs (a cache block's rows)."""
+    a, b, c, d = start, stride + start, 2 * stride + start, 3 * stride + start
+    e, f = 4 * stride + start, 5 * stride + start
+    return (flat[a:a + length], flat[b:b + length], flat[c:c + length], flat[d:d + length],
+            flat[e:e + length], flat[f:f + length])
 
 
 @_inline
@@ -396,8 +409,8 @@ def _forward_step_full(h, z, pe, block, c_next, h_next, full_out):
     half = block.dtype.type(0.5)
     batch = block.shape[1]
     m = h * batch
-    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
-    zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 0, m, 4)
+    c_prev, g_row, f_row, i_row, o_row, a_row = _six_rows(block.reshape(6 * m), m, 0, m)
+    zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 0, m)
     pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
     cell, hid = c_next.reshape(m), h_next.reshape(m)
     for e in range(m):
@@ -432,8 +445,8 @@ def _forward_step(h, z, pe, block, c_next, h_next, light):
     ``…ps``)."""
     batch = block.shape[1]
     m = h * batch
-    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
-    zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 0, m, 4)
+    c_prev, g_row, f_row, i_row, o_row, a_row = _six_rows(block.reshape(6 * m), m, 0, m)
+    zg, zf, zi, zo = _rows(z.reshape(4 * m), m, 0, m)
     cell, hid = c_next.reshape(m), h_next.reshape(m)
     if light:
         _state_run(zg, zf, zi, zo, c_prev, cell, hid)
@@ -673,8 +686,8 @@ def _forward_part(j0, j1, u, projection, first, pe, block, h_prev, c_next, h_nex
                 for n in range(batch):
                     rows[jj, n] = added[jj, n]
     hn, a0 = h * batch, j0 * batch
-    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * hn), hn, a0, m, 6)
-    pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m, 4)
+    c_prev, g_row, f_row, i_row, o_row, a_row = _six_rows(block.reshape(6 * hn), hn, a0, m)
+    pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m)
     zg, zf, zi, zo = zl[0], zl[1], zl[2], zl[3]
     cell = c_next.reshape(hn)[a0:a0 + m]
     hid = h_next.reshape(hn)[a0:a0 + m]
@@ -817,9 +830,9 @@ def _backward_step_full(h, block, dh, dc, dz, pe, full_out_grad, through):
     rest."""
     one = block.dtype.type(1.0)
     m = h * dh.shape[1]
-    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
+    c_prev, g_row, f_row, i_row, o_row, a_row = _six_rows(block.reshape(6 * m), m, 0, m)
     d_h, d_c = dh.reshape(m), dc.reshape(m)
-    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * m), m, 0, m, 4)
+    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * m), m, 0, m)
     pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
     for e in range(m):
         dz_o[e] = _out_backward(o_row[e], a_row[e], d_h[e], one)
@@ -839,9 +852,9 @@ def _backward_step(h, block, dh, dc, dz, pe):
     reasons. ``dz`` is the kernel's own (contiguous, aliasing nothing); the caller copies it
     into the chunk's gate gradients."""
     m = h * dh.shape[1]
-    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * m), m, 0, m, 6)
+    c_prev, g_row, f_row, i_row, o_row, a_row = _six_rows(block.reshape(6 * m), m, 0, m)
     d_h, d_c = dh.reshape(m), dc.reshape(m)
-    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * m), m, 0, m, 4)
+    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * m), m, 0, m)
     pg, pf, pi, po = pe[0], pe[1], pe[2], pe[3]
     _cell_run(c_prev, g_row, f_row, i_row, o_row, a_row, pg, pf, pi, po, d_h, d_c, dz_g, dz_f, dz_i, dz_o)
 
@@ -1056,10 +1069,10 @@ def _backward_part(j0, j1, block, dy, t, lengths, pe, dc, carried, dh, dz, d_gat
     if m == 0:
         return
     hn, a0 = h * batch, j0 * batch
-    c_prev, g_row, f_row, i_row, o_row, a_row = _rows(block.reshape(6 * hn), hn, a0, m, 6)
-    pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m, 4)
+    c_prev, g_row, f_row, i_row, o_row, a_row = _six_rows(block.reshape(6 * hn), hn, a0, m)
+    pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m)
     d_h, d_c = dh.reshape(hn)[a0:a0 + m], dc.reshape(hn)[a0:a0 + m]
-    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * hn), hn, a0, m, 4)
+    dz_g, dz_f, dz_i, dz_o = _rows(dz.reshape(4 * hn), hn, a0, m)
     kept = d_c  # without lengths: nothing reads it
     if not lengths.size:  # every sequence active: carried becomes 0 as it is read
         for jj in range(count):
