@@ -1313,8 +1313,18 @@ print(counter[0], bool((flags == 1).all()), int((owners.sum(axis=0) != 1).sum())
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_packs_the_step_weights_in_wide_rows():
     """The numba backend's packing keeps ``U`` and ``Uᵀ`` once more as the first columns of
-    contiguous arrays with ``ROW_PAD`` more columns of zeros, for every layer and direction."""
+    contiguous arrays with ``ROW_PAD`` more columns of zeros, starting on a cache line, for every
+    layer and direction (NumPy alone puts an array on a line one time in four)."""
     from bnnsfw.backends import _numba_lstm
+
+    for dtype in (np.float32, np.float64):
+        for rows, columns in ((1, 1), (4, 3), (20, 5), (256, 64)):
+            narrow = np.arange(rows * columns, dtype=dtype).reshape(rows, columns) + 1
+            wide = _numba_lstm.wide_rows(narrow)
+            assert wide.dtype == dtype and wide.flags.c_contiguous and wide.ctypes.data % 64 == 0
+            assert wide.shape == (rows, columns + _numba_lstm.ROW_PAD)
+            np.testing.assert_array_equal(wide[:, :columns], narrow)
+            assert not wide[:, columns:].any()
 
     params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, bidirectional=True, seed=1)
     with layer_for(params, "numba") as layer:
@@ -1325,6 +1335,7 @@ def test_numba_packs_the_step_weights_in_wide_rows():
             for wide, narrow in ((w.u_wide, w.u), (w.u_t_wide, w.u_t)):
                 rows, columns = narrow.shape
                 assert wide.flags.c_contiguous and wide.shape == (rows, columns + _numba_lstm.ROW_PAD)
+                assert wide.ctypes.data % 64 == 0
                 np.testing.assert_array_equal(wide[:, :columns], narrow)
                 assert not wide[:, columns:].any()
 

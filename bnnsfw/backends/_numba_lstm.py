@@ -1331,9 +1331,19 @@ def wide_rows(a: np.ndarray) -> np.ndarray:
     each other: backward's ``Uᵀ dz`` on half the long row's units, 128 × 1 024 × 8, took 43.7 µs
     with rows 4 KiB apart and 21.6 µs with rows 64 bytes further apart (L's, 128 × 1 024 × 32,
     77.9 against 75.3; one thread, alternated in one process). A wider array, not a view of
-    one, keeps the kernels' argument contiguous: one compiled kernel for every shape."""
+    one, keeps the kernels' argument contiguous: one compiled kernel for every shape.
+
+    The array starts on a cache line (NumPy aligns its arrays to 16 bytes only). Where a step's
+    product is a BLAS call (fewer sequences than a vector holds), the call's speed depends on
+    it: S's forward kernel (one sequence, H = 64, 100 steps) took 174–191 µs with ``U`` on a
+    line and 211–258 µs at each of the three other 16-byte offsets (one thread, the same
+    arguments but ``U``, two runs), so the same layer ran at either speed from one process to
+    the next."""
     rows, columns = a.shape
-    wide = np.zeros((rows, columns + ROW_PAD), a.dtype)
+    width = columns + ROW_PAD
+    buffer = np.zeros(rows * width + LINE_BYTES // a.itemsize, a.dtype)
+    start = (-buffer.ctypes.data % LINE_BYTES) // a.itemsize
+    wide = buffer[start:start + rows * width].reshape(rows, width)
     wide[:, :columns] = a
     return wide
 
