@@ -320,10 +320,8 @@ def _rows(flat, stride, start, length):
 @numba.njit(cache=True, inline="always")
 def _six_rows(flat, stride, start, length):
     """:func:`_rows` for six runs (a cache block's rows)."""
-    a, b, c, d = start, stride + start, 2 * stride + start, 3 * stride + start
     e, f = 4 * stride + start, 5 * stride + start
-    return (flat[a:a + length], flat[b:b + length], flat[c:c + length], flat[d:d + length],
-            flat[e:e + length], flat[f:f + length])
+    return _rows(flat, stride, start, length) + (flat[e:e + length], flat[f:f + length])
 
 
 @_inline
