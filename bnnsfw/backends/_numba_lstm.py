@@ -1338,12 +1338,18 @@ def wide_rows(a: np.ndarray) -> np.ndarray:
     arguments but ``U``, two runs), so the same layer ran at either speed from one process to
     the next."""
     rows, columns = a.shape
-    width = columns + ROW_PAD
-    buffer = np.zeros(rows * width + LINE_BYTES // a.itemsize, a.dtype)
-    start = (-buffer.ctypes.data % LINE_BYTES) // a.itemsize
-    wide = buffer[start:start + rows * width].reshape(rows, width)
+    wide = _on_a_line(lambda size: np.zeros(size, a.dtype), rows, columns + ROW_PAD, a.dtype)
     wide[:, :columns] = a
     return wide
+
+
+def _on_a_line(allocate, rows: int, width: int, dtype: np.dtype) -> np.ndarray:
+    """A contiguous (rows, width) view that starts on a cache line, inside the 1-D buffer
+    ``allocate(size)`` returns (``size`` elements of ``dtype``: the view's and a line more)."""
+    itemsize = np.dtype(dtype).itemsize
+    buffer = allocate(rows * width + LINE_BYTES // itemsize)
+    start = (-buffer.ctypes.data % LINE_BYTES) // itemsize
+    return buffer[start:start + rows * width].reshape(rows, width)
 
 
 def _aligned(scratch, name: str, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
@@ -1353,11 +1359,8 @@ def _aligned(scratch, name: str, shape: tuple[int, int], dtype: np.dtype) -> np.
     with rows of a multiple of 4 KiB (1 024 float32 columns), lines of one level-1 cache set
     that evict each other, as :func:`wide_rows` describes; the padding spreads them."""
     rows, columns = shape
-    itemsize = np.dtype(dtype).itemsize
-    stride = columns + ROW_PAD
-    buffer = scratch.array(name, (rows * stride + LINE_BYTES // itemsize,), dtype)
-    start = (-buffer.ctypes.data % LINE_BYTES) // itemsize
-    return buffer[start:start + rows * stride].reshape(rows, stride)[:, :columns]
+    padded = _on_a_line(lambda size: scratch.array(name, (size,), dtype), rows, columns + ROW_PAD, dtype)
+    return padded[:, :columns]
 
 
 def _any_layout(a: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
