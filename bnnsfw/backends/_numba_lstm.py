@@ -59,9 +59,9 @@ What is compiled, and why:
   it first and still ends.
 - float32 uses a rational tanh (an odd polynomial over an even one on ``|x| ≤ 7.9``; largest
   error about 2e-7 absolute, inside the contract's float32 tolerance), which is pure
-  multiply-add and one division, so with fast math (:data:`FAST_MATH`: an exact division,
-  the same bits in the vectorized loop and its scalar remainder) and the NumPy error model
-  (no zero-division check, which would keep the loop scalar) the loop vectorizes: 0.37 ns per
+  multiply-add and one division, so with fast math (:data:`FAST_MATH`: an exact division and
+  no reordering, the same bits in the vectorized loop and its scalar remainder) and the NumPy
+  error model (no zero-division check, which would keep the loop scalar) the loop vectorizes: 0.37 ns per
   tanh against 2.7 ns under the Python error model. float64 uses ``math.tanh`` (the contract's
   float64 tolerance is 1e-9).
 
@@ -93,7 +93,7 @@ from ._numba_tiles import VECTOR_BYTES, paired, paired_product, product, wide_lo
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["CHUNK_COLUMNS", "FAST_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS", "OVERLAP_PIECES",
+__all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS", "OVERLAP_PIECES",
            "OVERLAP_STEP_MAX", "ROW_PAD", "THREADED_STEP_MIN", "serves", "step_parts", "chunk_steps",
            "overlaps", "overlap_pieces", "layers_together", "wide_rows", "forward", "forward_layers",
            "backward", "backward_layers"]
@@ -106,21 +106,34 @@ __all__ = ["CHUNK_COLUMNS", "FAST_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS", "OVE
 #: the same; the other benchmark shapes are one chunk either way.
 CHUNK_COLUMNS = 1024
 
-#: The kernels' fast-math flags: all of LLVM's but ``arcp`` (division by a reciprocal). With it,
-#: LLVM divided by a reciprocal estimate refined once in the vectorized loops and exactly in
-#: their scalar remainders, and a gate's value differed in the last bit for about 1.5 % of the
-#: elements depending on which of the two computed it: that changes with the number of
-#: threads (each thread's run of units) and with the run-time checks that the loop's arrays do
-#: not overlap, which read their addresses (the suite's hostile-input test once saw one input
-#: give two answers in two calls). Exact division is the same in both, and costs little more: the
-#: five gate functions of a unit 2.0–2.1 ns against 1.9–2.0 (about 0.3 µs a step of M's 2 048
-#: units, one thread).
-FAST_MATH = {"nnan", "ninf", "nsz", "contract", "afn", "reassoc"}
+#: The kernels' fast-math flags: all of LLVM's but ``arcp`` (division by a reciprocal) and
+#: ``reassoc`` (reordering arithmetic), so that a vectorized loop and its scalar remainder do the
+#: same operations in the same order and give every element the same bits. Which of the two
+#: computes an element changes with the number of threads (each thread's run of units) and with
+#: the run-time checks that the loop's arrays do not overlap, which read their addresses: with
+#: ``arcp``, LLVM divided by a reciprocal estimate refined once in the vectorized loops and
+#: exactly in their remainders (a gate's value differed in the last bit for about 1.5 % of the
+#: elements; the suite's hostile-input test once saw one input give two answers in two calls);
+#: with ``reassoc``, on a machine whose CPU LLVM named ``rocketlake`` (a KVM guest on an AVX-512
+#: Xeon, family 6 model 207), the backward pass's gate gradients differed in the last bit for up
+#: to a third of the elements (the suite's check of this had passed on that model before). Exact
+#: division costs little more (the five gate functions of a unit 2.0–2.1 ns against 1.9–2.0,
+#: about 0.3 µs a step of M's 2 048 units, one thread); the passes need no reordering to
+#: vectorize (their loops hold no sums): 1.84–1.85 ns a unit forward, 1.02 backward, with and
+#: without it.
+FAST_MATH = {"nnan", "ninf", "nsz", "contract", "afn"}
+
+#: :data:`FAST_MATH` and ``reassoc``, for the kernels whose loops are sums (the bias and peephole
+#: gradients of a chunk): a sum vectorizes only when it may be reordered, and it is computed by
+#: one loop whatever the run, so its bits follow the shapes alone.
+SUM_MATH = FAST_MATH | {"reassoc"}
 
 #: Compiled kernels: no GIL, fast math, the NumPy error model, cached on disk.
 _kernel = numba.njit(nogil=True, fastmath=FAST_MATH, error_model="numpy", cache=True)
 _threaded = numba.njit(nogil=True, fastmath=FAST_MATH, error_model="numpy", cache=True, parallel=True)
 _inline = numba.njit(nogil=True, fastmath=FAST_MATH, error_model="numpy", cache=True, inline="always")
+_summing = numba.njit(nogil=True, fastmath=SUM_MATH, error_model="numpy", cache=True)
+_summing_threaded = numba.njit(nogil=True, fastmath=SUM_MATH, error_model="numpy", cache=True, parallel=True)
 
 # BLAS ?gemm through Numba's own helper, which calls SciPy's BLAS (scipy.linalg.cython_blas);
 # unlike a ctypes pointer it is resolved by name, so the kernels that call it can be cached.
@@ -921,7 +934,7 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
     store_fence()  # the chunk's gate gradients, before its products read them
 
 
-@_kernel
+@_summing
 def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep, d_input,
                     input_beta, chunk_first, count, beta, d_full_pre, d_full_out):
     """The weight, bias, peephole and input gradients of one chunk's ``count`` steps from time
@@ -1145,7 +1158,7 @@ def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, d
                             reverse, k_begin, k_end, chunk_first, claims, done)
 
 
-@_threaded
+@_summing_threaded
 def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
                             d_peep, d_input, input_beta, chunk_first, count, beta):
     """:func:`_chunk_products` shared out over ``parts`` threads, each calling a one-thread
