@@ -61,9 +61,9 @@ What is compiled, and why:
   error about 2e-7 absolute, inside the contract's float32 tolerance), which is pure
   multiply-add and one division, so with fast math (:data:`FAST_MATH`: an exact division and
   no reordering, the same bits in the vectorized loop and its scalar remainder) and the NumPy
-  error model (no zero-division check, which would keep the loop scalar) the loop vectorizes: 0.37 ns per
-  tanh against 2.7 ns under the Python error model. float64 uses ``math.tanh`` (the contract's
-  float64 tolerance is 1e-9).
+  error model (no zero-division check, which would keep the loop scalar) the loop vectorizes:
+  0.37 ns per tanh against 2.7 ns under the Python error model. float64 uses ``math.tanh``
+  (the contract's float64 tolerance is 1e-9).
 
 Kernels are compiled on first use and cached on disk (``cache=True``; Numba keeps the cache
 beside the module, in the user's cache folder when the package folder is read only, or in
@@ -93,10 +93,10 @@ from ._numba_tiles import VECTOR_BYTES, paired, paired_product, product, wide_lo
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS", "OVERLAP_PIECES",
-           "OVERLAP_STEP_MAX", "ROW_PAD", "THREADED_STEP_MIN", "serves", "step_parts", "chunk_steps",
-           "overlaps", "overlap_pieces", "layers_together", "wide_rows", "forward", "forward_layers",
-           "backward", "backward_layers"]
+__all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS",
+           "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "THREADED_STEP_MIN", "serves",
+           "step_parts", "chunk_steps", "overlaps", "overlap_pieces", "layers_together", "wide_rows",
+           "forward", "forward_layers", "backward", "backward_layers"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 1024 keeps each product large and a chunk's projection, which the steps read
