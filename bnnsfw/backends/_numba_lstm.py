@@ -17,15 +17,17 @@ What is compiled, and why:
   ``U h`` (and backward's ``Uᵀ dz``) is :func:`~._numba_tiles.product` as soon as the
   sequences fill a vector (8 in float32, 4 in float64): a tile kept in registers, with no
   packing of ``U`` at each step; with fewer it is a BLAS call.
-- **Time in chunks.** The input projection ``W x_t`` is one product per chunk of steps, and
+- **Time in chunks.** The input projection ``W x_t + b`` is one product per chunk of steps
+  (BLAS adding ``W x_t`` to rows filled with ``b``: :func:`_biased_product`), and
   backward's weight and input gradients are one product each per chunk, so the scratch memory
   is bounded by the chunk (:data:`CHUNK_COLUMNS` columns of ``T·N``), not by the sequence
   length, while each product stays large.
-- **One fused pass per step** over the ``H·N`` units adds the step's projection and bias,
-  applies the four gate functions and the peepholes, updates the cell and the hidden state,
-  writes the cache block and the output. Backward is one fused pass computing ``dz`` for the
-  four gates and the cell gradient, then one product ``Uᵀ dz``; the bias and peephole
-  gradients are one pass per chunk over its ``dz``. The forward pass runs over each gate's
+- **One fused pass per step** over the ``H·N`` units reads ``U h`` plus the step's
+  projection (the product starts from it), applies the four gate functions and the
+  peepholes, updates the cell and the hidden state, writes the cache block and the output.
+  Backward is one fused pass computing ``dz`` for the four gates and the cell gradient, then
+  one product ``Uᵀ dz``; the bias and peephole gradients are one pass per chunk over its
+  ``dz``. The forward pass runs over each gate's
   ``H·N`` elements as one unit-stride loop (feature-major blocks keep them consecutive).
   Inference without peepholes takes a lighter pass of its own (:func:`_state_run`): no cache
   rows, which nothing reads, and no peephole terms.
