@@ -27,8 +27,8 @@ What is compiled, and why:
   peepholes, updates the cell and the hidden state, writes the cache block and the output.
   Backward is one fused pass computing ``dz`` for the four gates and the cell gradient, then
   one product ``Uᵀ dz``; the bias and peephole gradients are one pass per chunk over its
-  ``dz``. The forward pass runs over each gate's
-  ``H·N`` elements as one unit-stride loop (feature-major blocks keep them consecutive).
+  ``dz``. The forward pass runs over each gate's ``H·N`` elements as one unit-stride loop
+  (feature-major blocks keep them consecutive).
   Inference without peepholes takes a lighter pass of its own (:func:`_state_run`): no cache
   rows, which nothing reads, and no peephole terms.
 - **Full peepholes** add a product per step: ``P c_{t−1}`` for the candidate, forget and
@@ -310,7 +310,7 @@ def _biased_product(wx, bias, x_rows, projection, r0, r1, width):
     BLAS (``beta = 1``). With ``beta = 0`` BLAS clears its output in a pass of its own before
     the product, and adding the bias afterwards took a third pass over the chunk's projection
     (4 MiB on the L row: 70–80 µs a chunk for each thread's half). ``projection`` whole, not a
-    view of its columns: the fill then runs on rows known to be unit-stride, in vectors."""
+    view of its columns, so that the compiler knows the rows it fills to be unit-stride."""
     for r in range(r0, r1):
         b = bias[r]
         for column in range(width):
