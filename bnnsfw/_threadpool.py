@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 __all__ = ["blas_controller", "blas_limit", "current_limit"]
 
 _controller: Any = None
 _lock = threading.Lock()
-_blas: list[Any] | None = None  # the controller's BLAS libraries, listed once with it
+_blas: list["_Switch"] | None = None  # the controller's BLAS libraries, listed once with it
 
 _limit_lock = threading.Lock()
 _active: list[int] = []  # the limits of the blocks running now (one entry per block)
-_saved: list[tuple[Any, int]] = []  # (library, its own thread count) while any block runs
+_saved: list[tuple["_Switch", int]] = []  # (library, its own thread count) while any block runs
 _now: list[int] = []  # each saved library's thread count as the blocks have set it
 
 
@@ -41,11 +41,37 @@ def blas_controller() -> Any:
         return _controller
 
 
-def _libraries() -> list[Any]:
+class _Switch(NamedTuple):
+    """How to read and set one library's thread count."""
+
+    get: Callable[[], int]
+    set: Callable[[int], object]
+
+
+def _switch(library: Any) -> _Switch:
+    """OpenBLAS's own getter and setter for a pthreads OpenBLAS, as threadpoolctl resolves
+    them (symbol prefix and suffix included), called directly; the controller's methods for
+    every other library, or when threadpoolctl resolves no symbols. Each method call runs a
+    few dozen lines of Python, and a layer reads and sets the counts right after a kernel has
+    emptied the caches: on the M row's inference call, entering and leaving the kernel's
+    one-thread limit took 37 µs with the methods and 27 with the functions (the rest is
+    OpenBLAS's own work). Called directly, the settings also follow the shared record below
+    whichever thread makes them (threadpoolctl 3.8's methods ignore an OpenBLAS setting from
+    any thread but the first one to make one, while it lives)."""
+    resolve = getattr(library, "_get_symbol", None)
+    if getattr(library, "internal_api", None) == "openblas" and getattr(
+            library, "threading_layer", None) == "pthreads" and resolve is not None:
+        get, put = resolve("openblas_get_num_threads"), resolve("openblas_set_num_threads")
+        if get is not None and put is not None:
+            return _Switch(get, put)
+    return _Switch(library.get_num_threads, library.set_num_threads)
+
+
+def _libraries() -> list[_Switch]:
     """The BLAS libraries of :func:`blas_controller` (a fixed list, as the controller is)."""
     global _blas
     if _blas is None:
-        _blas = list(blas_controller().select(user_api="blas").lib_controllers)
+        _blas = [_switch(library) for library in blas_controller().select(user_api="blas").lib_controllers]
     return _blas
 
 
@@ -55,7 +81,7 @@ def _apply(limit: int) -> None:
     for index, (library, count) in enumerate(_saved):
         target = limit or count
         if _now[index] != target:
-            library.set_num_threads(target)
+            library.set(target)
             _now[index] = target
 
 
@@ -71,7 +97,7 @@ class _Limit(contextlib.AbstractContextManager):
         n_threads = self._n_threads
         with _limit_lock:
             if not _active:
-                _saved[:] = [(library, int(library.get_num_threads())) for library in _libraries()]
+                _saved[:] = [(library, int(library.get())) for library in _libraries()]
                 _now[:] = [count for _, count in _saved]
             if not _active or n_threads < min(_active):
                 _apply(n_threads)

@@ -161,3 +161,35 @@ def test_blas_limits_nest_overlap_and_restore_exactly():
     assert set(counts()) == {1} and current_limit() == 1
     narrow.__exit__(None, None, None)
     assert counts() == before and current_limit() == 0
+
+
+def test_blas_limits_apply_on_any_thread():
+    """A limit entered on a thread other than the first one to set the counts applies there
+    too, and ends restoring them (pthreads OpenBLAS, whose own functions bnnsfw calls)."""
+    import threading
+
+    from bnnsfw._threadpool import blas_limit
+
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    if not blas or any(i["internal_api"] != "openblas" or i.get("threading_layer") != "pthreads"
+                       for i in blas):
+        pytest.skip("needs every BLAS library to be a pthreads OpenBLAS")
+
+    def counts() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = counts()
+    limit = 2 if set(before) == {1} else 1  # a count that differs from some library's own
+    with blas_limit(limit):  # this thread sets the counts first
+        assert set(counts()) == {limit}
+    seen: list[list[int]] = []
+
+    def elsewhere() -> None:
+        with blas_limit(limit):
+            seen.append(counts())
+        seen.append(counts())
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert seen == [[limit] * len(before), before]

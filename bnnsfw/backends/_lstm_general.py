@@ -55,6 +55,7 @@ from .contract import (
     LSTMPackRequest,
     Workspace,
 )
+from ._lstm_kernels import repeated
 
 __all__ = ["GeneralLSTM", "GeneralPacked", "GeneralCacheLayout", "GENERAL_CACHE_FORMAT", "record_fields"]
 
@@ -131,8 +132,7 @@ class GeneralCacheLayout:
         def per_step(width: int) -> np.ndarray:
             if not self.reuse_steps:
                 return take(t, n, width)
-            one = take(n, width)
-            return np.lib.stride_tricks.as_strided(one, (t, n, width), (0, *one.strides), writeable=True)
+            return repeated(take(n, width), t)
 
         inputs: list[np.ndarray | None] = []
         masks: list[np.ndarray | None] = []

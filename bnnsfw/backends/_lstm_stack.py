@@ -75,6 +75,7 @@ from ._lstm_kernels import (
     LSTMPeepholes,
     LSTMStepPlan,
     LSTMWeights,
+    repeated,
 )
 
 __all__ = ["LSTMStack", "CacheLayout", "CACHE_FORMAT", "DirectionKernels", "CallArguments",
@@ -230,8 +231,7 @@ class CacheLayout:
         def per_step(*shape: int) -> np.ndarray:
             if not self.reuse_steps:
                 return take(t, *shape)
-            one = take(*shape)
-            return np.lib.stride_tricks.as_strided(one, (t, *shape), (0, *one.strides), writeable=True)
+            return repeated(take(*shape), t)
 
         views = CacheViews([], [], [], [], [])
         for layer in range(self.num_layers):
