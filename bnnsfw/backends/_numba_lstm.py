@@ -1395,11 +1395,11 @@ def _any_layout(a: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarr
     one compiled kernel instead of one each (every extra layout compiled the forward or the
     backward family again, 10 to 25 s from cold). A contiguous ``a`` (the common output) by
     :func:`repeated`, which is quicker."""
-    if shape is None and a.flags.c_contiguous:
+    if shape is not None:
+        return np.lib.stride_tricks.as_strided(a, shape=(2, *shape), strides=(0,) * (len(shape) + 1))
+    if a.flags.c_contiguous:
         return repeated(a, 2)
-    if shape is None:
-        return np.lib.stride_tricks.as_strided(a, shape=(2, *a.shape), strides=(0, *a.strides))
-    return np.lib.stride_tricks.as_strided(a, shape=(2, *shape), strides=(0,) * (len(shape) + 1))
+    return np.lib.stride_tricks.as_strided(a, shape=(2, *a.shape), strides=(0, *a.strides))
 
 
 class _ForwardCall(NamedTuple):
