@@ -22,11 +22,11 @@ __all__ = ["blas_controller", "blas_limit", "current_limit"]
 
 _controller: Any = None
 _lock = threading.Lock()
-_blas: list["_Switch"] | None = None  # the controller's BLAS libraries, listed once with it
+_blas: list[_Switch] | None = None  # how to set each of the controller's BLAS libraries, made once
 
 _limit_lock = threading.Lock()
 _active: list[int] = []  # the limits of the blocks running now (one entry per block)
-_saved: list[tuple["_Switch", int]] = []  # (library, its own thread count) while any block runs
+_saved: list[tuple[_Switch, int]] = []  # (library, its own thread count) while any block runs
 _now: list[int] = []  # each saved library's thread count as the blocks have set it
 
 
