@@ -478,10 +478,10 @@ def test_numba_kernel_loops_take_the_wide_vectors():
         return rng.standard_normal(shape).astype(f32)
 
     no_lengths = np.empty(0, np.int64)
-    forward = _fresh_asm(_numba_lstm._forward_part, 0, h, arrays(4 * h, h), arrays(4 * h, batch), 0,
-                         np.zeros((4, h * batch), f32), np.zeros((6 * h, batch), f32), arrays(h, batch),
-                         np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((batch, h), f32),
-                         no_lengths, 0, True, False)
+    forward = _fresh_asm(_numba_lstm._forward_part, 0, h, arrays(4 * h, h), arrays(4 * h, 2 * batch), 0,
+                         batch, np.zeros((4, h * batch), f32), np.zeros((6 * h, batch), f32),
+                         arrays(h, batch), np.zeros((h, batch), f32), np.zeros((h, batch), f32),
+                         np.zeros((batch, h), f32), no_lengths, 0, True, False)
     registers = divisions.findall(forward)
     assert "ymm" not in registers, registers
     if registers:  # the LLVM of Numba 0.59 (the oldest supported) leaves this pass scalar
@@ -499,3 +499,39 @@ def test_numba_kernel_loops_take_the_wide_vectors():
     batch_norm = _fresh_asm(_numba_normalization._channel_backward, x3, arrays(4, 2, 128), np.ones(2, f32),
                             1e-5, np.empty_like(x3), np.empty(2), np.empty(2), 1e30, np.zeros(2, np.bool_))
     assert wide(batch_norm)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_prefetch_asks_without_reading():
+    """``prefetch`` compiles to the processor's prefetch hint on x86-64 (``prefetcht1``) and
+    changes nothing a kernel computes; a shared-out forward step (``_forward_part``) asks for
+    the next step's projection columns with it."""
+    import platform
+
+    import numba
+
+    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends._numba_stream import prefetch
+
+    @numba.njit
+    def asked_sum(a, step):
+        total = 0.0
+        for i in range(0, a.size, step):
+            prefetch(a, i)
+            total += a[i]
+        return total
+
+    a = np.arange(1000, dtype=np.float32)
+    assert asked_sum(a, 16) == float(a[::16].sum())
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the hint's instruction is named here for x86-64 only")
+    assert "prefetcht1" in asked_sum.inspect_asm(asked_sum.signatures[0])
+    h, batch, f32 = 32, 16, np.float32
+    rng = np.random.default_rng(0)
+    step = _fresh_asm(_numba_lstm._forward_part, 0, h, rng.standard_normal((4 * h, h)).astype(f32),
+                      rng.standard_normal((4 * h, 2 * batch)).astype(f32), 0, batch,
+                      np.zeros((4, h * batch), f32), np.zeros((6 * h, batch), f32),
+                      rng.standard_normal((h, batch)).astype(f32), np.zeros((h, batch), f32),
+                      np.zeros((h, batch), f32), np.zeros((batch, h), f32), np.empty(0, np.int64), 0, True,
+                      False)
+    assert "prefetcht1" in step

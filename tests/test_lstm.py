@@ -1607,6 +1607,31 @@ def test_numba_shares_steps_over_threads_only_where_it_pays():
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("seq_len, chunk", [(7, 3), (6, 6), (5, 1)])
+def test_numba_shared_steps_ask_for_the_columns_the_next_step_reads(seq_len, chunk, reverse):
+    """Each shared-out forward step asks for the projection columns that the step after it in
+    the same chunk reads (``_following``, which ``_steps_threads`` hands to ``_forward_part``):
+    for every walking step of every chunk, forward in time and reversed, the columns are those
+    of the next walking step's time step, inside the chunk's; the chunk's last step asks for
+    none (the next chunk's projection is not made yet)."""
+    from bnnsfw.backends import _numba_lstm
+
+    batch = 4
+    for q in range(-(-seq_len // chunk)):
+        k_begin, k_end, first_t = _numba_lstm._chunk(seq_len, chunk, q, reverse)
+        for k in range(k_begin, k_end):
+            t = seq_len - 1 - k if reverse else k
+            got = _numba_lstm._following(k, k_end, t, first_t, batch, reverse)
+            if k == k_end - 1:
+                assert got == -1
+                continue
+            t_next = seq_len - 2 - k if reverse else k + 1  # walking step k + 1
+            assert got == (t_next - first_t) * batch
+            assert 0 <= got <= (k_end - k_begin - 1) * batch
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_layer_with_one_thread_keeps_its_steps_on_the_calling_thread(monkeypatch, rng):
     """``FilterParameters(n_threads=1)`` keeps a layer on one thread: no step is shared out."""
     from bnnsfw.backends import _numba_lstm
