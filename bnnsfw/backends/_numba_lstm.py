@@ -720,12 +720,13 @@ def _forward_part(j0, j1, u, projection, first, following, pe, block, h_prev, c_
 
     ``following`` is the first projection column the next step reads (:func:`_following`), or
     −1: the step asks for those columns of its units' rows before its products
-    (:func:`_ask_columns`). Each step reads a run of every row of the chunk's projection, rows
-    a page apart that the processor's own prefetching does not follow, and half of them made
-    by the other thread. Alternated in one process with the kernels before (40 pairs of 40 ms
-    blocks, median of the pairs' ratios): forward M 0.977, L 0.983, the long row 0.995, XL
-    1.004; a training step M 0.983, the others within 0.99–1.04 (earlier runs of 20 pairs:
-    M 0.962–0.978, L 0.973–0.992, long 0.978–0.980)."""
+    (:func:`_ask_columns`). Each step reads a run of every row of the chunk's projection: rows
+    4 KiB and more apart, each run in a page of its own, where the processor's own prefetching
+    does not follow it from step to step, and half of them made by the other thread.
+    Alternated in one process with the kernels before (40 pairs of 40 ms blocks, median of the
+    pairs' ratios): forward M 0.977, L 0.983, the long row 0.995, XL 1.004; a training step M
+    0.983, the others within 0.99–1.04 (earlier runs of 20 pairs: M 0.962–0.978, L
+    0.973–0.992, long 0.978–0.980)."""
     wide_loops()
     h = u.shape[1]
     batch = block.shape[1]
