@@ -693,18 +693,19 @@ def _following(k, k_end, t, chunk_first, batch, reverse):
 
 
 @_inline
-def _ask_columns(projection, r0, r1, first, batch):
-    """:func:`prefetch` the columns ``first … first + batch − 1`` of rows ``r0 … r1 − 1`` of
-    ``projection`` (contiguous)."""
+def _ask_columns(projection, h, j0, j1, first, batch):
+    """:func:`prefetch` the columns ``first … first + batch − 1`` of the four gates' rows of
+    units ``j0 … j1 − 1`` in ``projection`` (contiguous, 4H rows)."""
     flat = projection.reshape(projection.size)
     stride = projection.shape[1]
     step = LINE_BYTES // projection.itemsize
-    for r in range(r0, r1):
-        start = r * stride + first
-        for c in range(start, start + batch, step):
-            prefetch(flat, c)
-        if batch > 1:  # the run's last line, where the run does not start on a line
-            prefetch(flat, start + batch - 1)
+    for g in range(4):
+        for r in range(g * h + j0, g * h + j1):
+            start = r * stride + first
+            for c in range(start, start + batch, step):
+                prefetch(flat, c)
+            if batch > 1:  # the run's last line, where the run does not start on a line
+                prefetch(flat, start + batch - 1)
 
 
 @_kernel
@@ -736,8 +737,7 @@ def _forward_part(j0, j1, u, projection, first, following, pe, block, h_prev, c_
         return
     zl = np.empty((4, m), block.dtype)  # the thread's own: aliases nothing, so the pass vectorizes
     if following >= 0:  # the next step's columns of the units' rows, asked for a step ahead
-        for g in range(4):
-            _ask_columns(projection, g * h + j0, g * h + j1, following, batch)
+        _ask_columns(projection, h, j0, j1, following, batch)
     pairs = paired(h_prev)  # once for the four gates' products
     for g in range(4):
         rows = zl[g].reshape((count, batch))
