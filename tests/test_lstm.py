@@ -778,6 +778,87 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
+    """``packed_product`` on rows packed by ``pack_rows`` (blocks of ``PACK_ROWS``, each
+    column's elements side by side) makes the sums ``product`` makes, in the same order: it
+    agrees with a float64 product and with ``product`` to the last bits' rounding, for column
+    counts that ``packs`` (a whole number of narrow vectors, not one narrow or one wide
+    vector's worth, which the paired tile takes), with AVX-512 only; it writes nothing outside
+    ``out`` and takes ``out`` as ``add``."""
+    from bnnsfw.backends._numba_tiles import (PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, lanes, pack_rows,
+                                              packed_product, packs, product)
+
+    width = lanes(dtype)
+    wide = WIDE_BYTES > VECTOR_BYTES
+    assert PACK_ROWS == 12
+    assert not packs(width, dtype) and not packs(0, dtype) and not packs(width + 1, dtype)
+    assert packs(2 * width, dtype) == (wide and 2 * width * np.dtype(dtype).itemsize != WIDE_BYTES)
+    assert packs(3 * width, dtype) == wide
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    for blocks in (1, 2, 5):
+        m = blocks * PACK_ROWS
+        for k in (1, 2, 17, 64):
+            for n in (3 * width, 4 * width, 5 * width, 7 * width):
+                a = rng.standard_normal((m, k)).astype(dtype)
+                b = rng.standard_normal((k, n)).astype(dtype)
+                add = rng.standard_normal((m, n)).astype(dtype)
+                packed = np.empty((blocks, k, PACK_ROWS), dtype)
+                pack_rows(a, packed)
+                np.testing.assert_array_equal(packed, a.reshape(blocks, PACK_ROWS, k).transpose(0, 2, 1))
+                want = add.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
+                scale = 1.0 + np.abs(want).max()
+                frame = np.full((m + 2, n + 5), 7.0, dtype)  # out inside a larger array
+                out = frame[1:-1, 2:-3]
+                packed_product(packed, b, add, out)
+                assert np.abs(out - want).max() <= tolerance * scale, (m, k, n)
+                edges = np.ones(frame.shape, bool)
+                edges[1:-1, 2:-3] = False
+                assert (frame[edges] == 7.0).all(), (m, k, n)
+                plain = np.empty_like(out)
+                product(a, b, add, plain)
+                np.testing.assert_allclose(out, plain, rtol=4 * np.finfo(dtype).eps,
+                                           atol=4 * np.finfo(dtype).eps * scale)
+                same = add.copy()
+                packed_product(packed, b, same, same)
+                np.testing.assert_allclose(same, out, rtol=4 * np.finfo(dtype).eps,
+                                           atol=4 * np.finfo(dtype).eps * scale)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_shared_steps_read_the_packed_rows_of_u(dtype, monkeypatch, rng):
+    """The steps shared out over two threads take each piece's whole blocks of gate rows of
+    ``U`` packed (``_step_tiles``: made once for the weights and the thread count, kept with
+    them) when the batch's columns pack: the output agrees with the reference, and zeroing the
+    packed rows changes it (the kernels read them); a batch whose columns do not pack (8
+    sequences, which take the paired tile) leaves the packed rows unmade."""
+    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends._numba_tiles import PACK_ROWS, VECTOR_BYTES, WIDE_BYTES
+
+    if WIDE_BYTES == VECTOR_BYTES:
+        pytest.skip("rows are packed for the twelve-row tiles of AVX-512 only")
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    params = LSTMParameters.random(input_size=3, hidden_size=38, seed=5, dtype=dtype)
+    x = rng.standard_normal((5, 24, 3)).astype(dtype)
+    with layer_for(params, "numpy") as layer:
+        want = layer.apply(x).output
+    with layer_for(params, "numba") as layer:
+        got = layer.apply(x).output
+        weights = layer._packed_weights().payload.weights[0][0]
+        tiles = weights.step_tiles[2]
+        # pieces of 16 and 22 units (cut at multiples of 16): one block of 12 rows each
+        assert tiles.shape == (2, 4, 1, 38, PACK_ROWS)
+        np.testing.assert_array_equal(tiles[1, 2, 0], weights.u[2 * 38 + 16:2 * 38 + 28].T)
+        _assert_all_close([got], [want], dtype)
+        tiles[...] = 0.0
+        assert np.abs(layer.apply(x).output - want).max() > 1e-3
+    with layer_for(params, "numba") as layer:
+        layer.apply(x[:, :8])
+        assert layer._packed_weights().payload.weights[0][0].step_tiles == {}
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_tile_takes_wide_vectors_only_where_the_code_is_compiled_for_avx512(monkeypatch):
     """The wide panels are 64 bytes when the features Numba compiles for include AVX-512F
     (``NUMBA_CPU_FEATURES`` when set, which can turn it off on a machine that has it), else
@@ -834,7 +915,7 @@ def test_numba_tile_without_avx512_agrees_with_a_float64_product(tmp_path):
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("hidden_size", [5, 38])
-@pytest.mark.parametrize("batch", [4, 8, 16, 27])
+@pytest.mark.parametrize("batch", [4, 8, 16, 24, 27])
 def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, batch,
                                                                    monkeypatch, rng):
     """Each step's units and each product shared out over threads (a thread may get no unit:
@@ -847,7 +928,9 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     float32, and 4 are one padded vector, or one whole one in float64; 16 are whole cache
     lines, whose gate gradients the steps store past the caches; one narrow vector's worth
     (8 in float32, 4 in float64) and one wide vector's worth (16 in float32, 8 in float64) take
-    the paired tile with AVX-512, forward where H is even (38) and backward (4H)."""
+    the paired tile with AVX-512, forward where H is even (38) and backward (4H); 24 (and 16
+    in float64) take packed rows of ``U`` forward with AVX-512, a block of 12 of each gate's
+    rows of a piece of 16 or 22 units (H = 38) and the rest as they are."""
     from bnnsfw.backends import _numba_lstm
 
     used = []

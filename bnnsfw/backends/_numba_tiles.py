@@ -53,8 +53,9 @@ from . import _numba_cache
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "VECTOR_BYTES", "WIDE_BYTES", "lanes",
-           "paired", "paired_product", "product", "wide_loops"]
+__all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "VECTOR_BYTES", "WIDE_BYTES",
+           "lanes", "packs", "pack_rows", "packed_product", "paired", "paired_product", "product",
+           "wide_loops"]
 
 #: Rows of ``out`` per tile: six rows by two vectors keep twelve sums in flight, more than a
 #: fused multiply-add's latency times the two a cycle that a core issues (4 × 2 on the
@@ -134,8 +135,9 @@ def lanes(dtype: np.dtype) -> int:
 def _tile(typingctx, a, b, add, out, rows, vectors, vector_bytes):
     """``out[i, :V·L] = add[i, :V·L] + Σ_k a[i, k]·b[k, :V·L]`` for ``i < rows``, ``V = vectors``
     of ``vector_bytes`` each (``L`` elements; all three literal integers), ``k < a.shape[1]``.
-    Every array is 2-D with unit-stride rows (any row stride); ``out`` may be ``add``: the tile
-    reads all of ``add`` before it writes."""
+    Every array is 2-D; ``b``, ``add`` and ``out`` with unit-stride rows (any row stride), ``a``
+    with any strides (a row of ``a`` or, packed, a column: :func:`packed_product`); ``out`` may
+    be ``add``: the tile reads all of ``add`` before it writes."""
     literals = (rows, vectors, vector_bytes)
     if not all(isinstance(t, types.IntegerLiteral) for t in literals):
         return None
@@ -158,6 +160,7 @@ def _tile(typingctx, a, b, add, out, rows, vectors, vector_bytes):
         structs = [context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:4], args[:4])]
         data = [builder.bitcast(s.data, bytes_ptr) for s in structs]
         row_bytes = [cgutils.unpack_tuple(builder, s.strides, 2)[0] for s in structs]
+        a_step = cgutils.unpack_tuple(builder, structs[0].strides, 2)[1]
         size_k = cgutils.unpack_tuple(builder, structs[0].shape, 2)[1]
         fmuladd = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(vector, [vector, vector, vector]),
@@ -183,7 +186,7 @@ def _tile(typingctx, a, b, add, out, rows, vectors, vector_bytes):
             b_row = builder.mul(loop.index, row_bytes[1])
             b_vectors = [builder.load(at(data[1], builder.add(b_row, column(v)), vector), align=itemsize)
                          for v in range(n_vectors)]
-            a_column = builder.mul(loop.index, ir.Constant(i64, itemsize))
+            a_column = builder.mul(loop.index, a_step)
             for i in range(n_rows):
                 value = builder.load(at(data[0], builder.add(row(0, i), a_column), scalar), align=itemsize)
                 broadcast = builder.shuffle_vector(
@@ -465,6 +468,50 @@ def paired_product(a, b, pairs, add, out):
     ``b``."""
     _product(a[:, 0:a.shape[1]], b[:, 0:b.shape[1]], add[:, 0:add.shape[1]], out[:, 0:out.shape[1]],
              pairs[:, 0:pairs.shape[1]])
+
+
+#: Rows of ``a`` per block of a packed product (:func:`packed_product`): the tile's rows where
+#: every panel takes :data:`NARROW_ROWS` (AVX-512), so that the packed blocks are the blocks
+#: :func:`product` makes of the same rows.
+PACK_ROWS = NARROW_ROWS
+
+
+def packs(columns: int, dtype: np.dtype) -> bool:
+    """True when products with ``columns`` columns of ``b`` take packed rows of ``a``
+    (:func:`packed_product`): with AVX-512 (twelve-row tiles in every panel), a whole number of
+    narrow vectors and not the paired tile's widths (:func:`paired`)."""
+    size = columns * np.dtype(dtype).itemsize
+    return WIDE_BYTES > VECTOR_BYTES and size > 0 and size % VECTOR_BYTES == 0 and size not in (
+        VECTOR_BYTES, WIDE_BYTES)
+
+
+@_inline
+def pack_rows(a, packed):
+    """``packed[p, k, i] = a[PACK_ROWS·p + i, k]`` for ``p < packed.shape[0]``: each block of
+    :data:`PACK_ROWS` rows of ``a`` with its columns one after the other, the block's elements
+    of one column side by side."""
+    for p in range(packed.shape[0]):
+        for k in range(packed.shape[1]):
+            for i in range(PACK_ROWS):
+                packed[p, k, i] = a[PACK_ROWS * p + i, k]
+
+
+@_inline
+def packed_product(packed, b, add, out):
+    """:func:`product` for the rows of ``a`` packed by :func:`pack_rows`: ``out = add + a @ b``
+    on the ``PACK_ROWS · packed.shape[0]`` rows of ``add`` and ``out``, for ``b`` whose columns
+    :func:`packs`. Each block's tile then reads one run of ``a`` (the block's elements of one
+    column after those of the column before) instead of :data:`PACK_ROWS` runs, one a row, and
+    makes the same sums in the same order: the same bits as :func:`product`."""
+    _packed_product(packed, b[:, 0:b.shape[1]], add[:, 0:add.shape[1]], out[:, 0:out.shape[1]])
+
+
+@_kernel
+def _packed_product(packed, b, add, out):
+    """:func:`packed_product`."""
+    for p in range(packed.shape[0]):
+        r0 = p * PACK_ROWS
+        _block(packed[p].T, b, add[r0:r0 + PACK_ROWS], out[r0:r0 + PACK_ROWS], 0, PACK_ROWS)
 
 
 @_kernel
