@@ -478,10 +478,11 @@ def test_numba_kernel_loops_take_the_wide_vectors():
         return rng.standard_normal(shape).astype(f32)
 
     no_lengths = np.empty(0, np.int64)
-    forward = _fresh_asm(_numba_lstm._forward_part, 0, h, arrays(4 * h, h), arrays(4 * h, 2 * batch), 0,
-                         batch, np.zeros((4, h * batch), f32), np.zeros((6 * h, batch), f32),
-                         arrays(h, batch), np.zeros((h, batch), f32), np.zeros((h, batch), f32),
-                         np.zeros((batch, h), f32), no_lengths, 0, True, False)
+    no_tiles = np.empty((4, 0, 0, _numba_lstm.PACK_ROWS), f32)
+    forward = _fresh_asm(_numba_lstm._forward_part, 0, h, arrays(4 * h, h), no_tiles,
+                         arrays(4 * h, 2 * batch), 0, batch, np.zeros((4, h * batch), f32),
+                         np.zeros((6 * h, batch), f32), arrays(h, batch), np.zeros((h, batch), f32),
+                         np.zeros((h, batch), f32), np.zeros((batch, h), f32), no_lengths, 0, True, False)
     registers = divisions.findall(forward)
     assert "ymm" not in registers, registers
     if registers:  # the LLVM of Numba 0.59 (the oldest supported) leaves this pass scalar
@@ -529,6 +530,7 @@ def test_numba_prefetch_asks_without_reading():
     h, batch, f32 = 32, 16, np.float32
     rng = np.random.default_rng(0)
     step = _fresh_asm(_numba_lstm._forward_part, 0, h, rng.standard_normal((4 * h, h)).astype(f32),
+                      np.empty((4, 0, 0, _numba_lstm.PACK_ROWS), f32),
                       rng.standard_normal((4 * h, 2 * batch)).astype(f32), 0, batch,
                       np.zeros((4, h * batch), f32), np.zeros((6 * h, batch), f32),
                       rng.standard_normal((h, batch)).astype(f32), np.zeros((h, batch), f32),

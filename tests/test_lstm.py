@@ -1137,11 +1137,12 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
     batch = 4
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 3 * batch)  # chunks of 3 steps: 3, 3, 1
     seen: list[tuple[tuple[int, ...], bool]] = []
-    for name, where in (("_forward", 15), ("_forward_threads", 14)):
+    for name in ("_forward", "_forward_threads"):
         kernel = getattr(_numba_lstm, name)
 
-        def recorded(*args, kernel=kernel, where=where):
-            seen.append((args[where].shape, args[where].flags.c_contiguous))
+        def recorded(*args, kernel=kernel):
+            projection = _argument(kernel, args, "projection")
+            seen.append((projection.shape, projection.flags.c_contiguous))
             return kernel(*args)
 
         monkeypatch.setattr(_numba_lstm, name, recorded)
