@@ -729,6 +729,19 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, batch,
     _assert_all_close(results[1], results[0], dtype)
 
 
+def _framed(make, shape, dtype):
+    """``make(out)`` on an ``out`` of ``shape`` inside a larger array; checks that nothing
+    around it was written and returns ``out``."""
+    m, n = shape
+    frame = np.full((m + 2, n + 5), 7.0, dtype)
+    out = frame[1:-1, 2:-3]
+    make(out)
+    edges = np.ones(frame.shape, bool)
+    edges[1:-1, 2:-3] = False
+    assert (frame[edges] == 7.0).all(), shape
+    return out
+
+
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
@@ -756,13 +769,8 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
                 add = rng.standard_normal((m, n)).astype(dtype)
                 want = add.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
                 scale = 1.0 + np.abs(want).max()
-                frame = np.full((m + 2, n + 5), 7.0, dtype)  # out inside a larger array
-                out = frame[1:-1, 2:-3]
-                product(a, b, add, out)
+                out = _framed(lambda out: product(a, b, add, out), (m, n), dtype)
                 assert np.abs(out - want).max() <= tolerance * scale, (m, k, n)
-                edges = np.ones(frame.shape, bool)
-                edges[1:-1, 2:-3] = False
-                assert (frame[edges] == 7.0).all(), (m, k, n)
                 same = add.copy()
                 product(a, b, same, same)
                 assert np.abs(same - want).max() <= tolerance * scale, (m, k, n)
@@ -808,13 +816,8 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
                 np.testing.assert_array_equal(packed, a.reshape(blocks, PACK_ROWS, k).transpose(0, 2, 1))
                 want = add.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
                 scale = 1.0 + np.abs(want).max()
-                frame = np.full((m + 2, n + 5), 7.0, dtype)  # out inside a larger array
-                out = frame[1:-1, 2:-3]
-                packed_product(packed, b, add, out)
+                out = _framed(lambda out: packed_product(packed, b, add, out), (m, n), dtype)
                 assert np.abs(out - want).max() <= tolerance * scale, (m, k, n)
-                edges = np.ones(frame.shape, bool)
-                edges[1:-1, 2:-3] = False
-                assert (frame[edges] == 7.0).all(), (m, k, n)
                 plain = np.empty_like(out)
                 product(a, b, add, plain)
                 np.testing.assert_allclose(out, plain, rtol=4 * np.finfo(dtype).eps,
