@@ -1,4 +1,4 @@
-"""A compiled product for the LSTM's step: ``out = add + a @ b`` without packing.
+"""A compiled product for the LSTM's step: ``out = add + a @ b`` without packing at each call.
 
 A step's recurrent product is skinny (``4H × H`` weights against ``H × N`` states, N a few
 sequences), and it runs once per step with the same weights. BLAS repacks both operands at
@@ -10,7 +10,8 @@ AVX-512, else 8) and multiplies it by six broadcast scalars of ``a``, twelve fus
 multiply-adds with no sum across lanes. One thread ran 95–112 GFLOP/s in float32 on the
 benchmark's step shapes (``256 × 128 × 16`` up to ``1024 × 512 × 64``, 32-byte vectors),
 against 60–82 for the dot-product kernel, 93–103 for a one-thread OpenBLAS call on the same
-operands and about 105 for one core's share of the sgemm peak.
+operands and about 105 for one core's share of the sgemm peak. The weights' rows can be
+packed once for all the steps instead (:func:`packed_product`).
 
 The tile is written in LLVM's vector types (:func:`_tile`, a Numba intrinsic), which LLVM
 lowers for whatever the machine has: 64-byte vectors where the code is compiled for AVX-512
