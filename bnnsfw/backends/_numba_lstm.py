@@ -1540,12 +1540,12 @@ def _pack_tiles(u, parts, tiles):
 _NO_TILES = {np.dtype(t): np.empty((1, 4, 0, 0, PACK_ROWS), t) for t in (np.float32, np.float64)}
 
 
-def _step_tiles(w: LSTMWeights, h: int, parts: int, batch: int) -> np.ndarray:
+def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
     """``U``'s rows packed for the steps shared out over ``parts`` threads (:func:`_steps_threads`):
     (P, 4, B, H, PACK_ROWS), piece ``p``'s gate ``g`` in ``[p, g]``, its first ``PACK_ROWS · B``
     rows (:func:`_pack_tiles`); made once per packing of the weights and thread count, kept in
     ``w.step_tiles``. An empty array (no packed rows) where ``batch`` sequences do not take
-    packed products (:func:`packs`) or a piece holds no whole block.
+    packed products (:func:`packs`) or no piece holds a whole block.
 
     A block's tile reads twelve rows of ``U`` side by side, twelve runs that each advance by
     one element a step of its walk; packed, it reads one run. Alternated with the rows as they
@@ -1555,13 +1555,13 @@ def _step_tiles(w: LSTMWeights, h: int, parts: int, batch: int) -> np.ndarray:
     dtype = w.u.dtype
     if w.step_tiles is None or not packs(batch, dtype):
         return _NO_TILES[dtype]
-    blocks = max((j1 - j0) // PACK_ROWS for j0, j1 in (_part.py_func(h, parts, p) for p in range(parts)))
-    if blocks == 0:
-        return _NO_TILES[dtype]
     tiles = w.step_tiles.get(parts)
     if tiles is None:
-        tiles = np.empty((parts, 4, blocks, h, PACK_ROWS), dtype)
-        _pack_tiles(w.u, parts, tiles)
+        h = w.u.shape[1]
+        blocks = max((j1 - j0) // PACK_ROWS for j0, j1 in (_part.py_func(h, parts, p) for p in range(parts)))
+        tiles = _NO_TILES[dtype] if blocks == 0 else np.empty((parts, 4, blocks, h, PACK_ROWS), dtype)
+        if blocks:
+            _pack_tiles(w.u, parts, tiles)
         w.step_tiles[parts] = tiles
     return tiles
 
@@ -1573,14 +1573,13 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
     units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
     thread meanwhile); :func:`backward` then takes the same ``parts``."""
-    seq_len, six_h, batch = steps.shape
-    h = six_h // 6
+    seq_len, _, batch = steps.shape
     a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch,
                       chunk_steps(seq_len, batch))
     if parts > 1:
         assert a.full_pre.size == 0 and a.full_out.size == 0, "threads serve no full peepholes"
         with blas_limit(1):
-            _forward_threads(parts, a.x2, a.wx, a.bias, a.u, _step_tiles(w, h, parts, batch), a.pe, a.h0,
+            _forward_threads(parts, a.x2, a.wx, a.bias, a.u, _step_tiles(w, parts, batch), a.pe, a.h0,
                              a.c0, a.lengths, a.steps, a.hidden, a.outs, a.h_fin, a.c_fin, a.projection,
                              reverse, a.light)
     else:
