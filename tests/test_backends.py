@@ -482,7 +482,8 @@ def test_numba_kernel_loops_take_the_wide_vectors():
     forward = _fresh_asm(_numba_lstm._forward_part, 0, h, arrays(4 * h, h), no_tiles,
                          arrays(4 * h, 2 * batch), 0, batch, np.zeros((4, h * batch), f32),
                          np.zeros((6 * h, batch), f32), arrays(h, batch), np.zeros((h, batch), f32),
-                         np.zeros((h, batch), f32), np.zeros((batch, h), f32), no_lengths, 0, True, False)
+                         np.zeros((h, batch), f32), np.zeros((batch, h), f32), no_lengths, 0, True, False,
+                         False)
     registers = divisions.findall(forward)
     assert "ymm" not in registers, registers
     if registers:  # the LLVM of Numba 0.59 (the oldest supported) leaves this pass scalar
@@ -535,5 +536,29 @@ def test_numba_prefetch_asks_without_reading():
                       np.zeros((4, h * batch), f32), np.zeros((6 * h, batch), f32),
                       rng.standard_normal((h, batch)).astype(f32), np.zeros((h, batch), f32),
                       np.zeros((h, batch), f32), np.zeros((batch, h), f32), np.empty(0, np.int64), 0, True,
-                      False)
+                      False, False)
     assert "prefetcht1" in step
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_streamed_gate_rows_are_non_temporal_stores():
+    """The cache rows a shared-out training step streams (``_forward_part`` with ``stream``)
+    compile to non-temporal stores on x86-64 (``movntps`` or ``movntpd``, which LLVM may pick
+    for float32 vectors too: the same store of the line's bits), and the rows are written."""
+    import platform
+
+    from bnnsfw.backends import _numba_lstm
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the instruction is named here for x86-64 only")
+    h, batch, f32 = 32, 16, np.float32
+    rng = np.random.default_rng(0)
+    block = np.zeros((6 * h, batch), f32)
+    step = _fresh_asm(_numba_lstm._forward_part, 0, h, rng.standard_normal((4 * h, h)).astype(f32),
+                      np.empty((4, 0, 0, _numba_lstm.PACK_ROWS), f32),
+                      rng.standard_normal((4 * h, 2 * batch)).astype(f32), 0, batch,
+                      np.zeros((4, h * batch), f32), block, rng.standard_normal((h, batch)).astype(f32),
+                      np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((batch, h), f32),
+                      np.empty(0, np.int64), 0, True, False, True)
+    assert "movntp" in step
+    assert np.all(np.isfinite(block[h:])) and np.any(block[h:] != 0)  # the rows were written

@@ -976,6 +976,60 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("batch", [8, 16, 27])
+def test_numba_training_forward_streams_the_gate_rows_of_large_caches(dtype, batch, monkeypatch, rng):
+    """A training forward on threads whose cache blocks reach ``STREAM_CACHE_MIN`` bytes stores
+    their gate rows past the caches, and writes the same cache (every byte of the payload, as
+    numbers within the tolerance), outputs and gradients as one that stores them plainly, all
+    of which agree with the reference (two layers, diagonal peepholes, lengths, one of them 0,
+    initial states; 38 units, so most rows start inside a cache line). Inference never streams;
+    by default the long row's blocks stream and L's do not."""
+    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.layers._lstm_cache import HEADER_BYTES
+
+    streamed = []
+    original = _numba_lstm._forward_threads
+
+    def spy(*args):
+        streamed.append(bool(_argument(original, args, "stream")))
+        return original(*args)
+
+    monkeypatch.setattr(_numba_lstm, "_forward_threads", spy)
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)
+    assert _numba_lstm.streams(np.empty((2000, 6 * 256, 8), np.float32))  # the long row
+    assert not _numba_lstm.streams(np.empty((64, 6 * 256, 32), np.float32))  # L
+    block = np.empty((1, 6 * 256, 8), np.float32)
+    assert not _numba_lstm.streams(np.broadcast_to(block, (2000, 6 * 256, 8)))  # an inference's
+    hidden = 38
+    params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, peepholes="diagonal",
+                                   seed=6, dtype=dtype)
+    x = rng.standard_normal((7, batch, 3)).astype(dtype)
+    dy = rng.standard_normal((7, batch, hidden)).astype(dtype)
+    states = tuple(rng.standard_normal((2, batch, hidden)).astype(dtype) for _ in range(2))
+    lengths = np.resize([7, 3, 0, 5], batch)
+    results, payloads = [], []
+    for name, least in (("numpy", None), ("numba", 0), ("numba", 1 << 62)):
+        if least is not None:
+            monkeypatch.setattr(_numba_lstm, "STREAM_CACHE_MIN", least)
+        streamed.clear()
+        with layer_for(params, name) as layer:
+            cache = np.zeros(layer.training_cache_capacity(batch_size=batch, seq_len=7), np.uint8)
+            out = layer.apply(x, *states, training=True, training_cache=cache, sequence_lengths=lengths)
+            grads = layer.apply_backward(x, dy, *states, sequence_lengths=lengths, training_cache=cache)
+            inference = layer.apply(x, *states, sequence_lengths=lengths)
+        if least is not None:  # two layers trained, then two inferred
+            assert streamed == [least == 0] * 2 + [False] * 2
+            payloads.append(cache[HEADER_BYTES:].view(dtype))
+        results.append([out.output, out.hidden, out.cell, grads.input, inference.output]
+                       + _gate_gradients(grads))
+    _assert_all_close(results[1], results[0], dtype)
+    _assert_all_close(results[1], results[2], dtype)
+    _assert_all_close(payloads[:1], payloads[1:], dtype)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize(("hidden_size", "batch", "seq_len"), [(5, 4, 9), (38, 16, 17), (20, 27, 8)])
 def test_numba_overlapped_backward_agrees_with_the_reference(dtype, hidden_size, batch, seq_len, monkeypatch,
                                                              rng):

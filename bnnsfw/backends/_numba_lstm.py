@@ -97,9 +97,9 @@ from ._numba_tiles import (PACK_ROWS, VECTOR_BYTES, pack_rows, packed_product, p
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS",
-           "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "THREADED_STEP_MIN", "serves",
-           "step_parts", "chunk_steps", "overlaps", "overlap_pieces", "layers_together", "wide_rows",
-           "forward", "forward_layers", "backward", "backward_layers"]
+           "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "STREAM_CACHE_MIN", "THREADED_STEP_MIN",
+           "serves", "step_parts", "chunk_steps", "overlaps", "overlap_pieces", "streams", "layers_together",
+           "wide_rows", "forward", "forward_layers", "backward", "backward_layers"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 1024 keeps each product large and a chunk's projection, which the steps read
@@ -245,6 +245,29 @@ def overlap_pieces(seq_len: int, hidden_size: int, input_size: int) -> tuple[int
     pieces = -(-seq_len // piece)
     walk = min(1.0, 1.5 * hidden_size / (2 * input_size + hidden_size))
     return piece, max(1, min(pieces - 1, round((pieces - 1) * (1.0 - walk) / 2)))
+
+
+#: Fewest bytes of cache blocks (``T·6H·N`` values) whose gate rows a training forward on
+#: threads stores past the caches (:func:`streams`). A step writes five rows of its block
+#: (the gates and ``tanh(c_t)``) that nothing reads before the backward; in a cache larger
+#: than the processors' caches hold, an ordinary store first reads each of those lines from
+#: memory. Alternated in one process with plain stores (``ab.py``: pairs of 40 ms blocks,
+#: medians of the pairs' ratios; 10 to 30 pairs), a training forward and a training step of
+#: the long row (T = 2000, N = 8, I = H = 256; blocks of 94 MiB): 0.91, 0.89 and 0.90; 0.95,
+#: 0.97 and 0.97. Of 1000 of its steps (47 MiB) 0.92 and 0.98, of 250 of L's (N = 32, 47
+#: MiB) 0.93 and 0.97, of 500 of the long row's (23 MiB) 0.94 and 0.96. Below this size the
+#: gain comes and goes with the machine's state: XL (24 MiB) 0.98–1.00 and 0.99–1.00, L (12
+#: MiB) 0.95–1.02 and 0.98–1.03, 400 of M's steps (19 MiB) 0.98 and 1.00; M (2.3 MiB, which
+#: the level-2 caches of two cores hold for the backward) took 1.02 the time of a training
+#: step in one run.
+STREAM_CACHE_MIN = 32 << 20
+
+
+def streams(steps: np.ndarray) -> bool:
+    """True when a forward on threads stores the gate rows of ``steps`` (:func:`forward`'s
+    cache blocks, (T, 6H, N)) past the caches: :data:`STREAM_CACHE_MIN` bytes or more, and not
+    an inference (a zero stride along T: it keeps two blocks of its own)."""
+    return steps.strides[0] != 0 and steps.nbytes >= STREAM_CACHE_MIN
 
 
 # --------------------------------------------------------------------------------------
@@ -711,13 +734,15 @@ def _ask_columns(projection, h, j0, j1, first, batch):
 
 @_kernel
 def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_prev, c_next, h_next, out_t,
-                  lengths, t, with_product, light):
+                  lengths, t, with_product, light, stream):
     """One step for the units ``j0 … j1 − 1``: their four gate rows of ``U h + W x + b`` (``U h``
     left out for a zero state), the fused cell update, the cache block's rows, the new states
     (``c_next``/``h_next`` (H, N)) and the output row ``out_t`` (N, H); a sequence past its
     length keeps its state and outputs zeros. ``pe`` (4, H·N) holds the diagonal peepholes
     repeated over the sequences (zeros without them); ``light``: inference without peepholes
-    (no cache rows, :func:`_state_run`). ``U h`` is :func:`product` on the thread's rows of
+    (no cache rows, :func:`_state_run`); ``stream``: the gate rows of the cache block go past
+    the caches (:func:`streams`: the pass writes them into rows of the thread's own, then
+    :func:`._numba_stream.stream_copy`). ``U h`` is :func:`product` on the thread's rows of
     ``u``, which stay in its cache from step to step; ``tiles`` (4, B, H, PACK_ROWS), when not
     empty, holds the first ``PACK_ROWS·B`` of each gate's rows of the units packed
     (:func:`_step_tiles`), whose products :func:`packed_product` makes.
@@ -738,7 +763,9 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
     m = count * batch
     if m == 0:
         return
-    zl = np.empty((4, m), block.dtype)  # the thread's own: aliases nothing, so the pass vectorizes
+    # the thread's own: aliases nothing, so the pass vectorizes; with ``stream`` five more rows
+    # for the gates the pass makes
+    zl = np.empty((9 if stream and not light else 4, m), block.dtype)
     if following >= 0:  # the next step's columns of the units' rows, asked for a step ahead
         _ask_columns(projection, h, j0, j1, following, batch)
     pairs = paired(h_prev)  # once for the four gates' products
@@ -762,6 +789,11 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
     hid = h_next.reshape(hn)[a0:a0 + m]
     if light:
         _state_run(zg, zf, zi, zo, c_prev, cell, hid)
+    elif stream:
+        _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, zl[4], zl[5], zl[6], zl[7], zl[8], cell, hid)
+        for r, row in enumerate((g_row, f_row, i_row, o_row, a_row)):
+            stream_copy(zl[4 + r], row)
+        store_fence()
     else:
         _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
     for n in range(batch):
@@ -778,7 +810,7 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
 
 @_threaded
 def _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps, hidden, out, h_fin, c_fin,
-                   reverse, k_begin, k_end, with_state, light, claims, done):
+                   reverse, k_begin, k_end, with_state, light, stream, claims, done):
     """The steps ``k_begin … k_end − 1`` in one parallel region: each step's units in ``parts``
     pieces (:func:`_part`, :func:`_forward_part`), which the threads take as they come to them.
     Thread ``p`` tries piece ``p`` first, so each keeps its rows of ``u`` in its cache from step
@@ -789,7 +821,8 @@ def _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps,
     for the chunk instead of one per step (about 1.4 µs each on M's steps).
     ``with_state``: the state before the first step is not zero. ``tiles`` (P, 4, B, H,
     PACK_ROWS): piece ``p``'s packed rows of ``u`` (:func:`_step_tiles`), or an empty
-    (1, 4, 0, 0, PACK_ROWS) array for none."""
+    (1, 4, 0, 0, PACK_ROWS) array for none; ``light`` and ``stream`` as in
+    :func:`_forward_part`."""
     h = u.shape[1]
     batch = steps.shape[2]
     seq_len = out.shape[0]
@@ -806,7 +839,7 @@ def _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps,
                     _forward_part(j0, j1, u, tiles[piece % tiles.shape[0], :, :blocks], projection,
                                   (t - chunk_first) * batch,
                                   _following(k, k_end, t, chunk_first, batch, reverse), pe, block, h_prev,
-                                  c_next, h_next, out[t], lengths, t, k > 0 or with_state, light)
+                                  c_next, h_next, out[t], lengths, t, k > 0 or with_state, light, stream)
                     count_up(done)
 
 
@@ -826,21 +859,22 @@ def _project_threads(parts, wx, bias, x2, projection, first_t, count, batch):
 
 @_kernel
 def _recur_threads(parts, projection, chunk_first, u, tiles, pe, h0, c0, lengths, steps, hidden, out, h_fin,
-                   c_fin, reverse, k_begin, k_end, light):
+                   c_fin, reverse, k_begin, k_end, light, stream):
     """:func:`_recur` with each step shared out over ``parts`` threads (:func:`_steps_threads`)."""
     if k_begin == 0:
         _start_states(out.shape[0], reverse, steps, hidden, h0, c0)
     claims = np.zeros((k_end - k_begin) * parts, np.int64)
     done = np.zeros(1, np.int64)
     _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps, hidden, out, h_fin, c_fin,
-                   reverse, k_begin, k_end, h0.size > 0, light, claims, done)
+                   reverse, k_begin, k_end, h0.size > 0, light, stream, claims, done)
 
 
 @_kernel
 def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
-                     projection, reverse, light):
+                     projection, reverse, light, stream):
     """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` as there,
-    ``tiles`` as in :func:`_steps_threads`, ``pe`` (4, H·N) as in :func:`_forward_part`."""
+    ``tiles`` as in :func:`_steps_threads`, ``pe`` (4, H·N), ``light`` and ``stream`` as in
+    :func:`_forward_part`."""
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
     chunk = _projection_steps(projection, batch)
@@ -849,7 +883,7 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
         _recur_threads(parts, projection, first_t, u_rows, tiles, pe, h0, c0, lengths, steps, hidden, out,
-                       h_fin, c_fin, reverse, k_begin, k_end, light)
+                       h_fin, c_fin, reverse, k_begin, k_end, light, stream)
 
 
 # --------------------------------------------------------------------------------------
@@ -1572,7 +1606,8 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     """One layer and direction forward (:func:`_forward`); ``steps`` is (T, 6H, N), with a
     zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
     units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
-    thread meanwhile); :func:`backward` then takes the same ``parts``."""
+    thread meanwhile; the gate rows of a large cache stored past the caches, :func:`streams`);
+    :func:`backward` then takes the same ``parts``."""
     seq_len, _, batch = steps.shape
     a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch,
                       chunk_steps(seq_len, batch))
@@ -1581,7 +1616,7 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
         with blas_limit(1):
             _forward_threads(parts, a.x2, a.wx, a.bias, a.u, _step_tiles(w, parts, batch), a.pe, a.h0,
                              a.c0, a.lengths, a.steps, a.hidden, a.outs, a.h_fin, a.c_fin, a.projection,
-                             reverse, a.light)
+                             reverse, a.light, hidden is not None and streams(steps))
     else:
         a.run(reverse)
     a.finish()
