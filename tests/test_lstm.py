@@ -983,7 +983,7 @@ def test_numba_training_forward_streams_the_gate_rows_of_large_caches(dtype, bat
     numbers within the tolerance), outputs and gradients as one that stores them plainly, all
     of which agree with the reference (two layers, diagonal peepholes, lengths, one of them 0,
     initial states; 38 units, so most rows start inside a cache line). Inference never streams;
-    by default the long row's blocks stream and L's do not."""
+    by default the long row's blocks stream and L's do not, and the threshold's bytes do."""
     from bnnsfw.backends import _numba_lstm
     from bnnsfw.layers._lstm_cache import HEADER_BYTES
 
@@ -999,6 +999,9 @@ def test_numba_training_forward_streams_the_gate_rows_of_large_caches(dtype, bat
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)
     assert _numba_lstm.streams(np.empty((2000, 6 * 256, 8), np.float32))  # the long row
     assert not _numba_lstm.streams(np.empty((64, 6 * 256, 32), np.float32))  # L
+    least = _numba_lstm.STREAM_CACHE_MIN  # bytes or more
+    assert _numba_lstm.streams(np.empty((8, least // 8), np.uint8))
+    assert not _numba_lstm.streams(np.empty((8, least // 8 - 1), np.uint8))
     block = np.empty((1, 6 * 256, 8), np.float32)
     assert not _numba_lstm.streams(np.broadcast_to(block, (2000, 6 * 256, 8)))  # an inference's
     hidden = 38
