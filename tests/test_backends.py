@@ -449,6 +449,23 @@ def _fresh_asm(kernel, *args) -> str:
     return fresh.inspect_asm(fresh.signatures[0])
 
 
+def _forward_step_asm(block: np.ndarray, *, stream: bool = False) -> str:
+    """The assembly of a shared-out forward step (``_forward_part``) compiled anew, in float32,
+    for one piece of all ``H = block.shape[0] // 6`` units of ``block.shape[1]`` sequences
+    (random weights, projection and state; no packed rows, no lengths; a training step, its
+    gate rows written into ``block``, stored past the caches with ``stream``)."""
+    from bnnsfw.backends import _numba_lstm
+
+    h, batch, f32 = block.shape[0] // 6, block.shape[1], np.float32
+    rng = np.random.default_rng(0)
+    return _fresh_asm(_numba_lstm._forward_part, 0, h, rng.standard_normal((4 * h, h)).astype(f32),
+                      np.empty((4, 0, 0, _numba_lstm.PACK_ROWS), f32),
+                      rng.standard_normal((4 * h, 2 * batch)).astype(f32), 0, batch,
+                      np.zeros((4, h * batch), f32), block, rng.standard_normal((h, batch)).astype(f32),
+                      np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((batch, h), f32),
+                      np.empty(0, np.int64), 0, True, False, stream)
+
+
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_kernel_loops_take_the_wide_vectors():
     """The loops LLVM vectorizes by itself (the fused LSTM passes, the normalization passes) use
@@ -478,12 +495,7 @@ def test_numba_kernel_loops_take_the_wide_vectors():
         return rng.standard_normal(shape).astype(f32)
 
     no_lengths = np.empty(0, np.int64)
-    no_tiles = np.empty((4, 0, 0, _numba_lstm.PACK_ROWS), f32)
-    forward = _fresh_asm(_numba_lstm._forward_part, 0, h, arrays(4 * h, h), no_tiles,
-                         arrays(4 * h, 2 * batch), 0, batch, np.zeros((4, h * batch), f32),
-                         np.zeros((6 * h, batch), f32), arrays(h, batch), np.zeros((h, batch), f32),
-                         np.zeros((h, batch), f32), np.zeros((batch, h), f32), no_lengths, 0, True, False,
-                         False)
+    forward = _forward_step_asm(np.zeros((6 * h, batch), f32))
     registers = divisions.findall(forward)
     assert "ymm" not in registers, registers
     if registers:  # the LLVM of Numba 0.59 (the oldest supported) leaves this pass scalar
@@ -512,7 +524,6 @@ def test_numba_prefetch_asks_without_reading():
 
     import numba
 
-    from bnnsfw.backends import _numba_lstm
     from bnnsfw.backends._numba_stream import prefetch
 
     @numba.njit
@@ -528,16 +539,7 @@ def test_numba_prefetch_asks_without_reading():
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the hint's instruction is named here for x86-64 only")
     assert "prefetcht1" in asked_sum.inspect_asm(asked_sum.signatures[0])
-    h, batch, f32 = 32, 16, np.float32
-    rng = np.random.default_rng(0)
-    step = _fresh_asm(_numba_lstm._forward_part, 0, h, rng.standard_normal((4 * h, h)).astype(f32),
-                      np.empty((4, 0, 0, _numba_lstm.PACK_ROWS), f32),
-                      rng.standard_normal((4 * h, 2 * batch)).astype(f32), 0, batch,
-                      np.zeros((4, h * batch), f32), np.zeros((6 * h, batch), f32),
-                      rng.standard_normal((h, batch)).astype(f32), np.zeros((h, batch), f32),
-                      np.zeros((h, batch), f32), np.zeros((batch, h), f32), np.empty(0, np.int64), 0, True,
-                      False, False)
-    assert "prefetcht1" in step
+    assert "prefetcht1" in _forward_step_asm(np.zeros((6 * 32, 16), np.float32))
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -547,18 +549,9 @@ def test_numba_streamed_gate_rows_are_non_temporal_stores():
     for float32 vectors too: the same store of the line's bits), and the rows are written."""
     import platform
 
-    from bnnsfw.backends import _numba_lstm
-
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the instruction is named here for x86-64 only")
-    h, batch, f32 = 32, 16, np.float32
-    rng = np.random.default_rng(0)
-    block = np.zeros((6 * h, batch), f32)
-    step = _fresh_asm(_numba_lstm._forward_part, 0, h, rng.standard_normal((4 * h, h)).astype(f32),
-                      np.empty((4, 0, 0, _numba_lstm.PACK_ROWS), f32),
-                      rng.standard_normal((4 * h, 2 * batch)).astype(f32), 0, batch,
-                      np.zeros((4, h * batch), f32), block, rng.standard_normal((h, batch)).astype(f32),
-                      np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((batch, h), f32),
-                      np.empty(0, np.int64), 0, True, False, True)
-    assert "movntp" in step
+    h = 32
+    block = np.zeros((6 * h, 16), np.float32)
+    assert "movntp" in _forward_step_asm(block, stream=True)
     assert np.all(np.isfinite(block[h:])) and np.any(block[h:] != 0)  # the rows were written
