@@ -1616,7 +1616,7 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
         with blas_limit(1):
             _forward_threads(parts, a.x2, a.wx, a.bias, a.u, _step_tiles(w, parts, batch), a.pe, a.h0,
                              a.c0, a.lengths, a.steps, a.hidden, a.outs, a.h_fin, a.c_fin, a.projection,
-                             reverse, a.light, hidden is not None and streams(steps))
+                             reverse, a.light, streams(steps))
     else:
         a.run(reverse)
     a.finish()
