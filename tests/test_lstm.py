@@ -269,6 +269,8 @@ GRADIENT_CASES = {
     "mixed_peepholes_candidate_too": dict(num_layers=1, mixed=True),
     "one_gate_peephole": dict(num_layers=1, bidirectional=True, forget_peephole_only=True),
     "gate_and_hidden_activations": dict(num_layers=2, smooth=True, peepholes="full"),
+    "other_activations_lengths": dict(num_layers=2, bidirectional=True, smooth=True, peepholes="diagonal",
+                                      lengths=[3, 0, 2]),
     "batch_first": dict(num_layers=2, bidirectional=True, batch_first=True),
     "final_state_gradients_only": dict(num_layers=2, bidirectional=True, no_output_gradient=True),
     "variable_lengths_bidirectional_stack": dict(num_layers=2, bidirectional=True, lengths=[3, 1, 2]),
@@ -687,7 +689,94 @@ def test_numba_compiles_the_default_cell_with_peepholes_and_lengths_and_leaves_t
     assert kernels.forward.keywords["parts"] == kernels.backward.keywords["parts"] == 1
     big.close()
     relu = bf.Activation(bf.ActivationFunction.relu)
-    assert not served(hidden_activation=relu)
+    assert not served(hidden_activation=relu)  # other activations: the kernels of _numba_cells
+
+
+#: Each per-element activation, with parameters other than the defaults where it takes any.
+_ACTIVATION_PARAMETERS = {
+    "leaky_relu": (0.05,), "scaled_tanh": (0.9, 1.3), "linear": (1.3,), "clamp": (-0.7, 0.8),
+    "gelu_approximation": (0.8, 0.05), "hard_sigmoid": (0.3, 0.45), "softplus": (0.5, 1.2), "elu": (0.7,),
+    "clamped_leaky_relu": (0.1, 0.9), "linear_with_bias": (0.8, 0.1), "celu": (0.6,), "hard_shrink": (0.3,),
+    "soft_shrink": (0.3,), "threshold": (0.2, -0.1),
+}
+EVERY_ACTIVATION = [getattr(A, f.name)(*_ACTIVATION_PARAMETERS.get(f.name, ()))
+                    for f in bf.ActivationFunction if f.is_elementwise]
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("act", EVERY_ACTIVATION, ids=lambda a: a.function.name)
+def test_numba_activation_formulas_match_the_activations(act):
+    """The compiled kernels' value and derivative of every per-element activation agree with
+    :class:`bnnsfw.Activation`'s, at points off the functions' kinks: float64 to 1e-12, float32
+    to 1e-5 of the float64 values (float32 rounding in GELU's cubic; the rational tanh's error
+    is about 2.6e-7); the derivative
+    from the output alone (the input NaN) for the functions whose output determines it; a
+    halved sigmoid gate as σ(2v)."""
+    from bnnsfw.backends._numba_cells import activate_run, derivative_run
+
+    assert len(EVERY_ACTIVATION) == 29
+    x = np.linspace(-6.0, 6.0, 241) + 0.0137
+    y = act.forward(x)
+    want = act.derivative(x=x, y=y)
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+        code, a, b = int(act.function), dtype(act.alpha), dtype(act.beta)
+        xs = x.astype(dtype)
+        got_y = np.full_like(xs, np.nan)
+        activate_run(code, a, b, False, xs, got_y)
+        ys = act.forward(xs)
+        x_seen = np.full_like(xs, np.nan) if act.derivative_from_output else xs  # from y alone
+        got_d = np.ones_like(xs)
+        derivative_run(code, a, b, x_seen, ys, got_d)
+        np.testing.assert_allclose(got_y, y, rtol=tol, atol=tol, err_msg=f"{dtype.__name__} value")
+        np.testing.assert_allclose(got_d, want, rtol=tol, atol=tol, err_msg=f"{dtype.__name__} derivative")
+        halved = np.full_like(xs, np.nan)
+        activate_run(code, a, b, True, xs / 2, halved)
+        np.testing.assert_allclose(halved, A.sigmoid().forward(x), rtol=tol, atol=tol)
+
+
+def _every_result(layer, x, lengths, states, dy, final_grads):
+    """Inference and training outputs and states, and every gradient (peepholes included)."""
+    inference = layer.apply(x, *states, lengths)
+    out = layer.apply(x, *states, lengths, training=True)
+    grads = layer.apply_backward(x, dy, *states, *final_grads, lengths, training_cache=out.training_cache)
+    return [inference.output, inference.hidden, inference.cell, out.output, out.hidden, out.cell,
+            grads.input, grads.hidden, grads.cell, *_gate_gradients(grads)]
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("act", EVERY_ACTIVATION, ids=lambda a: a.function.name)
+def test_numba_compiles_cells_with_any_activation(act, monkeypatch, rng):
+    """A cell with ``act`` on every gate and on the cell, with full and diagonal peepholes,
+    lengths (one of them 0) and initial states, two bidirectional layers, runs on the
+    compiled kernels of ``_numba_cells`` (never on the reference's step kernels) and agrees
+    with the reference backend: outputs, states and every gradient, float64."""
+    from bnnsfw.backends._lstm_kernels import LSTMKernels
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a reference step kernel ran on the numba backend")
+
+    params = LSTMParameters.random(input_size=3, hidden_size=4, num_layers=2, bidirectional=True, seed=5,
+                                   dtype=np.float64)
+    gates = {name: dict(activation=act)
+             for name in ("input_gate", "forget_gate", "candidate_gate", "output_gate")}
+    gates["candidate_gate"]["cell_weights"] = rng.uniform(-0.2, 0.2, (2, 2, 4, 4))  # full: with U h
+    gates["forget_gate"]["cell_weights"] = rng.uniform(-0.2, 0.2, (2, 2, 4))  # diagonal
+    gates["output_gate"]["cell_weights"] = rng.uniform(-0.2, 0.2, (2, 2, 4, 4))  # full: on the new cell
+    params = with_gates(params, **gates)
+    params = attrs.evolve(params, hidden_activation=act)
+    x_shape, y_shape, state_shape = shapes(params, 5, 3)
+    # inputs and states of about ±1: a cell of unbounded activations everywhere stays finite
+    x, dy = rng.uniform(-1.0, 1.0, x_shape), rng.standard_normal(y_shape)
+    states = tuple(rng.uniform(-1.0, 1.0, state_shape) for _ in range(2))
+    final_grads = tuple(rng.standard_normal(state_shape) for _ in range(2))
+    lengths = np.array([5, 2, 0])
+    with layer_for(params, "numpy") as reference:
+        want = _every_result(reference, x, lengths, states, dy, final_grads)
+    for kind in ("forward", "backward"):
+        monkeypatch.setattr(LSTMKernels, f"lstm_{kind}_step", refused)
+    with layer_for(params, "numba") as compiled:
+        got = _every_result(compiled, x, lengths, states, dy, final_grads)
+    _assert_all_close(got, want, np.float64)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

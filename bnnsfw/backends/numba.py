@@ -6,7 +6,9 @@ one parallel region per chunk of steps, whose threads each take a run of units o
 step; the input projection and the weight gradients one product per chunk of steps; for
 small steps, two layers of a float32 unidirectional stack at the same time) for the cell
 almost every model uses,
-with no, diagonal or full peepholes, over full or variable lengths; and normalization with the
+with no, diagonal or full peepholes, over full or variable lengths; the cells with other
+per-element activations as compiled per-sequence loops of their own (:mod:`._numba_cells`); and
+normalization with the
 statistics of the batch and the identity activation with compiled, multithreaded row kernels
 (:mod:`._numba_normalization`; statistics sets too large for their arithmetic go to the
 reference kernels it inherits). Every other request goes to what ``scipy-blas`` does with it.
@@ -21,9 +23,10 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _numba_lstm, _numba_normalization
+from . import _numba_cells, _numba_lstm, _numba_normalization
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights
-from ._lstm_stack import CacheViews, CallArguments, DirectionKernels, _Packed, scatter_gradients
+from ._lstm_stack import (BackwardKernel, CacheViews, CallArguments, DirectionKernels, ForwardKernel, _Packed,
+                          scatter_gradients)
 from .contract import (
     LSTMGateArrays,
     LSTMPackedWeights,
@@ -151,8 +154,10 @@ class NumbaBackend(ScipyBlasBackend):
     def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None, batch: int,
                                 dtype: np.dtype | None = None) -> DirectionKernels:
         """The compiled kernels for the cells :func:`._numba_lstm.serves` names (the default
-        activations, any peepholes, any lengths); what ``scipy-blas`` picks otherwise. Full
-        peepholes keep the steps on the calling thread: their products need every unit's cell.
+        activations, any peepholes, any lengths); otherwise the per-sequence kernels of
+        :meth:`_lstm_sequence_kernels`, with the weight gradients made from their gate
+        gradients. Full peepholes keep the steps on the calling thread: their products need
+        every unit's cell.
 
         With exactly two threads for the steps, the two directions of a bidirectional layer
         run at the same time, each on one thread (``pair``), instead of each step's units being
@@ -170,6 +175,16 @@ class NumbaBackend(ScipyBlasBackend):
             layers = parts == 1 and dtype == np.float32 and _numba_lstm.layers_together()
             return _compiled_kernels(parts, layers)
         return super()._lstm_direction_kernels(plan, lengths, batch, dtype)
+
+    def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
+                               batch: int) -> tuple[ForwardKernel, BackwardKernel]:
+        """For the cells :func:`._numba_lstm.serves` leaves (other activations), the compiled
+        per-sequence kernels of :mod:`._numba_cells` (any per-element activations, any
+        peepholes, any lengths); the weight gradients are then made as for every per-sequence
+        kernel."""
+        if _numba_cells.serves(plan):
+            return _numba_cells.forward_sequence, _numba_cells.backward_sequence
+        return super()._lstm_sequence_kernels(plan, lengths, batch)
 
     def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
         """``scipy-blas``'s packing; for the cells the compiled kernels serve, with ``U`` and
