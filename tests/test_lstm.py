@@ -709,9 +709,8 @@ def test_numba_activation_formulas_match_the_activations(act):
     """The compiled kernels' value and derivative of every per-element activation agree with
     :class:`bnnsfw.Activation`'s, at points off the functions' kinks: float64 to 1e-12, float32
     to 1e-5 of the float64 values (float32 rounding in GELU's cubic; the rational tanh's error
-    is about 2.6e-7); the derivative
-    from the output alone (the input NaN) for the functions whose output determines it; a
-    halved sigmoid gate as σ(2v)."""
+    is about 2.6e-7); the derivative from the output alone (the input NaN) for the functions
+    whose output determines it; a halved sigmoid gate as σ(2v)."""
     from bnnsfw.backends._numba_cells import activate_run, derivative_run
 
     assert len(EVERY_ACTIVATION) == 29

@@ -50,7 +50,7 @@ from ..activation import Activation
 from ..enums import ActivationFunction as AF
 from . import _numba_cache
 from ._lstm_kernels import LSTMKernels, LSTMScratch, LSTMStepPlan, LSTMWeights, gather_output
-from ._numba_lstm import FAST_MATH, _mm, _repeated, _tanh
+from ._numba_lstm import _EMPTY, FAST_MATH, _feature_major, _mm, _repeated, _tanh
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -494,12 +494,7 @@ def _activation_numbers(plan: LSTMStepPlan,
 
 def _matrix(m: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
     """``m``, or an empty (0, 0) matrix for none."""
-    return np.zeros((0, 0), dtype) if m is None else m
-
-
-def _state(state: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
-    """An (N, H) state feature-major and contiguous, or (0, 0) for zeros."""
-    return np.zeros((0, 0), dtype) if state is None else np.ascontiguousarray(state.T)
+    return _EMPTY[dtype] if m is None else m
 
 
 def _inactive(inactive: Sequence[np.ndarray | None], batch: int) -> np.ndarray:
@@ -532,7 +527,7 @@ def forward_sequence(plan: LSTMStepPlan, w: LSTMWeights, x2: np.ndarray, h0: np.
     h_last = scratch.array("lstm_h_last", (h, batch), dtype)
     _forward(x2, w.wx, w.bias, w.u, _matrix(w.full_pre, dtype), _matrix(w.peepholes.full_output, dtype),
              _repeated(w.peepholes.diagonal, h, batch, dtype), codes, alphas, betas, halved,
-             _state(h0, dtype), _state(c0, dtype), _inactive(inactive, batch),
+             _feature_major(h0, dtype), _feature_major(c0, dtype), _inactive(inactive, batch),
              scratch.array("lstm_projection", (4 * h, seq_len * batch), dtype),
              scratch.array("lstm_keep", (h, batch), dtype), scratch.array("lstm_tmp", (h, batch), dtype),
              steps,
