@@ -49,7 +49,7 @@ from numba.extending import overload
 from ..activation import Activation
 from ..enums import ActivationFunction as AF
 from . import _numba_cache
-from ._lstm_kernels import LSTMKernels, LSTMScratch, LSTMStepPlan, LSTMWeights, gather_output
+from ._lstm_kernels import LSTMKernels, LSTMScratch, LSTMStepPlan, LSTMWeights, _copy_or_zero, gather_output
 from ._numba_lstm import _EMPTY, FAST_MATH, _feature_major, _mm, _repeated, _tanh
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
@@ -553,10 +553,7 @@ def backward_sequence(plan: LSTMStepPlan, w: LSTMWeights, steps: np.ndarray, pre
         start = 0 if reverse else seq_len - 1
         np.add(dh_all[start], dh_final.T, out=dh_all[start])
     dc = scratch.array("lstm_dc", (h, batch), dtype)
-    if dc_final is None:
-        dc.fill(0.0)
-    else:
-        np.copyto(dc, dc_final.T)
+    _copy_or_zero(dc, None if dc_final is None else dc_final.T)
     dh_first = scratch.array("lstm_dh_first", (h, batch), dtype)
     codes, alphas, betas, _ = _activation_numbers(plan, dtype)
     peep = w.peepholes_grad
