@@ -2,6 +2,7 @@
 
 import builtins
 import json
+import os
 
 from bnnsfw.cli import bench
 
@@ -17,6 +18,8 @@ def test_quick_bench_prints_every_row_and_writes_json(tmp_path, capsys):
     figures = json.loads(path.read_text())
     assert len(figures["rows"]) == 2 * len(bench.LSTM_CASES) + len(bench.NORMALIZATION_CASES)
     assert all(row["median_ms"] > 0 for row in figures["rows"])
+    assert figures["openblas_coretype"] == os.environ.get("OPENBLAS_CORETYPE")
+    assert out.splitlines()[1] == bench.describe_blas(figures["blas"], figures["openblas_coretype"])
 
 
 def test_compare_without_torch_says_so_and_carries_on(monkeypatch, capsys):
@@ -50,3 +53,28 @@ def test_fresh_process_probes_measure_step_memory_and_first_call_latency():
     assert figures["step_bytes"] > 0
     imported, first_step = bench.first_call_latency("auto", None)
     assert imported > 0 and first_step > 0
+
+
+def test_the_blas_line_names_each_library_its_kernels_and_a_forced_core_type():
+    libraries = [
+        {"package": "scipy", "implementation": "openblas", "version": "0.3.30", "kernels": "Haswell"},
+        {"package": "numpy", "implementation": "mkl", "version": "2025.1", "kernels": None},
+    ]
+    line = bench.describe_blas(libraries, None)
+    assert line == "BLAS: openblas 0.3.30 from scipy (Haswell kernels), mkl 2025.1 from numpy"
+    forced = bench.describe_blas(libraries, "Haswell")
+    assert forced.startswith(line + "; OPENBLAS_CORETYPE=Haswell is set")
+    assert bench.describe_blas([], None) == "BLAS: none found"
+
+
+def test_the_blas_libraries_are_those_threadpoolctl_finds():
+    from threadpoolctl import threadpool_info
+
+    found = bench.blas_libraries()
+    expected = [info for info in threadpool_info() if info["user_api"] == "blas"]
+    # the shared controller scanned the process once; a library loaded since is not in it
+    assert {lib["version"] for lib in found} <= {info["version"] for info in expected}
+    assert found or not expected
+    for lib in found:
+        assert set(lib) == {"package", "implementation", "version", "kernels"}
+        assert lib["package"] and not lib["package"].endswith(".libs")

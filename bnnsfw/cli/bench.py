@@ -184,6 +184,32 @@ def measure_peak(*, quick: bool = False) -> float:
     return 2.0 * n**3 / best / 1e9
 
 
+def blas_libraries() -> list[dict[str, Any]]:
+    """The BLAS libraries loaded in this process, as threadpoolctl reports them: the package
+    each came with (the folder that holds it, ``scipy.libs`` read as ``scipy``), the
+    implementation, its version and the kernels it runs (OpenBLAS's name for them, chosen for
+    the CPU when the library was loaded, or by ``OPENBLAS_CORETYPE``)."""
+    from .._threadpool import blas_controller
+
+    libraries = []
+    for info in blas_controller().select(user_api="blas").info():
+        folder = os.path.basename(os.path.dirname(info.get("filepath") or ""))
+        libraries.append({"package": folder.removesuffix(".libs"), "implementation": info.get("internal_api"),
+                          "version": info.get("version"), "kernels": info.get("architecture")})
+    return libraries
+
+
+def describe_blas(libraries: Sequence[dict[str, Any]], coretype: str | None) -> str:
+    """One line naming :func:`blas_libraries`, and ``OPENBLAS_CORETYPE`` when it is set: it
+    overrides OpenBLAS's choice of kernels for the CPU, which moves every BLAS figure."""
+    names = ", ".join(f"{lib['implementation']} {lib['version']} from {lib['package']}"
+                      + (f" ({lib['kernels']} kernels)" if lib["kernels"] else "") for lib in libraries)
+    line = f"BLAS: {names or 'none found'}"
+    if coretype is not None:
+        line += f"; OPENBLAS_CORETYPE={coretype} is set: OpenBLAS runs those kernels whatever the CPU"
+    return line
+
+
 # ---------------------------------------------------------------- LSTM ---------------
 
 
@@ -451,6 +477,8 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
     print(f"bnnsfw {bf.__version__} bench: backend {backend}, threads {threads}, "
           f"{os.cpu_count()} cores, float32; sgemm peak {peak:.1f} GFLOP/s"
           + (f"; PyTorch {torch_mod.__version__}" if torch_mod is not None else ""), file=out)
+    blas, coretype = blas_libraries(), os.environ.get("OPENBLAS_CORETYPE")
+    print(describe_blas(blas, coretype), file=out)
     rows: list[BenchRow] = []
     lstm_cases = [c.quick() for c in LSTM_CASES] if opts.quick else list(LSTM_CASES)
     norm_cases = [c.quick() for c in NORMALIZATION_CASES] if opts.quick else list(NORMALIZATION_CASES)
@@ -485,6 +513,8 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
         "torch": getattr(torch_mod, "__version__", None),
         "quick": opts.quick,
         "sgemm_peak_gflops": peak,
+        "blas": blas,
+        "openblas_coretype": coretype,
         "first_call": latency,
         "rows": [r.as_dict() for r in rows],
     }
