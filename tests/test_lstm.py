@@ -875,6 +875,46 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(dtype, beta, rng):
+    """The weight and input gradients of an overlapped backward's piece made with the register tile
+    (``_tile_weight_gradients``: ``dW = dz x``, ``dU = dz h``; ``_tile_input_gradient``:
+    ``dX = (Wᵀ dz)ᵀ``) agree with float64 products: ``beta`` 0 overwrites whatever the
+    outputs held (NaN included, as BLAS does), 1 adds to them; gate gradients as a view of
+    wider rows (a chunk's first columns); inputs of one feature and sizes that fill no vector;
+    nothing written around the outputs."""
+    from bnnsfw.backends._numba_lstm import _tile_input_gradient, _tile_weight_gradients
+
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    for rows, width, size_i, hidden in ((512, 112, 128, 128), (28, 13, 5, 7), (16, 256, 1, 4)):
+        gates = rng.standard_normal((rows, width + 9)).astype(dtype)[:, :width]
+        x_rows = rng.standard_normal((width, size_i)).astype(dtype)
+        states = rng.standard_normal((width, hidden)).astype(dtype)
+        wx_t = rng.standard_normal((size_i, rows)).astype(dtype)
+        before = [np.full(shape, np.nan, dtype) if beta == 0.0 else rng.standard_normal(shape).astype(dtype)
+                  for shape in ((rows, size_i), (rows, hidden), (width, size_i))]
+        g64 = gates.astype(np.float64)
+        wants = [g64 @ x_rows.astype(np.float64), g64 @ states.astype(np.float64),
+                 (wx_t.astype(np.float64) @ g64).T]
+        if beta:
+            wants = [want + start.astype(np.float64) for want, start in zip(wants, before)]
+
+        frames = [np.full((start.shape[0] + 2, start.shape[1] + 5), 7.0, dtype) for start in before]
+        d_wx, d_u, d_input = (frame[1:-1, 2:-3] for frame in frames)
+        for out, start in zip((d_wx, d_u, d_input), before):
+            out[:] = start
+        _tile_weight_gradients(gates, x_rows, states, d_wx, d_u, beta)
+        _tile_input_gradient(wx_t, gates, d_input, beta)
+        for frame in frames:
+            edges = np.ones(frame.shape, bool)
+            edges[1:-1, 2:-3] = False
+            assert (frame[edges] == 7.0).all()
+        for got, want in zip((d_wx, d_u, d_input), wants):
+            assert np.abs(got - want).max() <= tolerance * (1.0 + np.abs(want).max()), (rows, width, size_i)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
     """``packed_product`` on rows packed by ``pack_rows`` (blocks of ``PACK_ROWS``, each
     column's elements side by side) makes the sums ``product`` makes, in the same order: it
