@@ -1381,9 +1381,8 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
 
 @_threaded
 def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx, d_u,
-                         d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, reverse, piece,
-                         walker_pieces, other_wx, other_u, other_bias, other_peep, other_columns, empty,
-                         none):
+                         d_bias, d_peep, d_input, input_beta, dh_first, d_gates, dh, reverse, piece,
+                         walker_pieces, other_wx, other_u, other_bias, other_peep, empty, none):
     """:func:`_backward` of a layer whose steps make one chunk (:func:`overlaps`), on two
     threads that overlap the walk with the products instead of sharing out each: thread 0
     walks the steps back (:func:`_backprop`, one thread) ``piece`` steps at a time and counts
@@ -1394,9 +1393,9 @@ def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy
     ``walker_pieces`` pieces walked (the first time steps) into ``d_wx``, ``d_u``, ``d_bias``
     and ``d_peep``, and the two threads' sums are added. Which thread makes which piece is
     fixed by the arguments, so the result's bits depend on the data and these alone.
-    ``d_gates`` and ``columns`` span the whole sequence; ``other_columns`` is thread 1's
-    copy of ``columns``; ``empty`` a (0, 0) array and ``none`` an empty counter. Thread 0
-    never waits, so the call ends however many threads run it.
+    ``d_gates`` spans the whole sequence; ``empty`` is a (0, 0) array (the BLAS products'
+    columns, which the tile's do not use, among others) and ``none`` an empty counter.
+    Thread 0 never waits, so the call ends however many threads run it.
 
     The pieces' products (a few hundred columns: M's are 112) take the register tile
     (:func:`_chunk_products` with ``tiled``). On an AMD EPYC (Zen 5, AVX-512) guest, one
@@ -1421,7 +1420,7 @@ def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy
             for q in range(walker_pieces - 1, -1, -1):
                 k_begin, k_end, first_t = _chunk(seq_len, piece, q, reverse)
                 gates = d_gates[:, first_t * batch:]
-                _chunk_products(x2, wx_t, steps, hidden, has_peep, gates, columns, d_wx, d_u, d_bias, d_peep,
+                _chunk_products(x2, wx_t, steps, hidden, has_peep, gates, empty, d_wx, d_u, d_bias, d_peep,
                                 d_input, input_beta, first_t, k_end - k_begin,
                                 0.0 if q == walker_pieces - 1 else 1.0, empty, empty, True)
         else:
@@ -1429,7 +1428,7 @@ def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy
                 wait_for(walked, pieces - q)
                 k_begin, k_end, first_t = _chunk(seq_len, piece, q, reverse)
                 gates = d_gates[:, first_t * batch:]
-                _chunk_products(x2, wx_t, steps, hidden, has_peep, gates, other_columns, other_wx, other_u,
+                _chunk_products(x2, wx_t, steps, hidden, has_peep, gates, empty, other_wx, other_u,
                                 other_bias, other_peep, d_input, input_beta, first_t, k_end - k_begin,
                                 0.0 if q == pieces - 1 else 1.0, empty, empty, True)
     for r in range(d_wx.shape[0]):
@@ -1852,8 +1851,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
                 _backward_overlapped(
                     a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc,
                     a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input, a.input_beta, a.dh_first,
-                    a.d_gates, a.columns, a.dh, reverse, piece, walker_pieces, other_wx, other_u, other_bias,
-                    other_peep, _aligned(scratch, "lstm_numba_other_columns", a.columns.shape, dtype),
+                    a.d_gates, a.dh, reverse, piece, walker_pieces, other_wx, other_u, other_bias, other_peep,
                     _EMPTY[dtype], _NO_COUNTER)
             else:
                 dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), dtype)
