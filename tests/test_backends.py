@@ -518,7 +518,8 @@ def test_numba_kernel_loops_take_the_wide_vectors():
     assert wide(backward)
     x = arrays(8, 256)
     layer_norm = _fresh_asm(_numba_normalization._flat_forward, x, np.ones(256, f32), np.zeros(256, f32),
-                            1e-5, np.empty_like(x), np.empty(8), np.empty(8), 1e30, np.zeros(8, np.bool_))
+                            1e-5, np.empty_like(x), np.empty(8), np.empty(8), 1e30, np.zeros(8, np.bool_),
+                            2, False)
     assert wide(layer_norm)
     x3 = arrays(4, 2, 128)
     batch_norm = _fresh_asm(_numba_normalization._channel_backward, x3, arrays(4, 2, 128), np.ones(2, f32),

@@ -1092,25 +1092,42 @@ def test_stream_pass_writes_its_formula_and_nothing_else(dtype, rng):
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kind,shape", [("group", (3, 4, 67)), ("instance", (2, 3, 130)),
-                                        ("group", (2, 4, 5))],
-                         ids=["group-runs-with-head-and-tail", "instance", "group-runs-shorter-than-a-line"])
+                                        ("group", (2, 4, 5)), ("layer", (3, 5, 67)), ("layer", (7, 2, 5)),
+                                        ("layer", (3, 2, 1000))],
+                         ids=["group-runs-with-head-and-tail", "instance", "group-runs-shorter-than-a-line",
+                              "layer-rows-with-head-and-tail", "layer-rows-shorter-than-a-line",
+                              "layer-long-rows"])
 def test_outputs_written_past_the_caches_agree_with_the_reference(kind, shape, dtype, monkeypatch, rng):
-    """Instance and group norm write their output (and ``dx``) past the caches when the arrays
-    would not stay in the last-level cache; with a cache of one byte assumed, small arrays
-    take that path too, and forward and backward agree with the float64 reference."""
+    """Instance, group and layer norm write their output (and ``dx``) past the caches when the
+    arrays would not stay in the last-level cache; with a cache of one byte assumed, small
+    arrays take that path too, and forward and backward agree with the float64 reference.
+    (Layer norm's rows are made in a row of the thread's own and copied, on two threads or
+    more: every call takes the threads here, and the test checks that both passes streamed.)"""
+    import numba
+
     from bnnsfw.backends import _numba_normalization
 
     monkeypatch.setattr(_numba_normalization, "last_level_cache_bytes", lambda: 1)
     assert _numba_normalization._streams(np.zeros(1, dtype), 2)
-    channels = shape[1]
+    chosen = []
+    if kind == "layer":
+        if getattr(numba.config, "NUMBA_NUM_THREADS") < 2:
+            pytest.skip("layer norm streams on two threads or more")
+        monkeypatch.setattr(_numba_normalization, "PARALLEL_MIN_ELEMENTS", 0)
+        real = _numba_normalization._flat_streams
+        monkeypatch.setattr(_numba_normalization, "_flat_streams",
+                            lambda *args: (chosen.append(real(*args)), chosen[-1])[1])
+    affine = shape[-1:] if kind == "layer" else shape[1:2]
     norm_type = (NormalizationType.group(group_count=2) if kind == "group"
+                 else NormalizationType.layer(normalization_axis=len(shape) - 2) if kind == "layer"
                  else NormalizationType.instance())
     params = NormalizationParameters(type=norm_type, input_shape=shape[1:],
-                                     gamma=rng.uniform(0.5, 1.5, channels), beta=rng.uniform(-1, 1, channels),
+                                     gamma=rng.uniform(0.5, 1.5, affine), beta=rng.uniform(-1, 1, affine),
                                      dtype=dtype)
     x = (10.0 + rng.standard_normal(shape)).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)
     ours = _run(params, "numba", x, dy, "training")
+    assert chosen == ([True, True] if kind == "layer" else []), chosen
     wide = attrs.evolve(params, dtype=np.float64)
     reference = _run(wide, "numpy", x.astype(np.float64), dy.astype(np.float64), "training")
     rtol, atol = (2e-4, 2e-5) if dtype == np.float32 else (1e-9, 1e-11)
