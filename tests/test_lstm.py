@@ -882,11 +882,15 @@ def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(dtype,
     ``dX = (Wᵀ dz)ᵀ``) agree with float64 products: ``beta`` 0 overwrites whatever the
     outputs held (NaN included, as BLAS does), 1 adds to them; gate gradients as a view of
     wider rows (a chunk's first columns); inputs of one feature and sizes that fill no vector;
-    nothing written around the outputs."""
-    from bnnsfw.backends._numba_lstm import _tile_input_gradient, _tile_weight_gradients
+    a chunk's products shared out over threads (blocks of ``TILE_BLOCK`` along the shared axes
+    and of ``TILE_COLUMNS`` columns, each with a shorter last one); nothing written around the
+    outputs."""
+    from bnnsfw.backends._numba_lstm import (TILE_BLOCK, TILE_COLUMNS, _tile_input_gradient,
+                                             _tile_weight_gradients)
 
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
-    for rows, width, size_i, hidden in ((512, 112, 128, 128), (28, 13, 5, 7), (16, 256, 1, 4)):
+    blocked = (2 * TILE_BLOCK + 18, TILE_COLUMNS + 2 * TILE_BLOCK // 3, 20, 9)
+    for rows, width, size_i, hidden in ((512, 112, 128, 128), (28, 13, 5, 7), (16, 256, 1, 4), blocked):
         gates = rng.standard_normal((rows, width + 9)).astype(dtype)[:, :width]
         x_rows = rng.standard_normal((width, size_i)).astype(dtype)
         states = rng.standard_normal((width, hidden)).astype(dtype)
@@ -1047,7 +1051,8 @@ def test_numba_tile_without_avx512_agrees_with_a_float64_product(tmp_path):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("hidden_size", [5, 38])
 @pytest.mark.parametrize("batch", [4, 8, 16, 24, 27])
-def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, batch,
+@pytest.mark.parametrize("tiled", [False, True], ids=["blas-products", "tile-products"])
+def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, batch, tiled,
                                                                    monkeypatch, rng):
     """Each step's units and each product shared out over threads (a thread may get no unit:
     H = 5 over 2 or 3 parts cut at multiples of 16) agree with the reference, forward and
@@ -1061,7 +1066,9 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     (8 in float32, 4 in float64) and one wide vector's worth (16 in float32, 8 in float64) take
     the paired tile with AVX-512, forward where H is even (38) and backward (4H); 24 (and 16
     in float64) take packed rows of ``U`` forward with AVX-512, a block of 12 of each gate's
-    rows of a piece of 16 or 22 units (H = 38) and the rest as they are."""
+    rows of a piece of 16 or 22 units (H = 38) and the rest as they are. The chunks' gradient
+    products are made by one-thread BLAS calls or by the register tile (``tiles_chunks``,
+    which answers for the shapes where the tile is the faster, made to answer here)."""
     from bnnsfw.backends import _numba_lstm
 
     used = []
@@ -1076,6 +1083,8 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
     monkeypatch.setattr(_numba_lstm, "OVERLAP_COLUMNS", 0)  # the walk shared out too (overlapped: below)
+    asked = []
+    monkeypatch.setattr(_numba_lstm, "tiles_chunks", lambda *args: (asked.append(args), tiled)[1])
     directions = 1 if parts == 2 else 2
     params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2,
                                    bidirectional=directions == 2, peepholes="diagonal", seed=4, dtype=dtype)
@@ -1099,6 +1108,7 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     # 3 forward calls and 1 backward, each 2 layers × the directions
     assert sorted(used) == ([("_backward_threads", parts)] * 2 * directions
                             + [("_forward_threads", parts)] * 6 * directions)
+    assert len(asked) == 2 * directions
     _assert_all_close(results[1], results[0], dtype)
 
 

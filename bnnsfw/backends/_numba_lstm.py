@@ -92,8 +92,8 @@ from . import _numba_cache
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights, repeated
 from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_stream import LINE_BYTES, prefetch, store_fence, stream_copy
-from ._numba_tiles import (PACK_ROWS, VECTOR_BYTES, pack_rows, packed_product, packs, paired, paired_product,
-                           product, wide_loops)
+from ._numba_tiles import (PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, pack_rows, packed_product, packs, paired,
+                           paired_product, product, wide_loops)
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -109,6 +109,16 @@ __all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_CO
 #: time forward and 0.90–0.95× a training step, L (2 chunks instead of 1) 0.97–0.99×, XL
 #: the same; the other benchmark shapes are one chunk either way.
 CHUNK_COLUMNS = 1024
+
+#: Length of the blocks of the shared axis in which the register tile makes the gradient
+#: products of a backward (:func:`_tile_weight_gradients`, :func:`_tile_input_gradient`): a
+#: twelve-row block of the left operand (12 KiB of float32) then stays in L1 from one panel of
+#: columns to the next, and the right operand's block (at most 256 × :data:`TILE_COLUMNS`) in
+#: L2. Unblocked, a chunk's 1 024 columns made the tile's products slower than OpenBLAS's.
+TILE_BLOCK = 256
+
+#: Columns per block of the input gradient's product (:func:`_tile_input_gradient`).
+TILE_COLUMNS = 512
 
 #: The kernels' fast-math flags: all of LLVM's but ``arcp`` (division by a reciprocal) and
 #: ``reassoc`` (reordering arithmetic), so that a vectorized loop and its scalar remainder do the
@@ -246,6 +256,19 @@ def overlap_pieces(seq_len: int, hidden_size: int, input_size: int) -> tuple[int
     pieces = -(-seq_len // piece)
     walk = min(1.0, 1.5 * hidden_size / (2 * input_size + hidden_size))
     return piece, max(1, min(pieces - 1, round((pieces - 1) * (1.0 - walk) / 2)))
+
+
+def tiles_chunks(dtype: np.dtype, input_size: int, hidden_size: int) -> bool:
+    """True when a backward shared out over threads makes its chunks' gradient products with
+    the register tile (:func:`_chunk_products_threads`): float32 with 64-byte vectors (AVX-512),
+    ``I`` and ``H`` whole numbers of vectors, the shapes measured."""
+    lane = WIDE_BYTES // np.dtype(dtype).itemsize
+    return (TILES_CHUNKS and np.dtype(dtype) == np.float32 and WIDE_BYTES > VECTOR_BYTES
+            and input_size % lane == 0 and hidden_size % lane == 0)
+
+
+#: Whether :func:`tiles_chunks` may answer True (a switch for measurements).
+TILES_CHUNKS = True
 
 
 #: Fewest bytes of cache blocks (``T·6H·N`` values) whose gate rows a training forward on
@@ -1032,24 +1055,34 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
 @_inline
 def _tile_weight_gradients(gates, x_rows, states, d_wx, d_u, beta):
     """``d_wx`` (rows, I) and ``d_u`` (rows, H) set to ``gates @ x_rows`` and ``gates @ states``
-    (``beta`` 0) or added to (``beta`` 1) with the register tile (:func:`~._numba_tiles.product`):
-    ``gates`` (rows, w) a run of ``w`` columns of gate gradients, ``x_rows`` (w, I) their
-    inputs, ``states`` (w, H) the hidden state before each column's step."""
+    (``beta`` 0) or added to (``beta`` 1) with the register tile (:func:`~._numba_tiles.product`),
+    the shared axis in blocks of :data:`TILE_BLOCK`: ``gates`` (rows, w) a run of ``w``
+    columns of gate gradients, ``x_rows`` (w, I) their inputs, ``states`` (w, H) the hidden
+    state before each column's step."""
     if beta == 0.0:
         d_wx[:, :] = 0.0
         d_u[:, :] = 0.0
-    product(gates, x_rows, d_wx, d_wx)
-    product(gates, states, d_u, d_u)
+    width = gates.shape[1]
+    for k0 in range(0, width, TILE_BLOCK):
+        k1 = min(width, k0 + TILE_BLOCK)
+        product(gates[:, k0:k1], x_rows[k0:k1], d_wx, d_wx)
+        product(gates[:, k0:k1], states[k0:k1], d_u, d_u)
 
 
 @_inline
 def _tile_input_gradient(wx_t, gates, d_input, input_beta):
     """``d_input`` (w, I) set to ``(wx_tᵀ gates)ᵀ + input_beta·d_input`` with the register tile:
     made as its transpose (``wx_t`` (I, 4H) against ``gates`` (4H, w), both with unit-stride
-    rows) into scratch, then copied."""
-    size_i, width = wx_t.shape[0], gates.shape[1]
+    rows; blocks of :data:`TILE_COLUMNS` columns and :data:`TILE_BLOCK` of the shared axis)
+    into scratch, then copied."""
+    size_i, rows, width = wx_t.shape[0], gates.shape[0], gates.shape[1]
     d_input_t = np.zeros((size_i, width), gates.dtype)
-    product(wx_t, gates, d_input_t, d_input_t)
+    for n0 in range(0, width, TILE_COLUMNS):
+        n1 = min(width, n0 + TILE_COLUMNS)
+        made = d_input_t[:, n0:n1]
+        for k0 in range(0, rows, TILE_BLOCK):
+            k1 = min(rows, k0 + TILE_BLOCK)
+            product(wx_t[:, k0:k1], gates[k0:k1, n0:n1], made, made)
     if input_beta == 0.0:
         for c in range(width):
             for i in range(size_i):
@@ -1306,32 +1339,46 @@ def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, d
 
 @_summing_threaded
 def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
-                            d_peep, d_input, input_beta, chunk_first, count, beta):
-    """:func:`_chunk_products` shared out over ``parts`` threads, each calling a one-thread
-    BLAS: rows of the weight gradients, of the input gradient, units for the columns and the
-    peepholes."""
+                            d_peep, d_input, input_beta, chunk_first, count, beta, tiled):
+    """:func:`_chunk_products` shared out over ``parts`` threads: rows of the weight
+    gradients, of the input gradient, units for the hidden states and the peepholes. The
+    products with the register tile when ``tiled`` (:func:`tiles_chunks`; the hidden states
+    copied as rows, :func:`_tile_weight_gradients`, :func:`_tile_input_gradient`), else each
+    thread calls a one-thread BLAS (the hidden states copied as ``columns``)."""
     batch = steps.shape[2]
     h = steps.shape[1] // 6
     width = count * batch
     x0 = chunk_first * batch
+    states = np.empty((width if tiled else 0, h), d_gates.dtype)
     for p in numba.prange(parts):
         wide_loops()
         j0, j1 = _part(h, parts, p)
         for s in range(count):
             state = hidden[chunk_first + s]
-            for j in range(j0, j1):
+            if tiled:
                 for n in range(batch):
-                    columns[j, s * batch + n] = state[j, n]
+                    for j in range(j0, j1):
+                        states[s * batch + n, j] = state[j, n]
+            else:
+                for j in range(j0, j1):
+                    for n in range(batch):
+                        columns[j, s * batch + n] = state[j, n]
     for p in numba.prange(parts):
         wide_loops()
         r0, r1 = p * 4 * h // parts, (p + 1) * 4 * h // parts
         c0, c1 = p * width // parts, (p + 1) * width // parts
         if r1 > r0:
-            _mm(d_gates[r0:r1, :width], False, x2[x0:x0 + width], False, d_wx[r0:r1], beta)
-            _mm(d_gates[r0:r1, :width], False, columns[:, :width], True, d_u[r0:r1], beta)
+            if tiled:
+                _tile_weight_gradients(d_gates[r0:r1, :width], x2[x0:x0 + width], states, d_wx[r0:r1],
+                                       d_u[r0:r1], beta)
+            else:
+                _mm(d_gates[r0:r1, :width], False, x2[x0:x0 + width], False, d_wx[r0:r1], beta)
+                _mm(d_gates[r0:r1, :width], False, columns[:, :width], True, d_u[r0:r1], beta)
         if c1 > c0:
-            _mm(d_gates[:, c0:c1], True, wx_t, True,
-                d_input[x0 + c0:x0 + c1], input_beta)
+            if tiled:
+                _tile_input_gradient(wx_t, d_gates[:, c0:c1], d_input[x0 + c0:x0 + c1], input_beta)
+            else:
+                _mm(d_gates[:, c0:c1], True, wx_t, True, d_input[x0 + c0:x0 + c1], input_beta)
         for r in range(r0, r1):
             total = d_bias.dtype.type(0.0)
             for column in range(width):
@@ -1362,9 +1409,11 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
 
 @_kernel
 def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx,
-                      d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, reverse):
+                      d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, reverse,
+                      tiled):
     """:func:`_backward` with every step and every product shared out over ``parts`` threads
-    (BLAS held to one thread by the caller); ``u_t`` as there, scratch ``dz`` (2, 4H, N)."""
+    (BLAS held to one thread by the caller); ``u_t`` as there, scratch ``dz`` (2, 4H, N);
+    ``tiled`` as in :func:`_chunk_products_threads`."""
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
@@ -1376,7 +1425,7 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
                           reverse, k_begin, k_end, first_t)
         _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
                                 d_peep, d_input, input_beta, first_t, k_end - k_begin,
-                                0.0 if q == n_chunks - 1 else 1.0)
+                                0.0 if q == n_chunks - 1 else 1.0, tiled)
 
 
 @_threaded
@@ -1857,7 +1906,8 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
                 dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), dtype)
                 _backward_threads(parts, a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden,
                                   a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input,
-                                  a.input_beta, a.dh_first, a.d_gates, a.columns, a.dh, dz, reverse)
+                                  a.input_beta, a.dh_first, a.d_gates, a.columns, a.dh, dz, reverse,
+                                  tiles_chunks(dtype, x2.shape[1], h))
     else:
         a.run(reverse)
     return a.finish()
