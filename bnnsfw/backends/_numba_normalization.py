@@ -228,14 +228,7 @@ def _flat_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide, b
         wide_loops()
         made = np.empty(m if stream else 0, out.dtype)
         for r in range(b * rows // blocks, (b + 1) * rows // blocks):
-            total = 0.0
-            for j in range(m):
-                total += x[r, j]
-            mean = total / m
-            squares = 0.0
-            for j in range(m):
-                d = x[r, j] - mean
-                squares += d * d
+            mean, squares = _segment_stats(x[r])
             if not squares < limit:
                 wide[r] = True
                 continue
@@ -280,14 +273,7 @@ def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks, lim
         made = np.empty(m if stream else 0, dx.dtype)
         first, last = b * rows // blocks, (b + 1) * rows // blocks
         for r in range(first, last):
-            total = 0.0
-            for j in range(m):
-                total += x[r, j]
-            mean = total / m
-            squares = 0.0
-            for j in range(m):
-                d = x[r, j] - mean
-                squares += d * d
+            mean, squares = _segment_stats(x[r])
             if not squares < limit:
                 wide[r] = True
                 continue
