@@ -263,12 +263,8 @@ def tiles_chunks(dtype: np.dtype, input_size: int, hidden_size: int) -> bool:
     the register tile (:func:`_chunk_products_threads`): float32 with 64-byte vectors (AVX-512),
     ``I`` and ``H`` whole numbers of vectors, the shapes measured."""
     lane = WIDE_BYTES // np.dtype(dtype).itemsize
-    return (TILES_CHUNKS and np.dtype(dtype) == np.float32 and WIDE_BYTES > VECTOR_BYTES
+    return (np.dtype(dtype) == np.float32 and WIDE_BYTES > VECTOR_BYTES
             and input_size % lane == 0 and hidden_size % lane == 0)
-
-
-#: Whether :func:`tiles_chunks` may answer True (a switch for measurements).
-TILES_CHUNKS = True
 
 
 #: Fewest bytes of cache blocks (``T·6H·N`` values) whose gate rows a training forward on

@@ -235,13 +235,11 @@ def _flat_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide, b
             variance = squares / m
             rstd = x.dtype.type(1.0 / math.sqrt(variance + epsilon))
             mean_x = x.dtype.type(mean)
+            row = made if stream else out[r]
+            for j in range(m):
+                row[j] = (x[r, j] - mean_x) * rstd * gamma[j] + beta[j]
             if stream:
-                for j in range(m):
-                    made[j] = (x[r, j] - mean_x) * rstd * gamma[j] + beta[j]
                 stream_copy(made, out[r])
-            else:
-                for j in range(m):
-                    out[r, j] = (x[r, j] - mean_x) * rstd * gamma[j] + beta[j]
             means[r] = mean
             variances[r] = variance
         if stream:
@@ -296,15 +294,12 @@ def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks, lim
                     run_gamma[j] = 0.0
             a_x = x.dtype.type(a / m)
             c_x = x.dtype.type(c / m)
+            row = made if stream else dx[r]
+            for j in range(m):
+                xhat = (x[r, j] - mean_x) * rstd
+                row[j] = rstd * (gamma[j] * dy[r, j] - a_x - xhat * c_x)
             if stream:
-                for j in range(m):
-                    xhat = (x[r, j] - mean_x) * rstd
-                    made[j] = rstd * (gamma[j] * dy[r, j] - a_x - xhat * c_x)
                 stream_copy(made, dx[r])
-            else:
-                for j in range(m):
-                    xhat = (x[r, j] - mean_x) * rstd
-                    dx[r, j] = rstd * (gamma[j] * dy[r, j] - a_x - xhat * c_x)
         if stream:
             store_fence()
 
