@@ -1090,15 +1090,28 @@ def _tile_input_gradient(wx_t, gates, d_input, input_beta):
 
 
 @_inline
-def _states_as_rows(hidden, chunk_first, count, states):
-    """``states[s·N + n, j] = hidden[chunk_first + s][j, n]``: the hidden state before each of
-    ``count`` steps, a row per column of the run."""
-    batch, h = hidden.shape[2], hidden.shape[1]
+def _states_as_rows(hidden, chunk_first, count, states, j0, j1):
+    """``states[s·N + n, j] = hidden[chunk_first + s][j, n]`` for the units ``j0 … j1 − 1``: the
+    hidden state before each of ``count`` steps, a row per column of the run."""
+    batch = hidden.shape[2]
     for s in range(count):
         state = hidden[chunk_first + s]
-        for j in range(h):
-            for n in range(batch):
+        for n in range(batch):
+            for j in range(j0, j1):
                 states[s * batch + n, j] = state[j, n]
+
+
+@_inline
+def _states_as_columns(hidden, chunk_first, count, columns, j0, j1):
+    """``columns[j, s·N + n] = hidden[chunk_first + s][j, n]`` for the units ``j0 … j1 − 1``:
+    the hidden state before each of ``count`` steps, a column per column of the run (BLAS's
+    operand)."""
+    batch = hidden.shape[2]
+    for s in range(count):
+        state = hidden[chunk_first + s]
+        for j in range(j0, j1):
+            for n in range(batch):
+                columns[j, s * batch + n] = state[j, n]
 
 
 @_summing
@@ -1117,15 +1130,11 @@ def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d
     rows = slice(chunk_first * batch, chunk_first * batch + width)
     if tiled:
         states = np.empty((width, h), d_gates.dtype)
-        _states_as_rows(hidden, chunk_first, count, states)
+        _states_as_rows(hidden, chunk_first, count, states, 0, h)
         _tile_weight_gradients(d_gates[:, :width], x2[rows], states, d_wx, d_u, beta)
         _tile_input_gradient(wx_t, d_gates[:, :width], d_input[rows], input_beta)
     else:
-        for s in range(count):
-            state = hidden[chunk_first + s]
-            for j in range(h):
-                for n in range(batch):
-                    columns[j, s * batch + n] = state[j, n]
+        _states_as_columns(hidden, chunk_first, count, columns, 0, h)
         _mm(d_gates[:, :width], False, x2[rows], False, d_wx, beta)
         _mm(d_gates[:, :width], False, columns[:, :width], True, d_u, beta)
         _mm(d_gates[:, :width], True, wx_t, True, d_input[rows], input_beta)
@@ -1349,16 +1358,10 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
     for p in numba.prange(parts):
         wide_loops()
         j0, j1 = _part(h, parts, p)
-        for s in range(count):
-            state = hidden[chunk_first + s]
-            if tiled:
-                for n in range(batch):
-                    for j in range(j0, j1):
-                        states[s * batch + n, j] = state[j, n]
-            else:
-                for j in range(j0, j1):
-                    for n in range(batch):
-                        columns[j, s * batch + n] = state[j, n]
+        if tiled:
+            _states_as_rows(hidden, chunk_first, count, states, j0, j1)
+        else:
+            _states_as_columns(hidden, chunk_first, count, columns, j0, j1)
     for p in numba.prange(parts):
         wide_loops()
         r0, r1 = p * 4 * h // parts, (p + 1) * 4 * h // parts
