@@ -1178,15 +1178,15 @@ def test_numba_overlapped_backward_agrees_with_the_reference(dtype, hidden_size,
     other makes each walked piece's products (``_backward_overlapped``), with the split
     ``overlap_pieces`` gives; the gradients agree with the reference, with lengths (one of 0),
     diagonal peepholes, two layers, initial states, final-state gradients, with and without
-    an output gradient, pieces of one step and longer, and a short last piece. Two backward
-    calls from one cache give the same bits."""
+    an output gradient, pieces of one step and longer, of unequal lengths. Two backward calls
+    from one cache give the same bits."""
     from bnnsfw.backends import _numba_lstm
 
     used = []
     original = _numba_lstm._backward_overlapped
 
     def spy(*args):
-        used.append((_argument(original, args, "piece"), _argument(original, args, "walker_pieces")))
+        used.append(tuple(_argument(original, args, "bounds")))
         return original(*args)
 
     monkeypatch.setattr(_numba_lstm, "_backward_overlapped", spy)
@@ -1214,18 +1214,20 @@ def test_numba_overlapped_backward_agrees_with_the_reference(dtype, hidden_size,
                                       arrays[len(arrays) // 2:]):
                     np.testing.assert_array_equal(got, first)
         results.append(arrays)
-    piece, walker_pieces = _numba_lstm.overlap_pieces(seq_len, hidden_size, 3)
-    upper = _numba_lstm.overlap_pieces(seq_len, hidden_size, hidden_size)
-    assert used == [upper, (piece, walker_pieces)] * 3  # 3 backward calls, the upper layer first
-    assert piece < seq_len and 1 <= walker_pieces < -(-seq_len // piece)
+    lower = tuple(_numba_lstm.overlap_pieces(seq_len, hidden_size, 3))
+    upper = tuple(_numba_lstm.overlap_pieces(seq_len, hidden_size, hidden_size))
+    assert used == [upper, lower] * 3  # 3 backward calls, the upper layer first
+    assert len(set(np.diff(lower))) > 1  # pieces of unequal lengths
     _assert_all_close(results[1], results[0], dtype)
 
 
 def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
     """The overlapped backward serves two threads, steps below ``OVERLAP_STEP_MAX`` (M's
     2²⁰ multiply-adds; not the long row's 2²¹ or L's 2²³), at most ``OVERLAP_COLUMNS``
-    columns (one chunk), and at least two pieces of steps; the walking thread takes the products of
-    ``(p − 1)(1 − w)/2`` of the ``p`` pieces, ``w`` the walk's cost against a piece's products."""
+    columns (one chunk), and at least two pieces of steps. The pieces walked first are 2, 4, 8…
+    steps long, the rest at most ``⌈T / 8⌉``; the walking thread takes the products of the last
+    piece walked, ``(2 + (r − 1)·T + 3) / 2r`` steps, ``r`` a piece's products against its
+    walk."""
     from bnnsfw.backends import _numba_lstm
 
     assert _numba_lstm.overlaps(2, 50, 16, 128)  # M
@@ -1236,9 +1238,17 @@ def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
     assert not _numba_lstm.overlaps(2, 100, 8, 256)  # the long row's steps
     assert not _numba_lstm.overlaps(2, 200, 16, 128)  # 3 200 columns
     assert not _numba_lstm.overlaps(2, 1, 16, 128)  # one piece
-    assert _numba_lstm.overlap_pieces(50, 128, 128) == (7, 2)  # M: w = 1/2, 8 pieces
-    assert _numba_lstm.overlap_pieces(50, 128, 1) == (7, 1)  # products cheaper than the walk
-    assert _numba_lstm.overlap_pieces(80, 64, 512) == (10, 3)  # w = 96/1088
+    def pieces(seq_len: int, hidden_size: int, input_size: int) -> list[int]:
+        """The pieces' lengths in the order they are walked (the walker's last)."""
+        bounds = _numba_lstm.overlap_pieces(seq_len, hidden_size, input_size)
+        assert bounds[0] == 0 and bounds[-1] == seq_len and not bounds.flags.writeable
+        return np.diff(bounds)[::-1].tolist()
+
+    assert pieces(50, 128, 128) == [2, 4, 6, 6, 6, 6, 6, 14]  # M: r = 2, (2 + 50 + 3) / 4 = 13.75
+    assert pieces(50, 128, 1) == [2, 4, 7, 6, 6, 6, 6, 6, 6, 1]  # products cheaper than the walk
+    assert pieces(80, 64, 512) == [2, 4, 8, 10, 10, 9, 37]  # r = 1088/96: 836/22.7 = 36.9
+    assert pieces(2, 64, 64) == [1, 1]  # pieces of one step
+    assert pieces(17, 38, 3) == [2, 3, 3, 3, 3, 2, 1]  # three steps at most
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -244,18 +244,38 @@ def overlaps(parts: int, seq_len: int, batch: int, hidden_size: int) -> bool:
             and seq_len * batch <= OVERLAP_COLUMNS and _piece_steps(seq_len) < seq_len)
 
 
-def overlap_pieces(seq_len: int, hidden_size: int, input_size: int) -> tuple[int, int]:
-    """Steps per piece of an overlapped backward, and how many pieces (the last walked: the
-    first time steps) the walking thread makes the products of once its walk is done; the
-    other thread makes the rest while the walk goes on. The split evens out the two threads'
-    work: walking a piece costs about ``1.5·H / (2I + H)`` of its products (the products hold
-    ``2I + H`` multiply-adds per gate row and step, the walk ``H`` and its fused pass), so with
-    ``w`` that ratio and ``p`` pieces the walker takes ``(p − 1)(1 − w)/2`` of them, at least
-    one and at most ``p − 1``."""
-    piece = _piece_steps(seq_len)
-    pieces = -(-seq_len // piece)
-    walk = min(1.0, 1.5 * hidden_size / (2 * input_size + hidden_size))
-    return piece, max(1, min(pieces - 1, round((pieces - 1) * (1.0 - walk) / 2)))
+@functools.lru_cache(maxsize=64)
+def overlap_pieces(seq_len: int, hidden_size: int, input_size: int) -> np.ndarray:
+    """The pieces an overlapped backward walks the steps in (:func:`_backward_overlapped`),
+    as bounds of the walking index ``k`` (ascending, from 0 to ``seq_len``; the walk goes from
+    the last piece to the first). The walking thread makes the first piece's products (the
+    first time steps) once its walk is done; the other thread makes the others' while the walk
+    goes on. Walking a step costs about ``1.5·H / (2I + H)`` of its products (the products hold
+    ``2I + H`` multiply-adds per gate row and step, the walk ``H`` and its fused pass): with
+    ``r`` the inverse and ``P`` = :data:`OVERLAP_PIECES`, the walker takes ``(2 + (r − 1)·T +
+    (P − 2)/2) / 2r`` steps (at least one, at most ``T − 1``), which evens out the two threads'
+    work, a piece's fixed cost half a walked step. The pieces walked first are 2, 4, 8… steps
+    long, so that the other thread starts after two steps instead of a whole piece; the rest
+    are even, at most ``⌈T / P⌉`` steps. Made once per shape; read only."""
+    cap = _piece_steps(seq_len)
+    ratio = (2 * input_size + hidden_size) / (1.5 * hidden_size)
+    first = min(2, cap)
+    walker = round((first + (ratio - 1.0) * seq_len + 0.5 * (OVERLAP_PIECES - 2)) / (2.0 * ratio))
+    walker = min(max(walker, 1), seq_len - 1)
+    others = seq_len - walker
+    sizes = []  # walk order
+    size, done = first, 0
+    while size < cap and done + size < others:
+        sizes.append(size)
+        done += size
+        size *= 2
+    rest = others - done
+    count = -(-rest // cap)
+    sizes += [rest // count + (1 if i < rest % count else 0) for i in range(count)]
+    sizes.append(walker)
+    bounds = np.cumsum([0] + sizes[::-1], dtype=np.int64)
+    bounds.flags.writeable = False
+    return bounds
 
 
 def tiles_chunks(dtype: np.dtype, input_size: int, hidden_size: int) -> bool:
@@ -632,6 +652,15 @@ def _chunk(seq_len, chunk, q, reverse):
     """Chunk ``q``: its walking steps ``k_begin … k_end − 1`` and its first time step."""
     k_begin = q * chunk
     k_end = min(seq_len, k_begin + chunk)
+    first_t = seq_len - k_end if reverse else k_begin
+    return k_begin, k_end, first_t
+
+
+@_inline
+def _piece(seq_len, bounds, q, reverse):
+    """Piece ``q`` of ``bounds`` (:func:`overlap_pieces`): its walking steps ``k_begin …
+    k_end − 1`` and its first time step."""
+    k_begin, k_end = bounds[q], bounds[q + 1]
     first_t = seq_len - k_end if reverse else k_begin
     return k_begin, k_end, first_t
 
@@ -1429,21 +1458,21 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
 
 @_threaded
 def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx, d_u,
-                         d_bias, d_peep, d_input, input_beta, dh_first, d_gates, dh, reverse, piece,
-                         walker_pieces, other_wx, other_u, other_bias, other_peep, empty, none):
+                         d_bias, d_peep, d_input, input_beta, dh_first, d_gates, dh, reverse, bounds,
+                         other_wx, other_u, other_bias, other_peep, empty, none):
     """:func:`_backward` of a layer whose steps make one chunk (:func:`overlaps`), on two
     threads that overlap the walk with the products instead of sharing out each: thread 0
-    walks the steps back (:func:`_backprop`, one thread) ``piece`` steps at a time and counts
-    the pieces walked;
-    thread 1 makes each walked piece's products (:func:`_chunk_products`: weight, bias and
-    peephole gradients into ``other_*`` of its own, the piece's rows of ``d_input``) while the
-    walk goes on. Once the walk is done, thread 0 makes the products of the last
-    ``walker_pieces`` pieces walked (the first time steps) into ``d_wx``, ``d_u``, ``d_bias``
-    and ``d_peep``, and the two threads' sums are added. Which thread makes which piece is
-    fixed by the arguments, so the result's bits depend on the data and these alone.
-    ``d_gates`` spans the whole sequence; ``empty`` is a (0, 0) array (the BLAS products'
-    columns, which the tile's do not use, among others) and ``none`` an empty counter.
-    Thread 0 never waits, so the call ends however many threads run it.
+    walks the steps back (:func:`_backprop`, one thread) piece by piece, the pieces ``bounds``
+    gives (:func:`overlap_pieces`), and counts the pieces walked; thread 1 makes each walked
+    piece's products but the last one's (:func:`_chunk_products`: weight, bias and peephole
+    gradients into ``other_*`` of its own, the piece's rows of ``d_input``) while the walk goes
+    on. Once the walk is done, thread 0 makes the products of the last piece walked (the
+    first time steps) into ``d_wx``, ``d_u``, ``d_bias`` and ``d_peep``, and the two threads'
+    sums are added. Which thread makes which piece is fixed by the arguments, so the result's
+    bits depend on the data and these alone. ``d_gates`` spans the whole sequence; ``empty`` is
+    a (0, 0) array (the BLAS products' columns, which the tile's do not use, among others) and
+    ``none`` an empty counter. Thread 0 never waits, so the call ends however many threads run
+    it.
 
     The pieces' products (a few hundred columns: M's are 112) take the register tile
     (:func:`_chunk_products` with ``tiled``). On an AMD EPYC (Zen 5, AVX-512) guest, one
@@ -1455,26 +1484,24 @@ def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy
     still (L's backward 12.8–14.8 ms against 12.6, XL's 49–55 against 44)."""
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
-    pieces = (seq_len + piece - 1) // piece
+    pieces = bounds.shape[0] - 1
     u_t_rows = u_t[:, :4 * (steps.shape[1] // 6)]
     walked = np.zeros(1, np.int64)
     for p in numba.prange(2):
         if p == 0:
             for q in range(pieces - 1, -1, -1):
-                k_begin, k_end, _ = _chunk(seq_len, piece, q, reverse)
+                k_begin, k_end, _ = _piece(seq_len, bounds, q, reverse)
                 _backprop(steps, dy, lengths, u_t_rows, pe, empty, empty, dc, carried, dh, d_gates, dh_first,
                           reverse, k_begin, k_end, 0, none)
                 count_up(walked)
-            for q in range(walker_pieces - 1, -1, -1):
-                k_begin, k_end, first_t = _chunk(seq_len, piece, q, reverse)
-                gates = d_gates[:, first_t * batch:]
-                _chunk_products(x2, wx_t, steps, hidden, has_peep, gates, empty, d_wx, d_u, d_bias, d_peep,
-                                d_input, input_beta, first_t, k_end - k_begin,
-                                0.0 if q == walker_pieces - 1 else 1.0, empty, empty, True)
+            k_begin, k_end, first_t = _piece(seq_len, bounds, 0, reverse)
+            _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates[:, first_t * batch:], empty, d_wx, d_u,
+                            d_bias, d_peep, d_input, input_beta, first_t, k_end - k_begin, 0.0, empty, empty,
+                            True)
         else:
-            for q in range(pieces - 1, walker_pieces - 1, -1):
+            for q in range(pieces - 1, 0, -1):
                 wait_for(walked, pieces - q)
-                k_begin, k_end, first_t = _chunk(seq_len, piece, q, reverse)
+                k_begin, k_end, first_t = _piece(seq_len, bounds, q, reverse)
                 gates = d_gates[:, first_t * batch:]
                 _chunk_products(x2, wx_t, steps, hidden, has_peep, gates, empty, other_wx, other_u,
                                 other_bias, other_peep, d_input, input_beta, first_t, k_end - k_begin,
@@ -1892,14 +1919,14 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
         dtype = steps.dtype
         with blas_limit(1):
             if overlapped:
-                piece, walker_pieces = overlap_pieces(seq_len, h, x2.shape[1])
+                bounds = overlap_pieces(seq_len, h, x2.shape[1])
                 other_wx, other_u, other_bias, other_peep = (
                     scratch.array(f"lstm_numba_other_{name}", array.shape, dtype)
                     for name, array in (("wx", a.d_wx), ("u", a.d_u), ("bias", a.d_bias), ("peep", a.d_peep)))
                 _backward_overlapped(
                     a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc,
                     a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input, a.input_beta, a.dh_first,
-                    a.d_gates, a.dh, reverse, piece, walker_pieces, other_wx, other_u, other_bias, other_peep,
+                    a.d_gates, a.dh, reverse, bounds, other_wx, other_u, other_bias, other_peep,
                     _EMPTY[dtype], _NO_COUNTER)
             else:
                 dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), dtype)
