@@ -1226,7 +1226,7 @@ def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
     2²⁰ multiply-adds; not the long row's 2²¹ or L's 2²³), at most ``OVERLAP_COLUMNS``
     columns (one chunk), and at least two pieces of steps. The pieces walked first are 2, 4, 8…
     steps long, the rest at most ``⌈T / 8⌉``; the walking thread takes the products of the last
-    piece walked, ``(2 + (r − 1)·T + 3) / 2r`` steps, ``r`` a piece's products against its
+    piece walked, ``(2 + (r − 1)·T + 3) / 2r`` steps, ``r`` a step's products against its
     walk."""
     from bnnsfw.backends import _numba_lstm
 
@@ -1238,6 +1238,7 @@ def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
     assert not _numba_lstm.overlaps(2, 100, 8, 256)  # the long row's steps
     assert not _numba_lstm.overlaps(2, 200, 16, 128)  # 3 200 columns
     assert not _numba_lstm.overlaps(2, 1, 16, 128)  # one piece
+
     def pieces(seq_len: int, hidden_size: int, input_size: int) -> list[int]:
         """The pieces' lengths in the order they are walked (the walker's last)."""
         bounds = _numba_lstm.overlap_pieces(seq_len, hidden_size, input_size)
