@@ -213,8 +213,9 @@ def chunk_steps(seq_len: int, batch: int) -> int:
     return max(1, min(seq_len, CHUNK_COLUMNS // max(batch, 1)))
 
 
-#: Pieces an overlapped backward walks the steps in (:func:`_backward_overlapped`): each
-#: piece's products start as soon as it is walked.
+#: An overlapped backward's pieces are at most ``⌈T / OVERLAP_PIECES⌉`` steps long
+#: (:func:`overlap_pieces`, :func:`_backward_overlapped`): each piece's products start as soon
+#: as it is walked.
 OVERLAP_PIECES = 8
 
 #: Largest step, ``4H·H·N`` multiply-adds (exclusive), whose backward on two threads is
@@ -231,8 +232,8 @@ OVERLAP_COLUMNS = CHUNK_COLUMNS
 
 
 def _piece_steps(seq_len: int) -> int:
-    """Steps per piece of an overlapped backward: :data:`OVERLAP_PIECES` pieces, the last
-    one shorter."""
+    """Most steps in a piece of an overlapped backward (:func:`overlap_pieces`): the sequence
+    over :data:`OVERLAP_PIECES`, rounded up."""
     return -(-seq_len // OVERLAP_PIECES)
 
 
