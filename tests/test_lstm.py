@@ -242,8 +242,7 @@ def test_lengths_all_full_equal_no_lengths(backend_name, rng):
         np.testing.assert_array_equal(a.output, b.output)  # full lengths are no lengths: one code path
         np.testing.assert_array_equal(a.hidden, b.hidden)
         # inference runs other loops (no cache rows): equal within the stated tolerance, not bitwise
-        rtol, atol = TOLERANCE[np.dtype(np.float64)]
-        np.testing.assert_allclose(layer.apply(x).output, a.output, rtol=rtol, atol=atol)
+        _assert_all_close([layer.apply(x).output], [a.output], np.float64)
         # a cache written with full lengths serves a backward without lengths
         layer.apply_backward(x, None, hidden_gradient=np.ones((2, 2, 3)), training_cache=a.training_cache)
 
@@ -411,9 +410,7 @@ def test_dropout_on_a_single_layer_changes_nothing(backend_name, rng):
     assert len(record) == 1 and record[0].filename == __file__  # once, pointing at the caller's line
     with layer:
         # training and inference run different loops: equal within the stated tolerance
-        rtol, atol = TOLERANCE[np.dtype(np.float64)]
-        np.testing.assert_allclose(layer.apply(x, training=True).output, layer.apply(x).output, rtol=rtol,
-                                   atol=atol)
+        _assert_all_close([layer.apply(x, training=True).output], [layer.apply(x).output], np.float64)
         layer.apply_backward(x, np.ones((3, 2, 2)))  # no masks, so no cache needed
 
 
