@@ -142,8 +142,8 @@ def _tile(typingctx, a, b, add, out, rows, vectors, vector_bytes, a_by_columns):
     its ``rows`` broadcast scalars at fixed offsets from one address, where rows of ``a`` need
     an offset each (twelve rows' offsets and the tile's other addresses outgrew the sixteen
     general registers, and each broadcast reloaded its offset from the stack: on L's step
-    ``512 × 256 × 32``, one thread, float32, 205–225 GFLOP/s against 246–253 with the fixed
-    offsets, the rows as they are 240–265). ``out`` may be ``add``: the tile reads all of
+    ``512 × 256 × 32``, one thread, float32, 208–225 GFLOP/s against 246–249 with the fixed
+    offsets, the rows as they are 241–265). ``out`` may be ``add``: the tile reads all of
     ``add`` before it writes."""
     literals = (rows, vectors, vector_bytes, a_by_columns)
     if not all(isinstance(t, types.IntegerLiteral) for t in literals):
