@@ -1722,8 +1722,8 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
     offsets from one address. Alternated with the rows as they are (two threads, each its own
     operands, float32, medians of 30): ``1020 × 512 × 64`` (XL's forward step, half the units)
     143 GFLOP/s a thread against 131, ``516 × 256 × 32`` (L's) 153 against 149, the same bits.
-    (On a faster machine since, one thread: L's four gates 246–249 packed against 235–254 as rows, XL's
-    250–256 against 244–259.)"""
+    (On a faster machine since, one thread: L's four gates 246–249 packed against 235–254 as
+    rows, XL's 250–256 against 244–259.)"""
     dtype = w.u.dtype
     if w.step_tiles is None or not packs(batch, dtype):
         return _NO_TILES[dtype]
