@@ -1091,6 +1091,80 @@ def test_stream_pass_writes_its_formula_and_nothing_else(dtype, rng):
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("stream", [True, False], ids=["past-the-caches", "ordinary-stores"])
+def test_layer_norm_row_pass_writes_its_formula_and_nothing_else(dtype, stream, rng):
+    """``_numba_stream.normalized_row`` (``(x − mean)·rstd·gamma + beta``) and
+    ``normalized_row_backward`` (``rstd·(gamma·dy − a − (x − mean)·rstd·c)``) agree with their
+    formulas for rows of every length around a line and starting at every alignment (scalar
+    head, whole lines, scalar tail), in place too, and write nothing outside ``out``."""
+    import numba
+
+    from bnnsfw.backends._numba_stream import normalized_row, normalized_row_backward, store_fence
+
+    @numba.njit
+    def forward(x, gamma, beta, out, mean, rstd, stream):
+        normalized_row(x, gamma, beta, out, mean, rstd, stream)
+        store_fence()
+
+    @numba.njit
+    def backward(x, dy, gamma, out, mean, rstd, a, c, stream):
+        normalized_row_backward(x, dy, gamma, out, mean, rstd, a, c, stream)
+        store_fence()
+
+    mean, rstd, a, c = 0.5, 1.75, -0.25, 0.625
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-13)
+    for size in (0, 1, 15, 16, 17, 64, 100, 771):
+        for start in range(0, 16, 5):
+            x = rng.standard_normal(size + 3).astype(dtype)[3:]
+            dy = rng.standard_normal(size + 1).astype(dtype)[1:]
+            gamma = rng.uniform(0.5, 1.5, size).astype(dtype)
+            beta = rng.uniform(-1, 1, size).astype(dtype)
+            xhat = (x.astype(np.float64) - mean) * rstd
+            frame = np.full(start + size + 9, 7.0, dtype)
+            out = frame[start + 1:start + 1 + size]
+            forward(x, gamma, beta, out, mean, rstd, stream)
+            np.testing.assert_allclose(out, xhat * gamma + beta, **tol, err_msg=f"{size} {start}")
+            backward(x, dy, gamma, out, mean, rstd, a, c, stream)
+            np.testing.assert_allclose(out, rstd * (gamma * dy.astype(np.float64) - a - xhat * c), **tol,
+                                       err_msg=f"{size} {start}")
+            assert (frame[:start + 1] == 7.0).all() and (frame[start + 1 + size:] == 7.0).all(), (size, start)
+            inplace = x.copy()
+            forward(inplace, gamma, beta, inplace, mean, rstd, stream)
+            np.testing.assert_allclose(inplace, xhat * gamma + beta, **tol, err_msg=f"in place {size}")
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_layer_norm_row_pass_streams_with_non_temporal_stores(backward):
+    """Layer norm's row pass compiles to non-temporal stores on x86-64 (``movntps``, or
+    ``movntpd`` for the same line's bits) when streamed, and to none otherwise."""
+    import platform
+
+    import numba
+
+    from bnnsfw.backends._numba_stream import normalized_row, normalized_row_backward
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the instruction is named here for x86-64 only")
+
+    def assembly(stream):
+        if backward:
+            def kernel(x, dy, gamma, out):
+                normalized_row_backward(x, dy, gamma, out, 0.5, 2.0, 0.25, 0.125, stream)
+        else:
+            def kernel(x, dy, gamma, out):
+                normalized_row(x, gamma, dy, out, 0.5, 2.0, stream)
+        row = np.ones(100, np.float32)
+        compiled = numba.njit(kernel)
+        compiled(row, row, row, np.empty_like(row))
+        return "\n".join(compiled.inspect_asm().values())
+
+    assert "movntp" in assembly(True)
+    assert "movntp" not in assembly(False)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kind,shape", [("group", (3, 4, 67)), ("instance", (2, 3, 130)),
                                         ("group", (2, 4, 5)), ("layer", (3, 5, 67)), ("layer", (7, 2, 5)),
                                         ("layer", (3, 2, 1000))],
@@ -1100,23 +1174,15 @@ def test_stream_pass_writes_its_formula_and_nothing_else(dtype, rng):
 def test_outputs_written_past_the_caches_agree_with_the_reference(kind, shape, dtype, monkeypatch, rng):
     """Instance, group and layer norm write their output (and ``dx``) past the caches when the
     arrays would not stay in the last-level cache; with a cache of one byte assumed, small
-    arrays take that path too, and forward and backward agree with the float64 reference.
-    (Layer norm's rows are made in a row of the thread's own and copied, on two threads or
-    more: every call takes the threads here, and the test checks that both passes streamed.)"""
-    import numba
-
+    arrays take that path too (the test checks that both passes chose it), and forward and
+    backward agree with the float64 reference."""
     from bnnsfw.backends import _numba_normalization
 
     monkeypatch.setattr(_numba_normalization, "last_level_cache_bytes", lambda: 1)
-    assert _numba_normalization._streams(np.zeros(1, dtype), 2)
     chosen = []
-    if kind == "layer":
-        if getattr(numba.config, "NUMBA_NUM_THREADS") < 2:
-            pytest.skip("layer norm streams on two threads or more")
-        monkeypatch.setattr(_numba_normalization, "PARALLEL_MIN_ELEMENTS", 0)
-        real = _numba_normalization._flat_streams
-        monkeypatch.setattr(_numba_normalization, "_flat_streams",
-                            lambda *args: (chosen.append(real(*args)), chosen[-1])[1])
+    real = _numba_normalization._streams
+    monkeypatch.setattr(_numba_normalization, "_streams",
+                        lambda *args: (chosen.append(real(*args)), chosen[-1])[1])
     affine = shape[-1:] if kind == "layer" else shape[1:2]
     norm_type = (NormalizationType.group(group_count=2) if kind == "group"
                  else NormalizationType.layer(normalization_axis=len(shape) - 2) if kind == "layer"
@@ -1127,7 +1193,7 @@ def test_outputs_written_past_the_caches_agree_with_the_reference(kind, shape, d
     x = (10.0 + rng.standard_normal(shape)).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)
     ours = _run(params, "numba", x, dy, "training")
-    assert chosen == ([True, True] if kind == "layer" else []), chosen
+    assert chosen == [True, True], chosen
     wide = attrs.evolve(params, dtype=np.float64)
     reference = _run(wide, "numpy", x.astype(np.float64), dy.astype(np.float64), "training")
     rtol, atol = (2e-4, 2e-5) if dtype == np.float32 else (1e-9, 1e-11)

@@ -10,10 +10,10 @@ identity activation:
   twice while in L1: the mean, then the centred sum of squares, which keeps its precision
   when the mean is large against the spread) and combine the segments exactly; backward
   gathers the sums of ``dy`` in the same pass. One more pass writes the output (or ``dx``).
-  Layer norm's rows (``_flat_*``) are a few KiB and take their passes whole; on two threads
-  or more, large arrays' rows are made in a row of the thread's own and copied past the
-  caches (:func:`_flat_streams`). Memory sees
-  about one read of each array and one write.
+  Layer norm's rows (``_flat_*``) are a few KiB and take their passes whole; their last pass
+  (:func:`._numba_stream.normalized_row`) takes a ``gamma`` and ``beta`` per column. Large
+  arrays' outputs are written past the caches (:func:`_streams`). Memory sees about one read
+  of each array and one write.
 - **batch statistics** (batch norm): one statistics set per channel ``g`` over ``N`` and ``S``;
   channels go to the threads.
 
@@ -41,7 +41,7 @@ import numpy as np
 
 from . import _numba_cache
 
-from ._numba_stream import affine, store_fence, stream_copy
+from ._numba_stream import affine, normalized_row, normalized_row_backward, store_fence
 from ._numba_tiles import wide_loops
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
@@ -219,27 +219,18 @@ def _row_backward(x, flat, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_bet
 @_parallel
 def _flat_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide, blocks, stream):
     """Layer norm: ``x`` (R, M), one statistics set per row, ``gamma``/``beta`` (M,) per column;
-    the rows in ``blocks`` runs, one per thread. ``stream``: each row of ``out`` is made in a
-    row of the thread's own and copied past the caches (:func:`_streams`; the formula takes a
-    ``gamma`` and a ``beta`` per column, not :func:`affine`'s scalars). (The (R, K, S) loops
-    above with S = 1 would not vectorize.)"""
+    the rows in ``blocks`` runs, one per thread. ``stream``: write ``out`` past the caches
+    (:func:`_streams`). (The (R, K, S) loops above with S = 1 would not vectorize.)"""
     rows, m = x.shape
     for b in numba.prange(blocks):
         wide_loops()
-        made = np.empty(m if stream else 0, out.dtype)
         for r in range(b * rows // blocks, (b + 1) * rows // blocks):
             mean, squares = _segment_stats(x[r])
             if not squares < limit:
                 wide[r] = True
                 continue
             variance = squares / m
-            rstd = x.dtype.type(1.0 / math.sqrt(variance + epsilon))
-            mean_x = x.dtype.type(mean)
-            row = made if stream else out[r]
-            for j in range(m):
-                row[j] = (x[r, j] - mean_x) * rstd * gamma[j] + beta[j]
-            if stream:
-                stream_copy(made, out[r])
+            normalized_row(x[r], gamma, beta, out[r], mean, 1.0 / math.sqrt(variance + epsilon), stream)
             means[r] = mean
             variances[r] = variance
         if stream:
@@ -268,7 +259,6 @@ def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks, lim
         # in float64 across runs
         run_gamma = np.zeros(m, x.dtype)
         run_beta = np.zeros(m, x.dtype)
-        made = np.empty(m if stream else 0, dx.dtype)
         first, last = b * rows // blocks, (b + 1) * rows // blocks
         for r in range(first, last):
             mean, squares = _segment_stats(x[r])
@@ -292,14 +282,7 @@ def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks, lim
                     d_gamma[j] += run_gamma[j]
                     run_beta[j] = 0.0
                     run_gamma[j] = 0.0
-            a_x = x.dtype.type(a / m)
-            c_x = x.dtype.type(c / m)
-            row = made if stream else dx[r]
-            for j in range(m):
-                xhat = (x[r, j] - mean_x) * rstd
-                row[j] = rstd * (gamma[j] * dy[r, j] - a_x - xhat * c_x)
-            if stream:
-                stream_copy(made, dx[r])
+            normalized_row_backward(x[r], dy[r], gamma, dx[r], mean_x, rstd, a / m, c / m, stream)
         if stream:
             store_fence()
 
@@ -427,19 +410,6 @@ def _streams(out: np.ndarray, arrays: int) -> bool:
     return 2 * arrays * out.nbytes >= last_level_cache_bytes()
 
 
-def _flat_streams(rows: np.ndarray, arrays: int, threads: int) -> bool:
-    """True when layer norm's kernels write ``rows`` (R, M) past the caches: as
-    :func:`_streams` says, on two threads or more, and rows of unit stride (the copy,
-    :func:`._numba_stream.stream_copy`, takes whole runs). Each row is made in a row of the
-    thread's own first, which costs more than it saves where one thread leaves the memory bus
-    idle part of the time. On the bench's (64, 128, 768) float32 training step, alternated in
-    one process with plain stores (pairs of 40 ms blocks, medians of the pairs' ratios, an
-    AMD EPYC of 2 cores and 32 MiB of L3): two threads 0.94 and 0.97 of the time (30 pairs
-    each), one thread 1.04 (15 pairs); (16, 128, 768) and (32, 128, 768) 0.98, (128, 128,
-    768) 0.99."""
-    return threads > 1 and rows.strides[1] == rows.itemsize and _streams(rows, arrays)
-
-
 @functools.cache
 def last_level_cache_bytes() -> int:
     """The largest cache's size, as Linux reports it for the first CPU; 32 MiB where it does
@@ -471,8 +441,7 @@ def _forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, epsilon: float,
         threads = numba.get_num_threads()
         rows_out = out.reshape(n * g, k)
         _flat_forward(x.reshape(n * g, k), gamma.reshape(k), beta.reshape(k), epsilon, rows_out, means,
-                      variances, limit, wide, max(1, min(n * g, threads)),
-                      _flat_streams(rows_out, 2, threads))
+                      variances, limit, wide, max(1, min(n * g, threads)), _streams(rows_out, 2))
         shape = (n, g, 1, 1)
     else:
         means = np.empty(n * g, np.float64)
@@ -516,7 +485,7 @@ def _backward(x: np.ndarray, dy: np.ndarray, gamma: np.ndarray, epsilon: float, 
         wide = np.zeros(n * g, np.bool_)
         rows_dx = dx.reshape(n * g, k)
         _flat_backward(x.reshape(n * g, k), dy.reshape(n * g, k), gamma.reshape(k), epsilon, rows_dx,
-                       flat_gamma, flat_beta, limit, wide, _flat_streams(rows_dx, 3, count))
+                       flat_gamma, flat_beta, limit, wide, _streams(rows_dx, 3))
         d_gamma = np.add.reduce(flat_gamma, axis=0)
         d_beta = np.add.reduce(flat_beta, axis=0)
     else:

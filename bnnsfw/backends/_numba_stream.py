@@ -1,16 +1,21 @@
-"""A compiled pass that writes its output past the caches: ``out = a·u + b·(v − centre) + shift``.
+"""Compiled passes that write their output past the caches: a normalization's last pass.
 
 A normalization's last pass writes an output as large as its input. When the arrays are larger
 than the last-level cache, an ordinary store first reads each line of the output from memory
 (to own it) and later writes it back: three transfers for each two the data needs. A
 non-temporal store writes a whole line without reading it. Numba does not emit such stores,
-so :func:`_affine` is a Numba intrinsic written in LLVM's vector types, with the stores
+so the passes are Numba intrinsics written in LLVM's vector types (:func:`_runs`: a scalar
+head up to the output's first aligned line, whole lines, a scalar tail), with the stores
 marked ``!nontemporal``; LLVM makes them ``vmovntps`` (x86) or keeps ordinary stores on a
 machine without such an instruction. The kernels end their passes with a store fence
 (:func:`store_fence`: ``sfence`` on x86), so that the stores are visible to any thread that
-reads the output after them. Only the streamed passes take this form (``a·u + b·(v − centre)
-+ shift``); the kernels keep their plain loops for the others: calling :func:`affine` for
-every run there made a (64, 512, 1, 1) group norm, runs of one element, 1.1–1.2× slower.
+reads the output after them. Two formulas take this form: :func:`affine` (``a·u + b·(v −
+centre) + shift``, scalars per run: instance and group norm, and :func:`stream_copy`) and
+:func:`normalized_row` / :func:`normalized_row_backward` (layer norm's rows, with a ``gamma``
+and a ``beta`` per column). Instance and group norm keep plain loops for passes that are not
+streamed: calling :func:`affine` for every run there made a (64, 512, 1, 1) group norm, runs
+of one element, 1.1–1.2× slower. Layer norm's rows take the intrinsic either way (ordinary
+stores when not streamed), so that its formula is written once.
 
 Measured on the benchmark's group norm (32, 64, 32, 32), 8 groups, two threads: the output
 passes, with their reads, took about 60 % of a training step (0.39 of 0.64 ms forward, 0.69
@@ -33,7 +38,8 @@ from . import _numba_cache
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["LINE_BYTES", "STREAM_MIN", "affine", "prefetch", "stream_copy", "store_fence"]
+__all__ = ["LINE_BYTES", "STREAM_MIN", "affine", "normalized_row", "normalized_row_backward", "prefetch",
+           "stream_copy", "store_fence"]
 
 #: Bytes per vector store: one cache line, so each store fills a line of the write-combining
 #: buffer at once (two 32-byte stores where vectors are 32 bytes wide).
@@ -47,6 +53,68 @@ STREAM_MIN = 64
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
 
+def _runs(context, builder, dtype, data, count, scalars, formula, stream):
+    """Emit ``data[-1][i] = formula(load, scalars)`` for ``i < count``: scalar elements up to
+    the first aligned line of the output (the last of ``data``), whole lines as vectors, then
+    scalar elements. ``load(k)`` reads element ``i`` (or the line at ``i``) of ``data[k]``;
+    the lines are stored ``!nontemporal`` when ``stream``."""
+    scalar = context.get_value_type(dtype)
+    itemsize = dtype.bitwidth // 8
+    width = LINE_BYTES // itemsize
+    vector = ir.VectorType(scalar, width)
+    i64 = ir.IntType(64)
+    out = data[-1]
+
+    def splat(value):
+        undefined = ir.Constant(vector, ir.Undefined)
+        one = builder.insert_element(undefined, value, ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(one, undefined, ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                                  [0] * width))
+
+    def scalar_run(start, stop):
+        with cgutils.for_range_slice(builder, start, stop, ir.Constant(i64, 1)) as (i, _):
+            total = formula(lambda k: builder.load(builder.gep(data[k], [i])), scalars)
+            builder.store(total, builder.gep(out, [i]))
+
+    address = builder.ptrtoint(out, i64)
+    misalignment = builder.and_(builder.neg(address), ir.Constant(i64, LINE_BYTES - 1))
+    head = builder.udiv(misalignment, ir.Constant(i64, itemsize))
+    head = builder.select(builder.icmp_signed("<", head, count), head, count)
+    lines = builder.sdiv(builder.sub(count, head), ir.Constant(i64, width))
+    body_end = builder.add(head, builder.mul(lines, ir.Constant(i64, width)))
+    scalar_run(ir.Constant(i64, 0), head)
+    splats = [splat(value) for value in scalars]
+    nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+    with cgutils.for_range_slice(builder, head, body_end, ir.Constant(i64, width)) as (i, _):
+        def load(k):
+            pointer = builder.bitcast(builder.gep(data[k], [i]), vector.as_pointer())
+            return builder.load(pointer, align=itemsize)
+
+        target = builder.bitcast(builder.gep(out, [i]), vector.as_pointer())
+        store = builder.store(formula(load, splats), target, align=LINE_BYTES)
+        if stream:
+            store.set_metadata("nontemporal", nontemporal)
+    scalar_run(body_end, count)
+
+
+def _float_runs(arrays, scalars):
+    """The one float dtype of 1-D ``arrays`` and ``scalars``, or None."""
+    if not all(isinstance(t, types.Array) and t.ndim == 1 for t in arrays):
+        return None
+    dtype = arrays[-1].dtype
+    if dtype not in (types.float32, types.float64) or any(t.dtype != dtype for t in arrays):
+        return None
+    if any(s != dtype for s in scalars):
+        return None
+    return dtype
+
+
+def _pointers(context, builder, array_types, values):
+    """The data pointers of 1-D arrays, and the last one's length."""
+    structs = [context.make_array(t)(context, builder, x) for t, x in zip(array_types, values)]
+    return [s.data for s in structs], cgutils.unpack_tuple(builder, structs[-1].shape, 1)[0]
+
+
 @intrinsic
 def _affine(typingctx, u, v, out, a, b, centre, shift, with_u):
     """``out[i] = a·u[i] + b·(v[i] − centre) + shift`` (``a·u[i]`` left out unless ``with_u``,
@@ -56,69 +124,55 @@ def _affine(typingctx, u, v, out, a, b, centre, shift, with_u):
     :func:`store_fence`."""
     if not isinstance(with_u, types.BooleanLiteral):
         return None
-    arrays = (u, v, out)
-    if not all(isinstance(t, types.Array) and t.ndim == 1 for t in arrays):
-        return None
-    dtype = out.dtype
-    if dtype not in (types.float32, types.float64) or any(t.dtype != dtype for t in arrays):
-        return None
-    if any(s != dtype for s in (a, b, centre, shift)):
+    dtype = _float_runs((u, v, out), (a, b, centre, shift))
+    if dtype is None:
         return None
     use_u = with_u.literal_value
-    signature = types.void(u, v, out, a, b, centre, shift, with_u)
 
     def codegen(context, builder, sig, args):
-        scalar = context.get_value_type(dtype)
-        itemsize = dtype.bitwidth // 8
-        width = LINE_BYTES // itemsize
-        vector = ir.VectorType(scalar, width)
-        i64 = ir.IntType(64)
-        structs = [context.make_array(t)(context, builder, x) for t, x in zip(sig.args[:3], args[:3])]
-        data = [s.data for s in structs]
-        count = cgutils.unpack_tuple(builder, structs[2].shape, 1)[0]
-        a_s, b_s, centre_s, shift_s = args[3:7]
-
-        def splat(value):
-            undefined = ir.Constant(vector, ir.Undefined)
-            one = builder.insert_element(undefined, value, ir.Constant(ir.IntType(32), 0))
-            return builder.shuffle_vector(one, undefined, ir.Constant(ir.VectorType(ir.IntType(32), width),
-                                                                      [0] * width))
-
-        def formula(u_value, v_value, a_value, b_value, centre_value, shift_value):
-            total = builder.fadd(builder.fmul(b_value, builder.fsub(v_value, centre_value)), shift_value)
+        def formula(load, scalars):
+            a_value, b_value, centre_value, shift_value = scalars
+            total = builder.fadd(builder.fmul(b_value, builder.fsub(load(1), centre_value)), shift_value)
             if use_u:
-                total = builder.fadd(builder.fmul(a_value, u_value), total)
+                total = builder.fadd(builder.fmul(a_value, load(0)), total)
             return total
 
-        def scalar_run(start, stop):
-            with cgutils.for_range_slice(builder, start, stop, ir.Constant(i64, 1)) as (i, _):
-                u_value = builder.load(builder.gep(data[0], [i])) if use_u else None
-                v_value = builder.load(builder.gep(data[1], [i]))
-                total = formula(u_value, v_value, a_s, b_s, centre_s, shift_s)
-                builder.store(total, builder.gep(data[2], [i]))
-
-        address = builder.ptrtoint(data[2], i64)
-        misalignment = builder.and_(builder.neg(address), ir.Constant(i64, LINE_BYTES - 1))
-        head = builder.udiv(misalignment, ir.Constant(i64, itemsize))
-        head = builder.select(builder.icmp_signed("<", head, count), head, count)
-        lines = builder.sdiv(builder.sub(count, head), ir.Constant(i64, width))
-        body_end = builder.add(head, builder.mul(lines, ir.Constant(i64, width)))
-        scalar_run(ir.Constant(i64, 0), head)
-        a_v, b_v, centre_v, shift_v = splat(a_s), splat(b_s), splat(centre_s), splat(shift_s)
-        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        with cgutils.for_range_slice(builder, head, body_end, ir.Constant(i64, width)) as (i, _):
-            def load(which):
-                pointer = builder.bitcast(builder.gep(data[which], [i]), vector.as_pointer())
-                return builder.load(pointer, align=itemsize)
-
-            total = formula(load(0) if use_u else None, load(1), a_v, b_v, centre_v, shift_v)
-            target = builder.bitcast(builder.gep(data[2], [i]), vector.as_pointer())
-            store = builder.store(total, target, align=LINE_BYTES)
-            store.set_metadata("nontemporal", nontemporal)
-        scalar_run(body_end, count)
+        data, count = _pointers(context, builder, sig.args[:3], args[:3])
+        _runs(context, builder, dtype, data, count, args[3:7], formula, True)
         return context.get_dummy_value()
 
-    return signature, codegen
+    return types.void(u, v, out, a, b, centre, shift, with_u), codegen
+
+
+@intrinsic
+def _normalized(typingctx, x, dy, gamma, beta, out, mean, rstd, a, c, backward, stream):
+    """Layer norm's last pass over one row, ``x̂ = (x − mean)·rstd`` per element: forward
+    (``backward`` False) ``out = x̂·gamma + beta``, backward ``out = rstd·(gamma·dy − a −
+    x̂·c)`` (``beta``, and forward ``dy``, ``a`` and ``c``, not read). 1-D unit-stride runs of
+    one float dtype at least as long as ``out``, as in :func:`_affine`; ``backward`` and
+    ``stream`` (non-temporal stores, else ordinary ones) literal booleans."""
+    if not (isinstance(backward, types.BooleanLiteral) and isinstance(stream, types.BooleanLiteral)):
+        return None
+    arrays = (x, dy, gamma, beta, out)
+    dtype = _float_runs(arrays, (mean, rstd, a, c))
+    if dtype is None or any(t.layout != "C" for t in arrays):
+        return None
+    is_backward = backward.literal_value
+
+    def codegen(context, builder, sig, args):
+        def formula(load, scalars):
+            mean_value, rstd_value, a_value, c_value = scalars
+            xhat = builder.fmul(builder.fsub(load(0), mean_value), rstd_value)
+            if not is_backward:
+                return builder.fadd(builder.fmul(xhat, load(2)), load(3))
+            total = builder.fsub(builder.fmul(load(2), load(1)), a_value)
+            return builder.fmul(rstd_value, builder.fsub(total, builder.fmul(xhat, c_value)))
+
+        data, count = _pointers(context, builder, sig.args[:5], args[:5])
+        _runs(context, builder, dtype, data, count, args[5:9], formula, stream.literal_value)
+        return context.get_dummy_value()
+
+    return types.void(x, dy, gamma, beta, out, mean, rstd, a, c, backward, stream), codegen
 
 
 @intrinsic
@@ -187,3 +241,28 @@ def stream_copy(source, out):
     whole lines in an array the caches do not hold; the caller ends with :func:`store_fence`."""
     zero = out.dtype.type(0.0)
     _affine(source, source, out, zero, out.dtype.type(1.0), zero, zero, False)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def normalized_row(x, gamma, beta, out, mean, rstd, stream):
+    """``out = (x − mean)·rstd·gamma + beta`` over contiguous 1-D runs (layer norm's forward
+    row; :func:`_normalized`), stored past the caches when ``stream`` (the caller then ends
+    with :func:`store_fence`)."""
+    kind = out.dtype.type
+    mean, rstd, zero = kind(mean), kind(rstd), kind(0.0)
+    if stream:
+        _normalized(x, x, gamma, beta, out, mean, rstd, zero, zero, False, True)
+    else:
+        _normalized(x, x, gamma, beta, out, mean, rstd, zero, zero, False, False)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def normalized_row_backward(x, dy, gamma, out, mean, rstd, a, c, stream):
+    """``out = rstd·(gamma·dy − a − (x − mean)·rstd·c)`` over contiguous 1-D runs (layer norm's
+    ``dx`` row; :func:`_normalized`), stored past the caches when ``stream``."""
+    kind = out.dtype.type
+    mean, rstd, a, c = kind(mean), kind(rstd), kind(a), kind(c)
+    if stream:
+        _normalized(x, dy, gamma, gamma, out, mean, rstd, a, c, True, True)
+    else:
+        _normalized(x, dy, gamma, gamma, out, mean, rstd, a, c, True, False)
