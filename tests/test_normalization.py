@@ -1096,41 +1096,60 @@ def test_layer_norm_row_pass_writes_its_formula_and_nothing_else(dtype, stream, 
     """``_numba_stream.normalized_row`` (``(x − mean)·rstd·gamma + beta``) and
     ``normalized_row_backward`` (``rstd·(gamma·dy − a − (x − mean)·rstd·c)``) agree with their
     formulas for rows of every length around a line and starting at every alignment (scalar
-    head, whole lines, scalar tail), in place too, and write nothing outside ``out``."""
+    head, whole lines, scalar tail), in place too, and write nothing outside ``out``. Called
+    from code with the kernels' fast-math flags, as in the kernels, a row's bits do not depend
+    on where its output starts (the head and tail are computed as the lines are); nor do
+    ``affine``'s."""
     import numba
 
-    from bnnsfw.backends._numba_stream import normalized_row, normalized_row_backward, store_fence
+    from bnnsfw.backends._numba_normalization import _FASTMATH
+    from bnnsfw.backends._numba_stream import affine, normalized_row, normalized_row_backward, store_fence
 
-    @numba.njit
+    kernel = numba.njit(fastmath=_FASTMATH, error_model="numpy")
+
+    @kernel
     def forward(x, gamma, beta, out, mean, rstd, stream):
         normalized_row(x, gamma, beta, out, mean, rstd, stream)
         store_fence()
 
-    @numba.njit
+    @kernel
     def backward(x, dy, gamma, out, mean, rstd, a, c, stream):
         normalized_row_backward(x, dy, gamma, out, mean, rstd, a, c, stream)
+        store_fence()
+
+    @kernel
+    def scaled(u, v, out, a, b, centre, shift):
+        affine(u, v, out, a, b, centre, shift, True)
         store_fence()
 
     mean, rstd, a, c = 0.5, 1.75, -0.25, 0.625
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-13)
     for size in (0, 1, 15, 16, 17, 64, 100, 771):
-        for start in range(0, 16, 5):
-            x = rng.standard_normal(size + 3).astype(dtype)[3:]
-            dy = rng.standard_normal(size + 1).astype(dtype)[1:]
-            gamma = rng.uniform(0.5, 1.5, size).astype(dtype)
-            beta = rng.uniform(-1, 1, size).astype(dtype)
-            xhat = (x.astype(np.float64) - mean) * rstd
+        x = rng.standard_normal(size + 3).astype(dtype)[3:]
+        dy = rng.standard_normal(size + 1).astype(dtype)[1:]
+        gamma = rng.uniform(0.5, 1.5, size).astype(dtype)
+        beta = rng.uniform(-1, 1, size).astype(dtype)
+        xhat = (x.astype(np.float64) - mean) * rstd
+        made: dict[str, list[np.ndarray]] = {"forward": [], "backward": [], "affine": []}
+        for start in range(16):
             frame = np.full(start + size + 9, 7.0, dtype)
             out = frame[start + 1:start + 1 + size]
             forward(x, gamma, beta, out, mean, rstd, stream)
             np.testing.assert_allclose(out, xhat * gamma + beta, **tol, err_msg=f"{size} {start}")
+            made["forward"].append(out.copy())
             backward(x, dy, gamma, out, mean, rstd, a, c, stream)
             np.testing.assert_allclose(out, rstd * (gamma * dy.astype(np.float64) - a - xhat * c), **tol,
                                        err_msg=f"{size} {start}")
+            made["backward"].append(out.copy())
             assert (frame[:start + 1] == 7.0).all() and (frame[start + 1 + size:] == 7.0).all(), (size, start)
+            scaled(dy, x, out, a, rstd, mean, c)
+            made["affine"].append(out.copy())
             inplace = x.copy()
             forward(inplace, gamma, beta, inplace, mean, rstd, stream)
             np.testing.assert_allclose(inplace, xhat * gamma + beta, **tol, err_msg=f"in place {size}")
+        for name, rows in made.items():
+            for start, row in enumerate(rows):
+                assert row.tobytes() == rows[0].tobytes(), (name, size, start)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

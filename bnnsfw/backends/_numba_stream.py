@@ -53,6 +53,29 @@ STREAM_MIN = 64
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
 
+#: The fast-math flag of the passes' arithmetic. Numba gives its kernels' fast-math flags to
+#: every float instruction that has none (``numba.core.fastmathpass``), the instructions of an
+#: inlined intrinsic included; with them LLVM may reassociate or fuse the scalar head and tail
+#: otherwise than the vector lines, and an element's bits then depend on where the output
+#: starts in memory (seen with Numba 0.59 compiling for a generic CPU: layer norm's ``dx`` one
+#: ulp apart from call to call). ``afn`` (approximate functions) changes nothing for an add, a
+#: subtraction or a multiplication, so the formulas are computed as written, alike in every
+#: lane.
+_AS_WRITTEN = ("afn",)
+
+
+def _add(builder, a, b):
+    return builder.fadd(a, b, flags=_AS_WRITTEN)
+
+
+def _sub(builder, a, b):
+    return builder.fsub(a, b, flags=_AS_WRITTEN)
+
+
+def _mul(builder, a, b):
+    return builder.fmul(a, b, flags=_AS_WRITTEN)
+
+
 def _runs(context, builder, dtype, data, count, scalars, formula, stream):
     """Emit ``data[-1][i] = formula(load, scalars)`` for ``i < count``: scalar elements up to
     the first aligned line of the output (the last of ``data``), whole lines as vectors, then
@@ -132,9 +155,9 @@ def _affine(typingctx, u, v, out, a, b, centre, shift, with_u):
     def codegen(context, builder, sig, args):
         def formula(load, scalars):
             a_value, b_value, centre_value, shift_value = scalars
-            total = builder.fadd(builder.fmul(b_value, builder.fsub(load(1), centre_value)), shift_value)
+            total = _add(builder, _mul(builder, b_value, _sub(builder, load(1), centre_value)), shift_value)
             if use_u:
-                total = builder.fadd(builder.fmul(a_value, load(0)), total)
+                total = _add(builder, _mul(builder, a_value, load(0)), total)
             return total
 
         data, count = _pointers(context, builder, sig.args[:3], args[:3])
@@ -162,11 +185,11 @@ def _normalized(typingctx, x, dy, gamma, beta, out, mean, rstd, a, c, backward, 
     def codegen(context, builder, sig, args):
         def formula(load, scalars):
             mean_value, rstd_value, a_value, c_value = scalars
-            xhat = builder.fmul(builder.fsub(load(0), mean_value), rstd_value)
+            xhat = _mul(builder, _sub(builder, load(0), mean_value), rstd_value)
             if not is_backward:
-                return builder.fadd(builder.fmul(xhat, load(2)), load(3))
-            total = builder.fsub(builder.fmul(load(2), load(1)), a_value)
-            return builder.fmul(rstd_value, builder.fsub(total, builder.fmul(xhat, c_value)))
+                return _add(builder, _mul(builder, xhat, load(2)), load(3))
+            total = _sub(builder, _mul(builder, load(2), load(1)), a_value)
+            return _mul(builder, rstd_value, _sub(builder, total, _mul(builder, xhat, c_value)))
 
         data, count = _pointers(context, builder, sig.args[:5], args[:5])
         _runs(context, builder, dtype, data, count, args[5:9], formula, stream.literal_value)
