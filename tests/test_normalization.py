@@ -1091,6 +1091,33 @@ def test_stream_pass_writes_its_formula_and_nothing_else(dtype, rng):
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stream_copy_copies_every_bit(dtype, rng):
+    """``_numba_stream.stream_copy`` copies a run bit for bit at every alignment: negative
+    zeros, infinities, NaN, subnormal and ordinary numbers."""
+    import numba
+
+    from bnnsfw.backends._numba_normalization import _FASTMATH
+    from bnnsfw.backends._numba_stream import store_fence, stream_copy
+
+    @numba.njit(fastmath=_FASTMATH, error_model="numpy")
+    def copy(source, out):
+        stream_copy(source, out)
+        store_fence()
+
+    tiny = np.finfo(dtype).smallest_subnormal
+    special = np.array([-0.0, 0.0, np.inf, -np.inf, np.nan, tiny, -tiny, 1.0], dtype)
+    for size in (1, 15, 64, 100):
+        source = np.resize(np.concatenate([special, rng.standard_normal(7).astype(dtype)]), size)
+        for start in range(16):
+            frame = np.full(start + size + 3, 7.0, dtype)
+            out = frame[start + 1:start + 1 + size]
+            copy(source, out)
+            assert out.tobytes() == source.tobytes(), (size, start)
+            assert (frame[:start + 1] == 7.0).all() and (frame[start + 1 + size:] == 7.0).all()
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("stream", [True, False], ids=["past-the-caches", "ordinary-stores"])
 def test_layer_norm_row_pass_writes_its_formula_and_nothing_else(dtype, stream, rng):
     """``_numba_stream.normalized_row`` (``(x − mean)·rstd·gamma + beta``) and

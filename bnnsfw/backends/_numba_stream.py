@@ -261,9 +261,10 @@ def stream_copy(source, out):
     """``out[:] = source[:len(out)]`` for 1-D unit-stride runs of one float dtype, stored past
     the caches whatever the length (:func:`_affine`; scalar stores for the elements before
     the first line of ``out`` that starts in it and after the last it ends). For short runs of
-    whole lines in an array the caches do not hold; the caller ends with :func:`store_fence`."""
-    zero = out.dtype.type(0.0)
-    _affine(source, source, out, zero, out.dtype.type(1.0), zero, zero, False)
+    whole lines in an array the caches do not hold; the caller ends with :func:`store_fence`.
+    Bit for bit: ``1·(v − 0) + (−0)`` is ``v`` for every ``v``, −0 included."""
+    kind = out.dtype.type
+    _affine(source, source, out, kind(0.0), kind(1.0), kind(0.0), kind(-0.0), False)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
