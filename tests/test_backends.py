@@ -463,7 +463,8 @@ def _forward_step_asm(block: np.ndarray, *, stream: bool = False) -> str:
                       rng.standard_normal((4 * h, 2 * batch)).astype(f32), 0, batch,
                       np.zeros((4, h * batch), f32), block, rng.standard_normal((h, batch)).astype(f32),
                       np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((batch, h), f32),
-                      np.empty(0, np.int64), 0, True, False, stream)
+                      np.empty(0, np.int64), 0, True, False, stream, np.zeros((1, 1), f32),
+                      np.zeros((0, 0), f32), np.zeros((0, 0), f32), np.zeros((0, 0), f32), -1)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -966,12 +966,42 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_shared_steps_read_the_packed_rows_of_u(dtype, monkeypatch, rng):
-    """The steps shared out over two threads take each piece's whole blocks of gate rows of
-    ``U`` packed (``_step_tiles``: made once for the weights and the thread count, kept with
-    them) when the batch's columns pack: the output agrees with the reference, and zeroing the
-    packed rows changes it (the kernels read them); a batch whose columns do not pack (8
-    sequences, which take the paired tile) leaves the packed rows unmade."""
+def test_numba_packed_rest_product_reads_only_its_rows(dtype, rng):
+    """``packed_rest_product`` on the first ``rest`` columns of one packed block (1 to 11 rows:
+    tiles of 8, 4, 2 and 1 of them) agrees with a float64 product; it reads none of the
+    block's other columns (NaN there changes nothing), writes nothing outside ``out`` and
+    takes ``out`` as ``add``."""
+    from bnnsfw.backends._numba_tiles import PACK_ROWS, lanes, packed_rest_product
+
+    width = lanes(dtype)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    for rest in range(1, PACK_ROWS):
+        for k in (1, 17, 64):
+            for n in (3 * width, 4 * width):
+                a = rng.standard_normal((rest, k)).astype(dtype)
+                b = rng.standard_normal((k, n)).astype(dtype)
+                add = rng.standard_normal((rest, n)).astype(dtype)
+                block = np.full((k, PACK_ROWS), np.nan, dtype)
+                block[:, :rest] = a.T
+                want = add.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
+                scale = 1.0 + np.abs(want).max()
+                out = _framed(lambda out: packed_rest_product(block, b, add, out), (rest, n), dtype)
+                assert np.abs(out - want).max() <= tolerance * scale, (rest, k, n)
+                same = add.copy()
+                packed_rest_product(block, b, same, same)
+                np.testing.assert_allclose(same, out, rtol=4 * np.finfo(dtype).eps,
+                                           atol=4 * np.finfo(dtype).eps * scale)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, rng):
+    """The steps shared out over two threads take each piece's gate rows of ``[U W]`` packed
+    (``_step_tiles``: made once for the weights and the thread count, kept with them) when the
+    batch's columns pack, and make ``U h + W x + b`` in one product: the output agrees with the
+    reference, and zeroing the packed rows changes it (the kernels read them, the rows left
+    over after the whole blocks too); a batch whose columns do not pack (8 sequences, which
+    take the paired tile and the chunks' projection) leaves the packed rows unmade."""
     from bnnsfw.backends import _numba_lstm
     from bnnsfw.backends._numba_tiles import PACK_ROWS, VECTOR_BYTES, WIDE_BYTES
 
@@ -986,11 +1016,16 @@ def test_numba_shared_steps_read_the_packed_rows_of_u(dtype, monkeypatch, rng):
         got = layer.apply(x).output
         weights = layer._packed_weights().payload.weights[0][0]
         tiles = weights.step_tiles[2]
-        # pieces of 16 and 22 units (cut at multiples of 16): one block of 12 rows each
-        assert tiles.shape == (2, 4, 1, 38, PACK_ROWS)
-        np.testing.assert_array_equal(tiles[1, 2, 0], weights.u[2 * 38 + 16:2 * 38 + 28].T)
+        # pieces of 16 and 22 units (cut at multiples of 16): one block of 12 rows each, and
+        # one more for the 4 and 10 rows left, over H + I = 41 columns
+        assert tiles.shape == (2, 4, 2, 38 + 3, PACK_ROWS)
+        u_w = np.concatenate([weights.u, weights.wx], axis=1)
+        np.testing.assert_array_equal(tiles[1, 2, 0], u_w[2 * 38 + 16:2 * 38 + 28].T)
+        np.testing.assert_array_equal(tiles[1, 2, 1, :, :10], u_w[2 * 38 + 28:2 * 38 + 38].T)
+        np.testing.assert_array_equal(tiles[1, 2, 1, :, 10:], 0.0)
+        np.testing.assert_array_equal(tiles[0, 3, 1, :, :4], u_w[3 * 38 + 12:3 * 38 + 16].T)
         _assert_all_close([got], [want], dtype)
-        tiles[...] = 0.0
+        tiles[:, :, 1] = 0.0
         assert np.abs(layer.apply(x).output - want).max() > 1e-3
     with layer_for(params, "numba") as layer:
         layer.apply(x[:, :8])
@@ -1069,8 +1104,9 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     lines, whose gate gradients the steps store past the caches; one narrow vector's worth
     (8 in float32, 4 in float64) and one wide vector's worth (16 in float32, 8 in float64) take
     the paired tile with AVX-512, forward where H is even (38) and backward (4H); 24 (and 16
-    in float64) take packed rows of ``U`` forward with AVX-512, a block of 12 of each gate's
-    rows of a piece of 16 or 22 units (H = 38) and the rest as they are. The chunks' gradient
+    in float64) take packed rows of ``[U W]`` forward with AVX-512 (each step's product over
+    ``[h; x]``, no projection), a block of 12 of each gate's rows of a piece of 16 or 22 units
+    (H = 38) and the rest (4 and 10 rows) in one more block. The chunks' gradient
     products are made by one-thread BLAS calls or by the register tile (``tiles_chunks``,
     which answers for the shapes where the tile is the faster, made to answer here)."""
     from bnnsfw.backends import _numba_lstm

@@ -169,7 +169,7 @@ class LSTMWeights(NamedTuple):
     # wants them packs them: ``NumbaBackend.lstm_pack_weights``); None elsewhere.
     u_wide: np.ndarray | None = None
     u_t_wide: np.ndarray | None = None
-    # U's rows packed for threads' step products, by thread count, made when first needed (a
+    # [U W]'s rows packed for threads' step products, by thread count, made when first needed (a
     # dict to fill for a backend that packs them: ``NumbaBackend.lstm_pack_weights``).
     step_tiles: dict[int, np.ndarray] | None = None
 

@@ -41,7 +41,10 @@ What is compiled, and why:
   a step product of at least :data:`THREADED_STEP_MIN` multiply-adds, each of Numba's threads
   takes a run of units and computes their four gate rows of ``U h`` with
   :func:`~._numba_tiles.product` (its rows of ``U`` stay in its cache from step to step),
-  then their fused update. One parallel region runs a chunk's steps (:func:`_steps_threads`;
+  then their fused update. Where the sequences take packed rows (:func:`_step_tiles`), a
+  thread's product is ``U h + W x_t + b`` at once, over ``[h; x_t]`` with the rows of
+  ``[U W]`` packed, and the steps project nothing ahead. One parallel region runs a chunk's
+  steps (:func:`_steps_threads`;
   one region per step cost about 1.4 µs a step to start): each step's units are a piece per
   thread, which a thread claims before it runs it (an atomic flag; a thread late to a step
   finds its piece taken by one that came first), and a step begins once a shared count shows
@@ -92,8 +95,8 @@ from . import _numba_cache
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights, repeated
 from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_stream import LINE_BYTES, prefetch, store_fence, stream_copy
-from ._numba_tiles import (PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, pack_rows, packed_product, packs, paired,
-                           paired_product, product, wide_loops)
+from ._numba_tiles import (PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, pack_rows, packed_product,
+                           packed_rest_product, packs, paired, paired_product, product, wide_loops)
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -784,7 +787,7 @@ def _ask_columns(projection, h, j0, j1, first, batch):
 
 @_kernel
 def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_prev, c_next, h_next, out_t,
-                  lengths, t, with_product, light, stream):
+                  lengths, t, with_product, light, stream, x2, operand, next_operand, bias_rows, next_t):
     """One step for the units ``j0 … j1 − 1``: their four gate rows of ``U h + W x + b`` (``U h``
     left out for a zero state), the fused cell update, the cache block's rows, the new states
     (``c_next``/``h_next`` (H, N)) and the output row ``out_t`` (N, H); a sequence past its
@@ -792,10 +795,15 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
     repeated over the sequences (zeros without them); ``light``: inference without peepholes
     (no cache rows, :func:`_state_run`); ``stream``: the gate rows of the cache block go past
     the caches (:func:`streams`: the pass writes them into rows of the thread's own, then
-    :func:`._numba_stream.stream_copy`). ``U h`` is :func:`product` on the thread's rows of
-    ``u``, which stay in its cache from step to step; ``tiles`` (4, B, H, PACK_ROWS), when not
-    empty, holds the first ``PACK_ROWS·B`` of each gate's rows of the units packed
-    (:func:`_step_tiles`), whose products :func:`packed_product` makes.
+    :func:`._numba_stream.stream_copy`). Without an ``operand``, ``U h`` is
+    :func:`paired_product` on the thread's rows of ``u``, which stay in its cache from step to
+    step, added to the chunk's ``projection``. With one (``[h; x_t]`` (H + I, N)), ``tiles``
+    (4, B, H + I, PACK_ROWS) holds each gate's rows of the units' ``[U W]`` packed
+    (:func:`_step_tiles`), and the products :func:`packed_product` and
+    :func:`packed_rest_product` make of it and the operand, added to ``bias_rows`` (4H, N), are
+    the whole ``U h + W x + b``; with ``next_t`` ≥ 0 the step then writes its share of the next
+    step's operand into ``next_operand`` (:func:`_next_operand`: its units' rows of the new
+    hidden state, and as many of time step ``next_t``'s rows of ``x2`` (T·N, I)).
 
     ``following`` is the first projection column the next step reads (:func:`_following`), or
     −1: the step asks for those columns of its units' rows before its products
@@ -818,19 +826,26 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
     zl = np.empty((9 if stream and not light else 4, m), block.dtype)
     if following >= 0:  # the next step's columns of the units' rows, asked for a step ahead
         _ask_columns(projection, h, j0, j1, following, batch)
-    pairs = paired(h_prev)  # once for the four gates' products
-    done = tiles.shape[1] * PACK_ROWS  # rows packed, the same for every gate
-    for g in range(4):
-        rows = zl[g].reshape((count, batch))
-        added = projection[g * h + j0:g * h + j1, first:first + batch]
-        if with_product:
-            if done:
-                packed_product(tiles[g], h_prev, added[:done], rows[:done])
-            paired_product(u[g * h + j0 + done:g * h + j1], h_prev, pairs, added[done:], rows[done:])
-        else:
-            for jj in range(count):
-                for n in range(batch):
-                    rows[jj, n] = added[jj, n]
+    if operand.size:  # U h + W x + b: one product over [h; x]
+        whole = count // PACK_ROWS
+        done = whole * PACK_ROWS
+        for g in range(4):
+            rows = zl[g].reshape((count, batch))
+            added = bias_rows[g * h + j0:g * h + j1]
+            packed_product(tiles[g, :whole], operand, added[:done], rows[:done])
+            if done < count:
+                packed_rest_product(tiles[g, whole], operand, added[done:], rows[done:])
+    else:
+        pairs = paired(h_prev)  # once for the four gates' products
+        for g in range(4):
+            rows = zl[g].reshape((count, batch))
+            added = projection[g * h + j0:g * h + j1, first:first + batch]
+            if with_product:
+                paired_product(u[g * h + j0:g * h + j1], h_prev, pairs, added, rows)
+            else:
+                for jj in range(count):
+                    for n in range(batch):
+                        rows[jj, n] = added[jj, n]
     hn, a0 = h * batch, j0 * batch
     c_prev, g_row, f_row, i_row, o_row, a_row = _six_rows(block.reshape(6 * hn), hn, a0, m)
     pg, pf, pi, po = _rows(pe.reshape(4 * hn), hn, a0, m)
@@ -856,11 +871,29 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
         else:
             for jj in range(count):
                 out_t[n, j0 + jj] = hid[jj * batch + n]
+    if next_t >= 0:  # the next step's operand: these units' new hidden state, a share of its x
+        size_i = x2.shape[1]
+        _next_operand(next_operand, h_next, x2, next_t, j0, j1, j0 * size_i // h, j1 * size_i // h)
+
+
+@_inline
+def _next_operand(operand, h_next, x2, t, j0, j1, i0, i1):
+    """Rows ``j0 … j1 − 1`` of the hidden-state part of a step's operand ``[h; x_t]`` ((H + I, N):
+    :func:`_forward_threads`) from ``h_next`` (H, N), and its rows ``H + i0 … H + i1 − 1`` from
+    time step ``t`` of ``x2`` (T·N, I), transposed."""
+    h, batch = h_next.shape
+    for j in range(j0, j1):
+        for n in range(batch):
+            operand[j, n] = h_next[j, n]
+    for n in range(batch):
+        row = x2[t * batch + n]
+        for i in range(i0, i1):
+            operand[h + i, n] = row[i]
 
 
 @_threaded
 def _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps, hidden, out, h_fin, c_fin,
-                   reverse, k_begin, k_end, with_state, light, stream, claims, done):
+                   reverse, k_begin, k_end, with_state, light, stream, claims, done, x2, operands, bias_rows):
     """The steps ``k_begin … k_end − 1`` in one parallel region: each step's units in ``parts``
     pieces (:func:`_part`, :func:`_forward_part`), which the threads take as they come to them.
     Thread ``p`` tries piece ``p`` first, so each keeps its rows of ``u`` in its cache from step
@@ -872,24 +905,34 @@ def _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps,
     ``with_state``: the state before the first step is not zero. ``tiles`` (P, 4, B, H,
     PACK_ROWS): piece ``p``'s packed rows of ``u`` (:func:`_step_tiles`), or an empty
     (1, 4, 0, 0, PACK_ROWS) array for none; ``light`` and ``stream`` as in
-    :func:`_forward_part`."""
+    :func:`_forward_part`. With packed rows, ``operands`` (2, H + I, N) holds each step's
+    ``[h; x_t]`` in turn (the first one made, :func:`_first_operand`), ``tiles`` the rows of
+    ``[U W]`` and ``bias_rows`` (4H, N) the bias repeated over the sequences: each step makes
+    ``U h + W x + b`` in one product, and each piece writes its share of the next step's
+    operand (:func:`_next_operand`); without, ``operands`` is empty and ``projection`` holds
+    the chunk's ``W x + b``."""
     h = u.shape[1]
     batch = steps.shape[2]
     seq_len = out.shape[0]
+    fused = operands.shape[1] > 0
     for p in numba.prange(parts):
         for k in range(k_begin, k_end):
             i = k - k_begin
             wait_for(done, i * parts)
             t, block, h_prev, c_next, h_next = _step_views(k, seq_len, reverse, steps, hidden, h_fin, c_fin)
+            operand, next_operand = operands[k % 2], operands[(k + 1) % 2]
+            next_t = -1
+            if fused and k + 1 < k_end:
+                next_t = t - 1 if reverse else t + 1
             for s in range(parts):
                 piece = (p + s) % parts
                 if claim(claims, i * parts + piece):
                     j0, j1 = _part(h, parts, piece)
-                    blocks = min((j1 - j0) // PACK_ROWS, tiles.shape[2])
-                    _forward_part(j0, j1, u, tiles[piece % tiles.shape[0], :, :blocks], projection,
+                    _forward_part(j0, j1, u, tiles[piece % tiles.shape[0]], projection,
                                   (t - chunk_first) * batch,
-                                  _following(k, k_end, t, chunk_first, batch, reverse), pe, block, h_prev,
-                                  c_next, h_next, out[t], lengths, t, k > 0 or with_state, light, stream)
+                                  -1 if fused else _following(k, k_end, t, chunk_first, batch, reverse), pe,
+                                  block, h_prev, c_next, h_next, out[t], lengths, t, k > 0 or with_state,
+                                  light, stream, x2, operand, next_operand, bias_rows, next_t)
                     count_up(done)
 
 
@@ -909,14 +952,19 @@ def _project_threads(parts, wx, bias, x2, projection, first_t, count, batch):
 
 @_kernel
 def _recur_threads(parts, projection, chunk_first, u, tiles, pe, h0, c0, lengths, steps, hidden, out, h_fin,
-                   c_fin, reverse, k_begin, k_end, light, stream):
-    """:func:`_recur` with each step shared out over ``parts`` threads (:func:`_steps_threads`)."""
+                   c_fin, reverse, k_begin, k_end, light, stream, x2, operands, bias_rows):
+    """:func:`_recur` with each step shared out over ``parts`` threads (:func:`_steps_threads`,
+    whose first operand, with packed rows, is made here)."""
     if k_begin == 0:
         _start_states(out.shape[0], reverse, steps, hidden, h0, c0)
+        if operands.shape[1]:
+            t = out.shape[0] - 1 if reverse else 0
+            h = u.shape[1]
+            _next_operand(operands[0], hidden[t % hidden.shape[0]], x2, t, 0, h, 0, x2.shape[1])
     claims = np.zeros((k_end - k_begin) * parts, np.int64)
     done = np.zeros(1, np.int64)
     _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps, hidden, out, h_fin, c_fin,
-                   reverse, k_begin, k_end, h0.size > 0, light, stream, claims, done)
+                   reverse, k_begin, k_end, h0.size > 0, light, stream, claims, done, x2, operands, bias_rows)
 
 
 @_kernel
@@ -924,16 +972,29 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
                      projection, reverse, light, stream):
     """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` as there,
     ``tiles`` as in :func:`_steps_threads`, ``pe`` (4, H·N), ``light`` and ``stream`` as in
-    :func:`_forward_part`."""
+    :func:`_forward_part`. With packed rows (``tiles``: :func:`_step_tiles`) the steps make
+    their input's product too, one step at a time, and ``projection`` is not used; without,
+    chunks of steps are projected first (:func:`_project_threads`)."""
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
+    h = steps.shape[1] // 6
+    u_rows = u[:, :h]
+    if tiles.shape[2]:
+        operands = np.empty((2, h + x2.shape[1], batch), steps.dtype)
+        bias_rows = np.empty((4 * h, batch), steps.dtype)
+        for r in range(4 * h):
+            for n in range(batch):
+                bias_rows[r, n] = bias[r]
+        _recur_threads(parts, projection, 0, u_rows, tiles, pe, h0, c0, lengths, steps, hidden, out, h_fin,
+                       c_fin, reverse, 0, seq_len, light, stream, x2, operands, bias_rows)
+        return
+    no_operands = np.empty((2, 0, 0), steps.dtype)
     chunk = _projection_steps(projection, batch)
-    u_rows = u[:, :steps.shape[1] // 6]
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
         _recur_threads(parts, projection, first_t, u_rows, tiles, pe, h0, c0, lengths, steps, hidden, out,
-                       h_fin, c_fin, reverse, k_begin, k_end, light, stream)
+                       h_fin, c_fin, reverse, k_begin, k_end, light, stream, x2, no_operands, no_operands[0])
 
 
 # --------------------------------------------------------------------------------------
@@ -1695,27 +1756,42 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
 
 
 @_kernel
-def _pack_tiles(u, parts, tiles):
+def _pack_tiles(a, parts, tiles):
     """:func:`_step_tiles`' packing: for each of ``parts`` pieces of the units (:func:`_part`)
-    and each gate, the whole blocks of :data:`PACK_ROWS` rows of the piece's rows of ``u``
-    (4H, H), by :func:`pack_rows`."""
-    h = u.shape[1]
+    and each gate, the piece's rows of ``a`` (4H, K) in blocks of :data:`PACK_ROWS`
+    (:func:`pack_rows`), the rows left over in the first columns of one more block (zeros in
+    the others)."""
+    h = a.shape[0] // 4
     for p in range(parts):
         j0, j1 = _part(h, parts, p)
-        blocks = (j1 - j0) // PACK_ROWS
+        whole = (j1 - j0) // PACK_ROWS
         for g in range(4):
-            pack_rows(u[g * h + j0:g * h + j0 + blocks * PACK_ROWS], tiles[p, g, :blocks])
+            first = g * h + j0
+            pack_rows(a[first:first + whole * PACK_ROWS], tiles[p, g, :whole])
+            rest = j1 - j0 - whole * PACK_ROWS
+            if rest:
+                for k in range(a.shape[1]):
+                    for i in range(PACK_ROWS):
+                        tiles[p, g, whole, k, i] = a[first + whole * PACK_ROWS + i, k] if i < rest else 0.0
 
 
 _NO_TILES = {np.dtype(t): np.empty((1, 4, 0, 0, PACK_ROWS), t) for t in (np.float32, np.float64)}
 
 
 def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
-    """``U``'s rows packed for the steps shared out over ``parts`` threads (:func:`_steps_threads`):
-    (P, 4, B, H, PACK_ROWS), piece ``p``'s gate ``g`` in ``[p, g]``, its first ``PACK_ROWS · B``
-    rows (:func:`_pack_tiles`); made once per packing of the weights and thread count, kept in
-    ``w.step_tiles``. An empty array (no packed rows) where ``batch`` sequences do not take
-    packed products (:func:`packs`) or no piece holds a whole block.
+    """The rows of ``[U W]`` packed for the steps shared out over ``parts`` threads
+    (:func:`_steps_threads`, whose products then take ``U h + W x`` at once: no projection of
+    the input ahead of the steps): (P, 4, B, H + I, PACK_ROWS), piece ``p``'s gate ``g`` in
+    ``[p, g]``, its rows in whole blocks and the rest in one more (:func:`_pack_tiles`); made
+    once per packing of the weights and thread count, kept in ``w.step_tiles``. An empty array
+    (no packed rows) where ``batch`` sequences do not take packed products (:func:`packs`).
+
+    One product over ``[h; x]`` instead of ``U h`` a step after a projection of the chunk's
+    inputs: the tile runs at the cores' peak on these shapes, where OpenBLAS's projection did
+    not (L's ``1024 × 256 × 1024``, a thread's half of a chunk's rows each, 411 GFLOP/s on the
+    two threads; the steps' packed products of ``[U W]``, 495), and nothing is written to be
+    read back a step later. L's forward kernel took 4.9–5.1 ms instead of 5.95, XL's 18.9
+    instead of 19.6 (kernels alone on the bench's arguments).
 
     A block's tile reads twelve rows of ``U`` side by side, twelve runs that each advance by
     one element a step of its walk; packed, it reads one run, its twelve scalars at fixed
@@ -1730,10 +1806,13 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
     tiles = w.step_tiles.get(parts)
     if tiles is None:
         h = w.u.shape[1]
-        blocks = max((j1 - j0) // PACK_ROWS for j0, j1 in (_part.py_func(h, parts, p) for p in range(parts)))
-        tiles = _NO_TILES[dtype] if blocks == 0 else np.empty((parts, 4, blocks, h, PACK_ROWS), dtype)
+        pieces = [_part.py_func(h, parts, p) for p in range(parts)]
+        blocks = max(-(-(j1 - j0) // PACK_ROWS) for j0, j1 in pieces)  # whole ones and one for the rest
+        weights = np.concatenate([w.u, w.wx], axis=1)  # [U W]: the steps' product over [h; x]
+        tiles = (_NO_TILES[dtype] if blocks == 0
+                 else np.empty((parts, 4, blocks, weights.shape[1], PACK_ROWS), dtype))
         if blocks:
-            _pack_tiles(w.u, parts, tiles)
+            _pack_tiles(weights, parts, tiles)
         w.step_tiles[parts] = tiles
     return tiles
 
@@ -1747,14 +1826,16 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     thread meanwhile; the gate rows of a large cache stored past the caches, :func:`streams`);
     :func:`backward` then takes the same ``parts``."""
     seq_len, _, batch = steps.shape
+    tiles = _step_tiles(w, parts, batch) if parts > 1 else _NO_TILES[steps.dtype]
+    # with packed rows the steps make the input's product too: no projection scratch
     a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch,
-                      chunk_steps(seq_len, batch))
+                      0 if tiles.shape[2] else chunk_steps(seq_len, batch))
     if parts > 1:
         assert a.full_pre.size == 0 and a.full_out.size == 0, "threads serve no full peepholes"
         with blas_limit(1):
-            _forward_threads(parts, a.x2, a.wx, a.bias, a.u, _step_tiles(w, parts, batch), a.pe, a.h0,
-                             a.c0, a.lengths, a.steps, a.hidden, a.outs, a.h_fin, a.c_fin, a.projection,
-                             reverse, a.light, streams(steps))
+            _forward_threads(parts, a.x2, a.wx, a.bias, a.u, tiles, a.pe, a.h0, a.c0, a.lengths, a.steps,
+                             a.hidden, a.outs, a.h_fin, a.c_fin, a.projection, reverse, a.light,
+                             streams(steps))
     else:
         a.run(reverse)
     a.finish()

@@ -524,6 +524,29 @@ def packed_product(packed, b, add, out):
     _packed_product(packed, b[:, 0:b.shape[1]], add[:, 0:add.shape[1]], out[:, 0:out.shape[1]])
 
 
+@_inline
+def packed_rest_product(block, b, add, out):
+    """:func:`packed_product` for the ``out.shape[0]`` (fewer than :data:`PACK_ROWS`) rows of
+    ``a`` packed in the first columns of one block (``block`` (K, PACK_ROWS), the rest of its
+    columns not read): tiles of 8, 4, 2 and 1 of those rows, each reading its columns of the
+    block as the packed tiles do. Where the units of a piece are not a whole number of blocks
+    (L's 128 a gate: 10 blocks and 8 rows), these rows as rows of ``a`` took their product at
+    about half the speed of the packed ones."""
+    rest = out.shape[0]
+    i = 0
+    if rest - i >= 8:
+        _panels(block[:, i:i + 8], b, add[i:i + 8], out[i:i + 8], 8, 1)
+        i += 8
+    if rest - i >= 4:
+        _panels(block[:, i:i + 4], b, add[i:i + 4], out[i:i + 4], 4, 1)
+        i += 4
+    if rest - i >= 2:
+        _panels(block[:, i:i + 2], b, add[i:i + 2], out[i:i + 2], 2, 1)
+        i += 2
+    if rest - i >= 1:
+        _panels(block[:, i:i + 1], b, add[i:i + 1], out[i:i + 1], 1, 1)
+
+
 @_kernel
 def _packed_product(packed, b, add, out):
     """:func:`packed_product`."""

@@ -189,9 +189,9 @@ class NumbaBackend(ScipyBlasBackend):
     def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
         """``scipy-blas``'s packing; for the cells the compiled kernels serve, with ``U`` and
         ``Uᵀ`` once more in the wider rows those kernels read (:func:`._numba_lstm.wide_rows`),
-        made once per packing instead of at every call, and a place for ``U``'s rows packed for
-        the steps shared out over threads (:func:`._numba_lstm._step_tiles`, made when first
-        needed)."""
+        made once per packing instead of at every call, and a place for the rows of ``[U W]``
+        packed for the steps shared out over threads (:func:`._numba_lstm._step_tiles`, made
+        when first needed)."""
         packed = super().lstm_pack_weights(request)
         payload = packed.payload
         if not isinstance(payload, _Packed) or not _numba_lstm.serves(payload.plan):
