@@ -834,6 +834,21 @@ def _framed(make, shape, dtype):
     return out
 
 
+def _checked_product(product_into, a, b, add, tolerance):
+    """``product_into(add, out)``, which makes ``out = add + a @ b``, checked against a float64
+    product inside a frame (:func:`_framed`) and with ``out`` as ``add`` (the same results);
+    returns its ``out`` and the scale of the tolerance."""
+    dtype = a.dtype
+    want = add.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
+    scale = 1.0 + np.abs(want).max()
+    out = _framed(lambda out: product_into(add, out), want.shape, dtype)
+    assert np.abs(out - want).max() <= tolerance * scale, (a.shape, b.shape)
+    same = add.copy()
+    product_into(same, same)
+    np.testing.assert_allclose(same, out, rtol=4 * np.finfo(dtype).eps, atol=4 * np.finfo(dtype).eps * scale)
+    return out, scale
+
+
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
@@ -950,17 +965,11 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
                 packed = np.empty((blocks, k, PACK_ROWS), dtype)
                 pack_rows(a, packed)
                 np.testing.assert_array_equal(packed, a.reshape(blocks, PACK_ROWS, k).transpose(0, 2, 1))
-                want = add.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
-                scale = 1.0 + np.abs(want).max()
-                out = _framed(lambda out: packed_product(packed, b, add, out), (m, n), dtype)
-                assert np.abs(out - want).max() <= tolerance * scale, (m, k, n)
+                out, scale = _checked_product(lambda add, out: packed_product(packed, b, add, out), a, b,
+                                              add, tolerance)
                 plain = np.empty_like(out)
                 product(a, b, add, plain)
                 np.testing.assert_allclose(out, plain, rtol=4 * np.finfo(dtype).eps,
-                                           atol=4 * np.finfo(dtype).eps * scale)
-                same = add.copy()
-                packed_product(packed, b, same, same)
-                np.testing.assert_allclose(same, out, rtol=4 * np.finfo(dtype).eps,
                                            atol=4 * np.finfo(dtype).eps * scale)
 
 
@@ -983,14 +992,8 @@ def test_numba_packed_rest_product_reads_only_its_rows(dtype, rng):
                 add = rng.standard_normal((rest, n)).astype(dtype)
                 block = np.full((k, PACK_ROWS), np.nan, dtype)
                 block[:, :rest] = a.T
-                want = add.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
-                scale = 1.0 + np.abs(want).max()
-                out = _framed(lambda out: packed_rest_product(block, b, add, out), (rest, n), dtype)
-                assert np.abs(out - want).max() <= tolerance * scale, (rest, k, n)
-                same = add.copy()
-                packed_rest_product(block, b, same, same)
-                np.testing.assert_allclose(same, out, rtol=4 * np.finfo(dtype).eps,
-                                           atol=4 * np.finfo(dtype).eps * scale)
+                _checked_product(lambda add, out: packed_rest_product(block, b, add, out), a, b, add,
+                                 tolerance)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
