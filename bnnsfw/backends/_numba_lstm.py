@@ -902,15 +902,15 @@ def _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps,
     step begins once every piece of the step before is done. A thread only waits for pieces
     another thread has taken, so the steps end however many threads run the loop: one region
     for the chunk instead of one per step (about 1.4 µs each on M's steps).
-    ``with_state``: the state before the first step is not zero. ``tiles`` (P, 4, B, H,
-    PACK_ROWS): piece ``p``'s packed rows of ``u`` (:func:`_step_tiles`), or an empty
+    ``with_state``: the state before the first step is not zero. ``tiles`` (P, 4, B, H + I,
+    PACK_ROWS): piece ``p``'s packed rows of ``[U W]`` (:func:`_step_tiles`), or an empty
     (1, 4, 0, 0, PACK_ROWS) array for none; ``light`` and ``stream`` as in
     :func:`_forward_part`. With packed rows, ``operands`` (2, H + I, N) holds each step's
-    ``[h; x_t]`` in turn (the first one made, :func:`_first_operand`), ``tiles`` the rows of
-    ``[U W]`` and ``bias_rows`` (4H, N) the bias repeated over the sequences: each step makes
-    ``U h + W x + b`` in one product, and each piece writes its share of the next step's
-    operand (:func:`_next_operand`); without, ``operands`` is empty and ``projection`` holds
-    the chunk's ``W x + b``."""
+    ``[h; x_t]`` in turn (the first one made by :func:`_recur_threads`) and ``bias_rows``
+    (4H, N) the bias repeated over the sequences: each step makes ``U h + W x + b`` in one
+    product, and each piece writes its share of the next step's operand
+    (:func:`_next_operand`); without, ``operands`` is (2, 0, 0) and ``projection`` holds the
+    chunk's ``W x + b``."""
     h = u.shape[1]
     batch = steps.shape[2]
     seq_len = out.shape[0]
@@ -1790,8 +1790,8 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
     inputs: the tile runs at the cores' peak on these shapes, where OpenBLAS's projection did
     not (L's ``1024 × 256 × 1024``, a thread's half of a chunk's rows each, 411 GFLOP/s on the
     two threads; the steps' packed products of ``[U W]``, 495), and nothing is written to be
-    read back a step later. L's forward kernel took 4.9–5.1 ms instead of 5.95, XL's 18.9
-    instead of 19.6 (kernels alone on the bench's arguments).
+    read back a step later. L's forward kernel took 4.7–5.1 ms instead of 5.95, XL's
+    17.9–18.9 instead of 19.6 (kernels alone on the bench's arguments).
 
     A block's tile reads twelve rows of ``U`` side by side, twelve runs that each advance by
     one element a step of its walk; packed, it reads one run, its twelve scalars at fixed
