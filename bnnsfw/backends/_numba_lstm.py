@@ -872,16 +872,18 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
             for jj in range(count):
                 out_t[n, j0 + jj] = hid[jj * batch + n]
     if next_t >= 0:  # the next step's operand: these units' new hidden state, a share of its x
-        size_i = x2.shape[1]
-        _next_operand(next_operand, h_next, x2, next_t, j0, j1, j0 * size_i // h, j1 * size_i // h)
+        _next_operand(next_operand, h_next, x2, next_t, j0, j1)
 
 
 @_inline
-def _next_operand(operand, h_next, x2, t, j0, j1, i0, i1):
+def _next_operand(operand, h_next, x2, t, j0, j1):
     """Rows ``j0 … j1 − 1`` of the hidden-state part of a step's operand ``[h; x_t]`` ((H + I, N):
-    :func:`_forward_threads`) from ``h_next`` (H, N), and its rows ``H + i0 … H + i1 − 1`` from
-    time step ``t`` of ``x2`` (T·N, I), transposed."""
+    :func:`_forward_threads`) from ``h_next`` (H, N), and the same share of its input rows
+    (``H + i0 … H + i1 − 1``, ``i0 = j0·I // H``) from time step ``t`` of ``x2`` (T·N, I),
+    transposed: the pieces of a step, which cover the units, cover the input too."""
     h, batch = h_next.shape
+    size_i = x2.shape[1]
+    i0, i1 = j0 * size_i // h, j1 * size_i // h
     for j in range(j0, j1):
         for n in range(batch):
             operand[j, n] = h_next[j, n]
@@ -959,8 +961,7 @@ def _recur_threads(parts, projection, chunk_first, u, tiles, pe, h0, c0, lengths
         _start_states(out.shape[0], reverse, steps, hidden, h0, c0)
         if operands.shape[1]:
             t = out.shape[0] - 1 if reverse else 0
-            h = u.shape[1]
-            _next_operand(operands[0], hidden[t % hidden.shape[0]], x2, t, 0, h, 0, x2.shape[1])
+            _next_operand(operands[0], hidden[t % hidden.shape[0]], x2, t, 0, hidden.shape[1])
     claims = np.zeros((k_end - k_begin) * parts, np.int64)
     done = np.zeros(1, np.int64)
     _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps, hidden, out, h_fin, c_fin,
