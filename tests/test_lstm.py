@@ -861,8 +861,10 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
     tile of its two-vector form: 8, 4, 2 and 1 rows), an empty sum. It writes
     nothing outside ``out`` (views inside larger arrays), takes ``out`` as ``add``, and
     refuses operands whose rows are not unit-stride. The same with ``b`` paired beforehand
-    for several products (``paired``, ``paired_product``)."""
-    from bnnsfw.backends._numba_tiles import PAIR_ROWS, PAIR_WIDE_ROWS, lanes, paired, paired_product, product
+    for several products (``paired``, ``paired_product``), and with ``a`` stored transposed
+    (``transposed_product``, whose tiles take ``TRANSPOSED_ROWS`` rows, then 8, 4, 2 and 1)."""
+    from bnnsfw.backends._numba_tiles import (PAIR_ROWS, PAIR_WIDE_ROWS, lanes, paired, paired_product,
+                                              product, transposed_product)
 
     width = lanes(dtype)
     assert width == 32 // np.dtype(dtype).itemsize
@@ -886,10 +888,18 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
                 again = np.empty_like(out)
                 paired_product(a, b, pairs, add, again)
                 assert np.abs(again - want).max() <= tolerance * scale, (m, k, n)
+                a_t = np.ascontiguousarray(a.T)
+                out = _framed(lambda out: transposed_product(a_t, b, add, out), (m, n), dtype)
+                assert np.abs(out - want).max() <= tolerance * scale, (m, k, n)
+                same = add.copy()
+                transposed_product(a_t, b, same, same)
+                assert np.abs(same - want).max() <= tolerance * scale, (m, k, n)
     a = rng.standard_normal((4, 3)).astype(dtype)
     b = rng.standard_normal((3, 6)).astype(dtype)
     with pytest.raises(ValueError, match="unit-stride rows"):
         product(a, b, np.zeros((4, 12), dtype)[:, ::2], np.zeros((4, 6), dtype))
+    with pytest.raises(ValueError, match="unit-stride rows"):
+        transposed_product(np.zeros((3, 8), dtype)[:, ::2], b, *np.zeros((2, 4, 6), dtype))
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -898,27 +908,27 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
 def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(dtype, beta, rng):
     """The weight and input gradients of an overlapped backward's piece made with the register tile
     (``_tile_weight_gradients``: ``dW = dz x``, ``dU = dz h``; ``_tile_input_gradient``:
-    ``dX = (Wᵀ dz)ᵀ``) agree with float64 products: ``beta`` 0 overwrites whatever the
+    ``dX = dzᵀ W``) agree with float64 products: ``beta`` 0 overwrites whatever the
     outputs held (NaN included, as BLAS does), 1 adds to them; gate gradients as a view of
     wider rows (a chunk's first columns); inputs of one feature and sizes that fill no vector;
-    a chunk's products shared out over threads (blocks of ``TILE_BLOCK`` along the shared axes
-    and of ``TILE_COLUMNS`` columns, each with a shorter last one); nothing written around the
-    outputs."""
-    from bnnsfw.backends._numba_lstm import (TILE_BLOCK, TILE_COLUMNS, _tile_input_gradient,
-                                             _tile_weight_gradients)
+    a chunk's products shared out over threads (blocks of ``TILE_BLOCK`` along the shared axes,
+    the last one shorter, and for the input gradient ``TRANSPOSED_ROWS`` columns of ``dz`` at a
+    time, 11 left over); nothing written around the outputs."""
+    from bnnsfw.backends._numba_lstm import TILE_BLOCK, _tile_input_gradient, _tile_weight_gradients
+    from bnnsfw.backends._numba_tiles import TRANSPOSED_ROWS
 
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
-    blocked = (2 * TILE_BLOCK + 18, TILE_COLUMNS + 2 * TILE_BLOCK // 3, 20, 9)
+    blocked = (2 * TILE_BLOCK + 18, 56 * TRANSPOSED_ROWS + 11, 20, 9)
     for rows, width, size_i, hidden in ((512, 112, 128, 128), (28, 13, 5, 7), (16, 256, 1, 4), blocked):
         gates = rng.standard_normal((rows, width + 9)).astype(dtype)[:, :width]
         x_rows = rng.standard_normal((width, size_i)).astype(dtype)
         states = rng.standard_normal((width, hidden)).astype(dtype)
-        wx_t = rng.standard_normal((size_i, rows)).astype(dtype)
+        wx = rng.standard_normal((rows, size_i)).astype(dtype)
         before = [np.full(shape, np.nan, dtype) if beta == 0.0 else rng.standard_normal(shape).astype(dtype)
                   for shape in ((rows, size_i), (rows, hidden), (width, size_i))]
         g64 = gates.astype(np.float64)
         wants = [g64 @ x_rows.astype(np.float64), g64 @ states.astype(np.float64),
-                 (wx_t.astype(np.float64) @ g64).T]
+                 g64.T @ wx.astype(np.float64)]
         if beta:
             wants = [want + start.astype(np.float64) for want, start in zip(wants, before)]
 
@@ -927,7 +937,7 @@ def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(dtype,
         for out, start in zip((d_wx, d_u, d_input), before):
             out[:] = start
         _tile_weight_gradients(gates, x_rows, states, d_wx, d_u, beta)
-        _tile_input_gradient(wx_t, gates, d_input, beta)
+        _tile_input_gradient(wx, gates, d_input, beta)
         for frame in frames:
             edges = np.ones(frame.shape, bool)
             edges[1:-1, 2:-3] = False

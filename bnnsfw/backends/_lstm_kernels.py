@@ -169,6 +169,9 @@ class LSTMWeights(NamedTuple):
     # wants them packs them: ``NumbaBackend.lstm_pack_weights``); None elsewhere.
     u_wide: np.ndarray | None = None
     u_t_wide: np.ndarray | None = None
+    # W true (4H, I_l), stored contiguous, for a backend whose input gradient reads its rows
+    # (``NumbaBackend.lstm_pack_weights``); None elsewhere.
+    wx_rows: np.ndarray | None = None
     # [U W]'s rows packed for threads' step products, by thread count, made when first needed (a
     # dict to fill for a backend that packs them: ``NumbaBackend.lstm_pack_weights``).
     step_tiles: dict[int, np.ndarray] | None = None

@@ -96,7 +96,8 @@ from ._lstm_kernels import LSTMStepPlan, LSTMWeights, repeated
 from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_stream import LINE_BYTES, prefetch, store_fence, stream_copy
 from ._numba_tiles import (PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, pack_rows, packed_product,
-                           packed_rest_product, packs, paired, paired_product, product, wide_loops)
+                           packed_rest_product, packs, paired, paired_product, product, transposed_product,
+                           wide_loops)
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -116,12 +117,9 @@ CHUNK_COLUMNS = 1024
 #: Length of the blocks of the shared axis in which the register tile makes the gradient
 #: products of a backward (:func:`_tile_weight_gradients`, :func:`_tile_input_gradient`): a
 #: twelve-row block of the left operand (12 KiB of float32) then stays in L1 from one panel of
-#: columns to the next, and the right operand's block (at most 256 × :data:`TILE_COLUMNS`) in
-#: L2. Unblocked, a chunk's 1 024 columns made the tile's products slower than OpenBLAS's.
+#: columns to the next, and the right operand's block in L2. Unblocked, a chunk's 1 024
+#: columns made the tile's products slower than OpenBLAS's.
 TILE_BLOCK = 256
-
-#: Columns per block of the input gradient's product (:func:`_tile_input_gradient`).
-TILE_COLUMNS = 512
 
 #: The kernels' fast-math flags: all of LLVM's but ``arcp`` (division by a reciprocal) and
 #: ``reassoc`` (reordering arithmetic), so that a vectorized loop and its scalar remainder do the
@@ -1158,27 +1156,23 @@ def _tile_weight_gradients(gates, x_rows, states, d_wx, d_u, beta):
 
 
 @_inline
-def _tile_input_gradient(wx_t, gates, d_input, input_beta):
-    """``d_input`` (w, I) set to ``(wx_tᵀ gates)ᵀ + input_beta·d_input`` with the register tile:
-    made as its transpose (``wx_t`` (I, 4H) against ``gates`` (4H, w), both with unit-stride
-    rows; blocks of :data:`TILE_COLUMNS` columns and :data:`TILE_BLOCK` of the shared axis)
-    into scratch, then copied."""
-    size_i, rows, width = wx_t.shape[0], gates.shape[0], gates.shape[1]
-    d_input_t = np.zeros((size_i, width), gates.dtype)
-    for n0 in range(0, width, TILE_COLUMNS):
-        n1 = min(width, n0 + TILE_COLUMNS)
-        made = d_input_t[:, n0:n1]
-        for k0 in range(0, rows, TILE_BLOCK):
-            k1 = min(rows, k0 + TILE_BLOCK)
-            product(wx_t[:, k0:k1], gates[k0:k1, n0:n1], made, made)
+def _tile_input_gradient(wx, gates, d_input, input_beta):
+    """``d_input`` (w, I) set to ``gatesᵀ wx + input_beta·d_input`` with the register tile:
+    ``wx`` (4H, I) the true input weights and ``gates`` (4H, w), both with unit-stride rows,
+    the tile reading ``gates`` by columns (:func:`~._numba_tiles.transposed_product`); the
+    shared axis in blocks of :data:`TILE_BLOCK`. On L's chunk shared out over two threads
+    (float32, AVX-512) a chunk's products took 3.44–3.64 ms against 3.65–3.82 when the
+    gradient was made as its transpose ``Wᵀ gates`` into scratch and copied."""
     if input_beta == 0.0:
-        for c in range(width):
-            for i in range(size_i):
-                d_input[c, i] = d_input_t[i, c]
-    else:
-        for c in range(width):
-            for i in range(size_i):
-                d_input[c, i] = input_beta * d_input[c, i] + d_input_t[i, c]
+        d_input[:, :] = 0.0
+    elif input_beta != 1.0:
+        for c in range(d_input.shape[0]):
+            for i in range(d_input.shape[1]):
+                d_input[c, i] *= input_beta
+    rows = gates.shape[0]
+    for k0 in range(0, rows, TILE_BLOCK):
+        k1 = min(rows, k0 + TILE_BLOCK)
+        transposed_product(gates[k0:k1], wx[k0:k1], d_input, d_input)
 
 
 @_inline
@@ -1207,14 +1201,15 @@ def _states_as_columns(hidden, chunk_first, count, columns, j0, j1):
 
 
 @_summing
-def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep, d_input,
-                    input_beta, chunk_first, count, beta, d_full_pre, d_full_out, tiled):
+def _chunk_products(x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
+                    d_input, input_beta, chunk_first, count, beta, d_full_pre, d_full_out, tiled):
     """The weight, bias, peephole and input gradients of one chunk's ``count`` steps from time
     step ``chunk_first``: one product or one pass each, added to the earlier chunks' with
     ``beta = 1`` (``d_input`` rows are the chunk's own: ``input_beta``). ``d_full_pre`` (4H, H)
     and ``d_full_out`` (H, H) are the full peepholes' gradients ((0, 0) without them). The
     three products with the register tile when ``tiled`` (:func:`_tile_weight_gradients`,
-    :func:`_tile_input_gradient`), else with BLAS."""
+    :func:`_tile_input_gradient`, which reads the true input weights ``wx`` (4H, I)), else with
+    BLAS (which reads them as ``wx_t`` (I, 4H)); the other of the two is not read."""
     wide_loops()
     batch = steps.shape[2]
     h = steps.shape[1] // 6
@@ -1224,7 +1219,7 @@ def _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d
         states = np.empty((width, h), d_gates.dtype)
         _states_as_rows(hidden, chunk_first, count, states, 0, h)
         _tile_weight_gradients(d_gates[:, :width], x2[rows], states, d_wx, d_u, beta)
-        _tile_input_gradient(wx_t, d_gates[:, :width], d_input[rows], input_beta)
+        _tile_input_gradient(wx, d_gates[:, :width], d_input[rows], input_beta)
     else:
         _states_as_columns(hidden, chunk_first, count, columns, 0, h)
         _mm(d_gates[:, :width], False, x2[rows], False, d_wx, beta)
@@ -1301,9 +1296,9 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _backprop(steps, dy, lengths, u_t_rows, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
                   dh_first, reverse, k_begin, k_end, first_t, wait)
-        _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias, d_peep,
-                        d_input, input_beta, first_t, k_end - k_begin, 0.0 if q == n_chunks - 1 else 1.0,
-                        d_full_pre, d_full_out, False)
+        _chunk_products(x2, wx_t, wx_t[:0], steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
+                        d_peep, d_input, input_beta, first_t, k_end - k_begin,
+                        0.0 if q == n_chunks - 1 else 1.0, d_full_pre, d_full_out, False)
         if report.size:
             publish(report, seq_len - first_t)
 
@@ -1435,8 +1430,8 @@ def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, d
 
 
 @_summing_threaded
-def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
-                            d_peep, d_input, input_beta, chunk_first, count, beta, tiled):
+def _chunk_products_threads(parts, x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_wx, d_u,
+                            d_bias, d_peep, d_input, input_beta, chunk_first, count, beta, tiled):
     """:func:`_chunk_products` shared out over ``parts`` threads: rows of the weight
     gradients, of the input gradient, units for the hidden states and the peepholes. The
     products with the register tile when ``tiled`` (:func:`tiles_chunks`; the hidden states
@@ -1467,7 +1462,7 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
                 _mm(d_gates[r0:r1, :width], False, columns[:, :width], True, d_u[r0:r1], beta)
         if c1 > c0:
             if tiled:
-                _tile_input_gradient(wx_t, d_gates[:, c0:c1], d_input[x0 + c0:x0 + c1], input_beta)
+                _tile_input_gradient(wx, d_gates[:, c0:c1], d_input[x0 + c0:x0 + c1], input_beta)
             else:
                 _mm(d_gates[:, c0:c1], True, wx_t, True, d_input[x0 + c0:x0 + c1], input_beta)
         for r in range(r0, r1):
@@ -1499,9 +1494,9 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
 
 
 @_kernel
-def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx,
-                      d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz, reverse,
-                      tiled):
+def _backward_threads(parts, x2, wx_t, wx, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried,
+                      d_wx, d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz,
+                      reverse, tiled):
     """:func:`_backward` with every step and every product shared out over ``parts`` threads
     (BLAS held to one thread by the caller); ``u_t`` as there, scratch ``dz`` (2, 4H, N);
     ``tiled`` as in :func:`_chunk_products_threads`."""
@@ -1514,13 +1509,13 @@ def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _backprop_threads(parts, steps, dy, lengths, u_t_rows, pe, dc, carried, dh, dz, d_gates, dh_first,
                           reverse, k_begin, k_end, first_t)
-        _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
-                                d_peep, d_input, input_beta, first_t, k_end - k_begin,
+        _chunk_products_threads(parts, x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_wx, d_u,
+                                d_bias, d_peep, d_input, input_beta, first_t, k_end - k_begin,
                                 0.0 if q == n_chunks - 1 else 1.0, tiled)
 
 
 @_threaded
-def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx, d_u,
+def _backward_overlapped(x2, wx, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx, d_u,
                          d_bias, d_peep, d_input, input_beta, dh_first, d_gates, dh, reverse, bounds,
                          other_wx, other_u, other_bias, other_peep, empty, none):
     """:func:`_backward` of a layer whose steps make one chunk (:func:`overlaps`), on two
@@ -1540,8 +1535,11 @@ def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy
     The pieces' products (a few hundred columns: M's are 112) take the register tile
     (:func:`_chunk_products` with ``tiled``). On an AMD EPYC (Zen 5, AVX-512) guest, one
     thread, float32, M's piece (``4H = 512``, ``I = H = 128``): ``dW`` 62 µs with the tile
-    against 67 with OpenBLAS, the input gradient (made as its transpose and copied) 60 against
-    87; M's backward took 1.43–1.48 ms against 1.59–1.65. Elsewhere BLAS stays: S's chunk (100
+    against 67 with OpenBLAS, the input gradient (then made as its transpose and copied) 60
+    against 87; M's backward took 1.43–1.48 ms against 1.59–1.65. Read by columns instead
+    (:func:`_tile_input_gradient`), the input gradient took 59.5 µs against 65.3 made as its
+    transpose, on the same machine later (one thread, the piece's gate gradients a view of
+    wider rows), and M's training step 0.98 of the time. Elsewhere BLAS stays: S's chunk (100
     columns of one sequence, not a whole number of vectors) took its training step 2–4 % longer
     with the tile, and runs of 1 024 columns shared out by rows over two threads (L, XL) longer
     still (L's backward 12.8–14.8 ms against 12.6, XL's 49–55 against 44)."""
@@ -1558,15 +1556,15 @@ def _backward_overlapped(x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dy
                           reverse, k_begin, k_end, 0, none)
                 count_up(walked)
             k_begin, k_end, first_t = _piece(seq_len, bounds, 0, reverse)
-            _chunk_products(x2, wx_t, steps, hidden, has_peep, d_gates[:, first_t * batch:], empty, d_wx, d_u,
-                            d_bias, d_peep, d_input, input_beta, first_t, k_end - k_begin, 0.0, empty, empty,
-                            True)
+            _chunk_products(x2, empty, wx, steps, hidden, has_peep, d_gates[:, first_t * batch:], empty, d_wx,
+                            d_u, d_bias, d_peep, d_input, input_beta, first_t, k_end - k_begin, 0.0, empty,
+                            empty, True)
         else:
             for q in range(pieces - 1, 0, -1):
                 wait_for(walked, pieces - q)
                 k_begin, k_end, first_t = _piece(seq_len, bounds, q, reverse)
                 gates = d_gates[:, first_t * batch:]
-                _chunk_products(x2, wx_t, steps, hidden, has_peep, gates, empty, other_wx, other_u,
+                _chunk_products(x2, empty, wx, steps, hidden, has_peep, gates, empty, other_wx, other_u,
                                 other_bias, other_peep, d_input, input_beta, first_t, k_end - k_begin,
                                 0.0 if q == pieces - 1 else 1.0, empty, empty, True)
     for r in range(d_wx.shape[0]):
@@ -1894,6 +1892,7 @@ class _BackwardCall(NamedTuple):
 
     x2: np.ndarray
     wx_t: np.ndarray
+    wx: np.ndarray
     u_t: np.ndarray
     peep: np.ndarray
     pe: np.ndarray
@@ -1947,6 +1946,7 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
     """Scratch, laid-out gradients and weights for :func:`_backward`, from the arguments of
     :func:`backward`; ``chunk`` steps per weight-gradient product."""
     assert w.u_t_wide is not None, "weights packed by NumbaBackend.lstm_pack_weights"
+    assert w.wx_rows is not None, "weights packed by NumbaBackend.lstm_pack_weights"
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -1960,7 +1960,7 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
             np.copyto(state, final.T)
     full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
     return _BackwardCall(
-        x2, w.wx_t, w.u_t_wide,
+        x2, w.wx_t, w.wx_rows, w.u_t_wide,
         _diagonal(w.peepholes_grad.diagonal, h, dtype),
         _repeated(w.peepholes_grad.diagonal, h, batch, dtype),
         any(p is not None for p in w.peepholes_grad.diagonal),
@@ -2009,16 +2009,16 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
                     scratch.array(f"lstm_numba_other_{name}", array.shape, dtype)
                     for name, array in (("wx", a.d_wx), ("u", a.d_u), ("bias", a.d_bias), ("peep", a.d_peep)))
                 _backward_overlapped(
-                    a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc,
+                    a.x2, a.wx, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc,
                     a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input, a.input_beta, a.dh_first,
                     a.d_gates, a.dh, reverse, bounds, other_wx, other_u, other_bias, other_peep,
                     _EMPTY[dtype], _NO_COUNTER)
             else:
                 dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), dtype)
-                _backward_threads(parts, a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden,
-                                  a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input,
-                                  a.input_beta, a.dh_first, a.d_gates, a.columns, a.dh, dz, reverse,
-                                  tiles_chunks(dtype, x2.shape[1], h))
+                _backward_threads(parts, a.x2, a.wx_t, a.wx, a.u_t, a.pe, a.has_peep, a.lengths, a.steps,
+                                  a.hidden, a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep,
+                                  a.d_input, a.input_beta, a.dh_first, a.d_gates, a.columns, a.dh, dz,
+                                  reverse, tiles_chunks(dtype, x2.shape[1], h))
     else:
         a.run(reverse)
     return a.finish()

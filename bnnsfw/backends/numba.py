@@ -189,15 +189,17 @@ class NumbaBackend(ScipyBlasBackend):
     def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
         """``scipy-blas``'s packing; for the cells the compiled kernels serve, with ``U`` and
         ``Uᵀ`` once more in the wider rows those kernels read (:func:`._numba_lstm.wide_rows`),
-        made once per packing instead of at every call, and a place for the rows of ``[U W]``
-        packed for the steps shared out over threads (:func:`._numba_lstm._step_tiles`, made
-        when first needed)."""
+        made once per packing instead of at every call, ``W`` as rows (the backward's input
+        gradient reads them, :func:`._numba_lstm._tile_input_gradient`), and a place for the rows
+        of ``[U W]`` packed for the steps shared out over threads
+        (:func:`._numba_lstm._step_tiles`, made when first needed)."""
         packed = super().lstm_pack_weights(request)
         payload = packed.payload
         if not isinstance(payload, _Packed) or not _numba_lstm.serves(payload.plan):
             return packed
         weights = [[w._replace(u_wide=_numba_lstm.wide_rows(w.u), u_t_wide=_numba_lstm.wide_rows(w.u_t),
-                               step_tiles={}) for w in row] for row in payload.weights]
+                               wx_rows=np.ascontiguousarray(w.wx_t.T), step_tiles={}) for w in row]
+                   for row in payload.weights]
         return LSTMPackedWeights(config=packed.config, version=packed.version,
                                  payload=_Packed(payload.plan, weights))
 
