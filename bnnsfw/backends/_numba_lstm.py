@@ -280,6 +280,12 @@ def overlap_pieces(seq_len: int, hidden_size: int, input_size: int) -> np.ndarra
     return bounds
 
 
+@functools.lru_cache(maxsize=64)
+def _widest_piece(seq_len: int, hidden_size: int, input_size: int) -> int:
+    """Steps in the longest of the pieces :func:`overlap_pieces` gives (made once per shape)."""
+    return int(np.max(np.diff(overlap_pieces(seq_len, hidden_size, input_size))))
+
+
 def tiles_chunks(dtype: np.dtype, input_size: int, hidden_size: int) -> bool:
     """True when a backward shared out over threads makes its chunks' gradient products with
     the register tile (:func:`_chunk_products_threads`): float32 with 64-byte vectors (AVX-512),
@@ -2038,7 +2044,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
             if overlapped:
                 bounds = overlap_pieces(seq_len, h, x2.shape[1])
                 ring = scratch.array("lstm_numba_ring", (seq_len, 4 * h, batch), dtype)
-                widest = int(np.max(np.diff(bounds))) * batch
+                widest = _widest_piece(seq_len, h, x2.shape[1]) * batch
                 pieces = scratch.array("lstm_numba_pieces", (2, 4 * h, widest), dtype)
                 other_wx, other_u, other_bias, other_peep = (
                     scratch.array(f"lstm_numba_other_{name}", array.shape, dtype)
