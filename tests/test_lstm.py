@@ -952,23 +952,25 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
     """``packed_product`` on rows packed by ``pack_rows`` (blocks of ``PACK_ROWS``, each
     column's elements side by side) makes the sums ``product`` makes, in the same order: it
     agrees with a float64 product and with ``product`` to the last bits' rounding, for column
-    counts that ``packs`` (a whole number of narrow vectors, not one narrow or one wide
-    vector's worth, which the paired tile takes), with AVX-512 only; it writes nothing outside
-    ``out`` and takes ``out`` as ``add``."""
-    from bnnsfw.backends._numba_tiles import (PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, lanes, pack_rows,
+    counts that ``packs`` (a whole number of narrow vectors, with AVX-512 only; where the
+    paired tiles serve, ``PAIRS``, not one narrow or one wide vector's worth, which they take);
+    it writes nothing outside ``out`` and takes ``out`` as ``add``."""
+    from bnnsfw.backends._numba_tiles import (PACK_ROWS, PAIRS, VECTOR_BYTES, WIDE_BYTES, lanes, pack_rows,
                                               packed_product, packs, product)
 
     width = lanes(dtype)
     wide = WIDE_BYTES > VECTOR_BYTES
     assert PACK_ROWS == 12
-    assert not packs(width, dtype) and not packs(0, dtype) and not packs(width + 1, dtype)
-    assert packs(2 * width, dtype) == (wide and 2 * width * np.dtype(dtype).itemsize != WIDE_BYTES)
+    assert not packs(0, dtype) and not packs(width + 1, dtype)
+    assert packs(width, dtype) == (wide and not PAIRS)
+    one_wide = 2 * width * np.dtype(dtype).itemsize == WIDE_BYTES
+    assert packs(2 * width, dtype) == (wide and not (PAIRS and one_wide))
     assert packs(3 * width, dtype) == wide
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
     for blocks in (1, 2, 5):
         m = blocks * PACK_ROWS
         for k in (1, 2, 17, 64):
-            for n in (3 * width, 4 * width, 5 * width, 7 * width):
+            for n in [c * width for c in (1, 2, 3, 4, 5, 7) if packs(c * width, dtype)]:
                 a = rng.standard_normal((m, k)).astype(dtype)
                 b = rng.standard_normal((k, n)).astype(dtype)
                 add = rng.standard_normal((m, n)).astype(dtype)
@@ -1013,10 +1015,11 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
     (``_step_tiles``: made once for the weights and the thread count, kept with them) when the
     batch's columns pack, and make ``U h + W x + b`` in one product: the output agrees with the
     reference, and zeroing the packed rows changes it (the kernels read them, the rows left
-    over after the whole blocks too); a batch whose columns do not pack (8 sequences, which
-    take the paired tile and the chunks' projection) leaves the packed rows unmade."""
+    over after the whole blocks too); a batch whose columns do not pack (where the paired tiles
+    serve, 8 float32 sequences, which take them and the chunks' projection; 3 sequences
+    anywhere) leaves the packed rows unmade."""
     from bnnsfw.backends import _numba_lstm
-    from bnnsfw.backends._numba_tiles import PACK_ROWS, VECTOR_BYTES, WIDE_BYTES
+    from bnnsfw.backends._numba_tiles import PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, packs
 
     if WIDE_BYTES == VECTOR_BYTES:
         pytest.skip("rows are packed for the twelve-row tiles of AVX-512 only")
@@ -1040,9 +1043,11 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
         _assert_all_close([got], [want], dtype)
         tiles[:, :, 1] = 0.0
         assert np.abs(layer.apply(x).output - want).max() > 1e-3
-    with layer_for(params, "numba") as layer:
-        layer.apply(x[:, :8])
-        assert layer._packed_weights().payload.weights[0][0].step_tiles == {}
+    for batch in (8, 3):
+        with layer_for(params, "numba") as layer:
+            layer.apply(x[:, :batch])
+            made = layer._packed_weights().payload.weights[0][0].step_tiles
+            assert (made != {}) == packs(batch, dtype), batch
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -1058,6 +1063,63 @@ def test_numba_tile_takes_wide_vectors_only_where_the_code_is_compiled_for_avx51
     assert _numba_tiles._wide_bytes() == _numba_tiles.VECTOR_BYTES == 32
     monkeypatch.setattr(config, "CPU_FEATURES", "+avx,+avx2,+fma,+avx512f,+avx512bw")
     assert _numba_tiles._wide_bytes() == 64
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_paired_tiles_serve_where_the_vector_units_are_wide(monkeypatch):
+    """The paired tiles serve with 64-byte vectors, except on the processors whose AVX-512 runs
+    on 256-bit units (Zen 4, ``znver4``); the processor is the one Numba compiles for
+    (``NUMBA_CPU_NAME`` when set, else the machine's)."""
+    from numba.core import config
+
+    from bnnsfw.backends import _numba_tiles
+
+    assert _numba_tiles.SPLIT_WIDE_CPUS == {"znver4"}
+    assert _numba_tiles._pairs(64, "znver5") and _numba_tiles._pairs(64, "sapphirerapids")
+    assert not _numba_tiles._pairs(64, "znver4")
+    assert not _numba_tiles._pairs(32, "znver5") and not _numba_tiles._pairs(32, "haswell")
+    monkeypatch.setattr(config, "CPU_NAME", "znver4")
+    assert _numba_tiles._cpu_name() == "znver4"
+    monkeypatch.setattr(config, "CPU_NAME", None)
+    import llvmlite.binding
+
+    assert _numba_tiles._cpu_name() == llvmlite.binding.get_host_cpu_name()
+    assert _numba_tiles.PAIRS == _numba_tiles._pairs(_numba_tiles.WIDE_BYTES, _numba_tiles._cpu_name())
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_paired_tiles_agree_with_a_float64_product_where_products_do_not_take_them(dtype, rng):
+    """Where the paired tiles do not serve the products (``PAIRS`` false on a machine with
+    AVX-512, so ``product`` never reaches them), they are checked here on their own: the rows of
+    ``b`` paired (``_pair_rows``) and the product of one narrow and one wide vector's worth of
+    columns (``_pair_blocks``: tiles of 12 or 8 rows, then 4, 2 and 1) agree with a float64
+    product and write nothing outside ``out``."""
+    import numba
+
+    from bnnsfw.backends import _numba_tiles
+
+    if _numba_tiles.PAIRS or _numba_tiles.WIDE_BYTES != 2 * _numba_tiles.VECTOR_BYTES:
+        pytest.skip("the paired tiles serve the products here (or need 64-byte vectors)")
+
+    pair_rows, pair_blocks, wide_bytes = _numba_tiles._pair_rows, _numba_tiles._pair_blocks, 64
+
+    @numba.njit(fastmath=True, error_model="numpy")
+    def paired_product(a, b, add, out):  # pragma: no cover - compiled
+        pairs = np.empty((b.shape[0] // 2, 2 * b.shape[1]), b.dtype)
+        pair_rows(b, pairs, wide_bytes)
+        pair_blocks(a[:, 0:a.shape[1]], pairs[:, 0:pairs.shape[1]], add[:, 0:add.shape[1]],
+                    out[:, 0:out.shape[1]])
+
+    width = _numba_tiles.lanes(dtype)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    for n in (width, 2 * width):
+        for m in (1, 7, 13, 23, 26, 35):
+            for k in (2, 40):
+                a = rng.standard_normal((m, k)).astype(dtype)
+                b = rng.standard_normal((k, n)).astype(dtype)
+                add = rng.standard_normal((m, n)).astype(dtype)
+                _checked_product(lambda add, out: paired_product(a, b, add, out), a, b, add, tolerance)
 
 
 _NARROW_TILES = """
@@ -1393,10 +1455,13 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
     """The chunk's input projection, a run of whose every row each step reads, is a contiguous
     array with ``ROW_PAD`` more columns than the chunk's (rows of a multiple of 4 KiB would put
     those runs in one set of the level-1 cache); over several chunks and a last short one, on
-    one thread and shared out over two, inference and training agree with the reference."""
+    one thread and shared out over two, inference and training agree with the reference (3
+    sequences, which no tile takes packed rows for: the shared-out steps read the projection)."""
     from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends._numba_tiles import packs
 
-    batch = 4
+    batch = 3
+    assert not packs(batch, dtype)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 3 * batch)  # chunks of 3 steps: 3, 3, 1
     seen: list[tuple[tuple[int, ...], bool]] = []
     for name in ("_forward", "_forward_threads"):

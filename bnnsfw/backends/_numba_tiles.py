@@ -34,6 +34,9 @@ broadcasts and a loaded row for twelve. On one thread, float32, the
 pairing of ``b`` included (three runs alternated with the one-vector tile):
 ``256 × 128 × 16`` (M's forward step, half its units) 132–151 GFLOP/s against 107–121,
 ``128 × 512 × 16`` (its backward ``Uᵀ dz``, half the units) 129–162 against 100–114.
+(Those figures are from a Zen 5 guest, whose vector units are 512 bits wide. Where they are 256
+bits wide, the 64-byte vectors gain nothing over two 32-byte ones and the paired tiles stay
+unused: :data:`PAIRS`.)
 Each call of the tile in the source compiles to a loop of its own, so the kernel calls it from
 few places, and :func:`product` hands its operands on as views of one layout: the kernel
 compiles once per dtype, in about 5 s with the 64-byte panels and both paired tiles (3.0
@@ -54,7 +57,8 @@ from . import _numba_cache
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "VECTOR_BYTES", "WIDE_BYTES",
+__all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "PAIRS", "SPLIT_WIDE_CPUS",
+           "VECTOR_BYTES", "WIDE_BYTES",
            "TRANSPOSED_ROWS", "lanes", "packs", "pack_rows", "packed_product", "paired", "paired_product",
            "product", "transposed_product", "wide_loops"]
 
@@ -101,6 +105,39 @@ def _wide_bytes() -> int:
 #: step shapes, against 67–112 for 32-byte vectors, whose speed changed from one process to
 #: the next (68–76 in some, 102–112 in others, the same shapes and machine).
 WIDE_BYTES = _wide_bytes()
+
+#: The processors, as LLVM names them, whose AVX-512 instructions run on 256-bit units (each
+#: 64-byte operation in two halves): Zen 4 (``znver4``). There a 64-byte fused multiply-add does
+#: the work of two 32-byte ones, so the paired tiles (:func:`_pair_tile`) gain nothing from their
+#: wider vectors and pay for their pair broadcasts, and the packed rows (:func:`packs`) serve
+#: one vector's worth of columns too. On an AMD EPYC guest (Zen 4, 2.6 GHz), two threads each
+#: with its half of a step's rows, float32: the long row's ``U h`` (``256 × 256 × 8`` a gate)
+#: 26–30 µs a step paired, ``[U W] [h; x]`` packed 42–52 µs, where the projection it replaces
+#: took 21 µs a step; M's 11.8–13.6 µs paired, packed 20.3–21.7, its projection 11.8 a step.
+#: A processor LLVM names otherwise keeps the paired tiles (on a Zen 5 guest, whose units are
+#: 512 bits wide, they ran 117–151 GFLOP/s a thread against 62–121 for the other tiles).
+SPLIT_WIDE_CPUS = frozenset({"znver4"})
+
+
+def _cpu_name() -> str:
+    """The processor Numba compiles for: its ``NUMBA_CPU_NAME``, else the machine's."""
+    from llvmlite import binding
+    from numba.core import config
+
+    chosen = getattr(config, "CPU_NAME", None)  # set at import from the environment
+    return str(chosen) if chosen else str(binding.get_host_cpu_name())
+
+
+def _pairs(wide_bytes: int, cpu: str) -> bool:
+    """Whether the paired tiles serve: 64-byte vectors on a processor not in
+    :data:`SPLIT_WIDE_CPUS`."""
+    return wide_bytes == 2 * VECTOR_BYTES and cpu not in SPLIT_WIDE_CPUS
+
+
+#: Whether products of one narrow or one wide vector's worth of columns take the paired tiles
+#: (:func:`_pairs_apply`; :func:`_pairs` of :data:`WIDE_BYTES` and the processor). A constant of
+#: the compiled kernels, whose entries Numba's cache keeps apart by processor name and features.
+PAIRS = _pairs(WIDE_BYTES, _cpu_name())
 
 _kernel = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
 _inline = numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True, inline="always")
@@ -449,9 +486,9 @@ def _unit_rows(x):
 
 @_inline
 def _pairs_apply(b):
-    """True when products of ``b`` take the paired tile: AVX-512, one narrow or one wide
+    """True when products of ``b`` take the paired tile: :data:`PAIRS`, one narrow or one wide
     vector's worth of columns and an even, non-zero number of rows."""
-    return (WIDE_BYTES == 2 * VECTOR_BYTES and b.shape[1] * b.itemsize in (VECTOR_BYTES, WIDE_BYTES)
+    return (PAIRS and b.shape[1] * b.itemsize in (VECTOR_BYTES, WIDE_BYTES)
             and b.shape[0] > 0 and b.shape[0] % 2 == 0)
 
 
@@ -497,10 +534,11 @@ PACK_ROWS = NARROW_ROWS
 def packs(columns: int, dtype: np.dtype) -> bool:
     """True when products with ``columns`` columns of ``b`` take packed rows of ``a``
     (:func:`packed_product`): with AVX-512 (twelve-row tiles in every panel), a whole number of
-    narrow vectors and not the paired tile's widths (:func:`paired`)."""
+    narrow vectors and, where the paired tiles apply (:data:`PAIRS`), not their widths
+    (:func:`paired`)."""
     size = columns * np.dtype(dtype).itemsize
-    return WIDE_BYTES > VECTOR_BYTES and size > 0 and size % VECTOR_BYTES == 0 and size not in (
-        VECTOR_BYTES, WIDE_BYTES)
+    paired_width = PAIRS and size in (VECTOR_BYTES, WIDE_BYTES)
+    return WIDE_BYTES > VECTOR_BYTES and size > 0 and size % VECTOR_BYTES == 0 and not paired_width
 
 
 @_inline
