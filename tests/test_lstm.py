@@ -1031,7 +1031,7 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
     with layer_for(params, "numba") as layer:
         got = layer.apply(x).output
         weights = layer._packed_weights().payload.weights[0][0]
-        tiles = weights.step_tiles[2]
+        tiles = weights.step_tiles[(2, PACK_ROWS)]
         # pieces of 16 and 22 units (cut at multiples of 16): one block of 12 rows each, and
         # one more for the 4 and 10 rows left, over H + I = 41 columns
         assert tiles.shape == (2, 4, 2, 38 + 3, PACK_ROWS)
@@ -1048,6 +1048,91 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
             layer.apply(x[:, :batch])
             made = layer._packed_weights().payload.weights[0][0].step_tiles
             assert (made != {}) == packs(batch, dtype), batch
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_column_product_agrees_with_a_float64_product(rng):
+    """``column_product`` (the column tile: vectors along the rows of ``out``, on rows packed in
+    blocks of ``COLUMN_ROWS`` by ``pack_rows``) agrees with a float64 product for row counts of
+    whole blocks and of a last partial one (whose packed rows past the count hold NaN, which
+    nothing reads into ``out``), shared lengths from 0 up; it writes nothing outside ``out``,
+    takes ``out`` as ``add``, and refuses operands it does not serve. Float32 only, 8 columns;
+    ``column_tiles`` says where the steps take it (AVX-512 without the paired tiles)."""
+    from bnnsfw.backends._numba_tiles import (COLUMN_COLUMNS, COLUMN_ROWS, PAIRS, VECTOR_BYTES, WIDE_BYTES,
+                                              column_product, column_tiles, pack_rows)
+
+    assert (COLUMN_ROWS, COLUMN_COLUMNS) == (32, 8)
+    assert column_tiles(8, np.float32) == (WIDE_BYTES > VECTOR_BYTES and not PAIRS)
+    assert not column_tiles(4, np.float64) and not column_tiles(8, np.float64)
+    assert not column_tiles(16, np.float32) and not column_tiles(7, np.float32)
+    for m in (1, 5, 31, 32, 33, 64, 70):
+        blocks = -(-m // COLUMN_ROWS)
+        for k in (0, 1, 17, 64):
+            a = rng.standard_normal((m, k)).astype(np.float32)
+            b = rng.standard_normal((k, COLUMN_COLUMNS)).astype(np.float32)
+            add = rng.standard_normal((m, COLUMN_COLUMNS)).astype(np.float32)
+            padded = np.full((blocks * COLUMN_ROWS, k), np.nan, np.float32)
+            padded[:m] = a
+            packed = np.empty((blocks, k, COLUMN_ROWS), np.float32)
+            pack_rows(padded, packed)
+            np.testing.assert_array_equal(packed, padded.reshape(blocks, COLUMN_ROWS, k).transpose(0, 2, 1))
+            _checked_product(lambda add, out: column_product(packed, b, add, out), a, b, add, 1e-5)
+    packed = np.zeros((1, 3, COLUMN_ROWS), np.float32)
+    b = np.zeros((3, COLUMN_COLUMNS), np.float32)
+    with pytest.raises(ValueError, match="float32, b of COLUMN_COLUMNS columns"):
+        column_product(packed, b[:, :4], *np.zeros((2, 4, 4), np.float32))
+    with pytest.raises(ValueError, match="float32, b of COLUMN_COLUMNS columns"):
+        column_product(packed, b, *np.zeros((2, COLUMN_ROWS + 1, COLUMN_COLUMNS), np.float32))
+    with pytest.raises(ValueError, match="unit-stride rows"):
+        column_product(packed, b, np.zeros((4, 2 * COLUMN_COLUMNS), np.float32)[:, ::2],
+                       np.zeros((4, COLUMN_COLUMNS), np.float32))
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_shared_steps_take_the_column_tile_for_8_sequences(monkeypatch, rng):
+    """Where ``column_tiles`` says so, the shared-out steps of 8 float32 sequences take ``[U W]``
+    packed in blocks of ``COLUMN_ROWS`` rows (the pieces' rows left after their whole blocks in
+    one more block, zeros after them; a piece with fewer blocks than the other leaves the last
+    unused) and make ``U h + W x + b`` with the column tile: the
+    output, the training forward's and the gradients agree with the reference, zeroing the
+    packed rows changes the output; elsewhere no such blocks are made."""
+    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends._numba_tiles import COLUMN_ROWS, column_tiles
+
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    for hidden, pieces in ((38, ((0, 16), (16, 38))), (70, ((0, 32), (32, 70)))):
+        params = LSTMParameters.random(input_size=3, hidden_size=hidden, seed=7, dtype=np.float32)
+        x = rng.standard_normal((6, 8, 3)).astype(np.float32)
+        dy = rng.standard_normal((6, 8, hidden)).astype(np.float32)
+        results = []
+        for name in ("numpy", "numba"):
+            with layer_for(params, name) as layer:
+                inferred = layer.apply(x).output
+                out = layer.apply(x, training=True)
+                grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
+                results.append([inferred, out.output, grads.input] + _gate_gradients(grads))
+                if name == "numba":
+                    made = layer._packed_weights().payload.weights[0][0].step_tiles
+                    weights = layer._packed_weights().payload.weights[0][0]
+        _assert_all_close(results[1], results[0], np.float32)
+        if not column_tiles(8, np.float32):
+            assert all(size != COLUMN_ROWS for _, size in made), made.keys()
+            continue
+        tiles = made[(2, COLUMN_ROWS)]
+        blocks = max(-(-(j1 - j0) // COLUMN_ROWS) for j0, j1 in pieces)
+        assert tiles.shape == (2, 4, blocks, hidden + 3, COLUMN_ROWS)
+        u_w = np.concatenate([weights.u, weights.wx], axis=1)
+        for p, (j0, j1) in enumerate(pieces):
+            for g in range(4):
+                rows = u_w[g * hidden + j0:g * hidden + j1]
+                used = -(-(j1 - j0) // COLUMN_ROWS)
+                packed = tiles[p, g, :used].transpose(0, 2, 1).reshape(used * COLUMN_ROWS, hidden + 3)
+                np.testing.assert_array_equal(packed[:j1 - j0], rows)
+                np.testing.assert_array_equal(packed[j1 - j0:], 0.0)
+        with layer_for(params, "numba") as layer:
+            layer.apply(x)
+            layer._packed_weights().payload.weights[0][0].step_tiles[(2, COLUMN_ROWS)][:] = 0.0
+            assert np.abs(layer.apply(x).output - results[0][0]).max() > 1e-3
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -172,9 +172,9 @@ class LSTMWeights(NamedTuple):
     # W true (4H, I_l), stored contiguous, for a backend whose input gradient reads its rows
     # (``NumbaBackend.lstm_pack_weights``); None elsewhere.
     wx_rows: np.ndarray | None = None
-    # [U W]'s rows packed for threads' step products, by thread count, made when first needed (a
-    # dict to fill for a backend that packs them: ``NumbaBackend.lstm_pack_weights``).
-    step_tiles: dict[int, np.ndarray] | None = None
+    # [U W]'s rows packed for threads' step products, by thread count and rows a block, made when
+    # first needed (a dict to fill for a backend that packs them: ``NumbaBackend.lstm_pack_weights``).
+    step_tiles: dict[tuple[int, int], np.ndarray] | None = None
 
     @property
     def wx(self) -> np.ndarray:

@@ -95,9 +95,9 @@ from . import _numba_cache
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights, repeated
 from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_stream import LINE_BYTES, prefetch, store_fence, stream_copy
-from ._numba_tiles import (PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, pack_rows, packed_product,
-                           packed_rest_product, packs, paired, paired_product, product, transposed_product,
-                           wide_loops)
+from ._numba_tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_product, column_tiles,
+                           pack_rows, packed_product, packed_rest_product, packs, paired, paired_product,
+                           product, transposed_product, wide_loops)
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -830,7 +830,10 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
     zl = np.empty((9 if stream and not light else 4, m), block.dtype)
     if following >= 0:  # the next step's columns of the units' rows, asked for a step ahead
         _ask_columns(projection, h, j0, j1, following, batch)
-    if operand.size:  # U h + W x + b: one product over [h; x]
+    if operand.size and tiles.shape[3] == COLUMN_ROWS:  # U h + W x + b, the column tile's blocks
+        for g in range(4):
+            column_product(tiles[g], operand, bias_rows[g * h + j0:g * h + j1], zl[g].reshape((count, batch)))
+    elif operand.size:  # U h + W x + b: one product over [h; x]
         whole = count // PACK_ROWS
         done = whole * PACK_ROWS
         for g in range(4):
@@ -1794,21 +1797,22 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
 @_kernel
 def _pack_tiles(a, parts, tiles):
     """:func:`_step_tiles`' packing: for each of ``parts`` pieces of the units (:func:`_part`)
-    and each gate, the piece's rows of ``a`` (4H, K) in blocks of :data:`PACK_ROWS`
-    (:func:`pack_rows`), the rows left over in the first columns of one more block (zeros in
-    the others)."""
+    and each gate, the piece's rows of ``a`` (4H, K) in blocks of ``tiles.shape[4]`` rows
+    (:data:`PACK_ROWS` or :data:`COLUMN_ROWS`; :func:`pack_rows`), the rows left over in the
+    first columns of one more block (zeros in the others)."""
     h = a.shape[0] // 4
+    size = tiles.shape[4]
     for p in range(parts):
         j0, j1 = _part(h, parts, p)
-        whole = (j1 - j0) // PACK_ROWS
+        whole = (j1 - j0) // size
         for g in range(4):
             first = g * h + j0
-            pack_rows(a[first:first + whole * PACK_ROWS], tiles[p, g, :whole])
-            rest = j1 - j0 - whole * PACK_ROWS
+            pack_rows(a[first:first + whole * size], tiles[p, g, :whole])
+            rest = j1 - j0 - whole * size
             if rest:
                 for k in range(a.shape[1]):
-                    for i in range(PACK_ROWS):
-                        tiles[p, g, whole, k, i] = a[first + whole * PACK_ROWS + i, k] if i < rest else 0.0
+                    for i in range(size):
+                        tiles[p, g, whole, k, i] = a[first + whole * size + i, k] if i < rest else 0.0
 
 
 _NO_TILES = {np.dtype(t): np.empty((1, 4, 0, 0, PACK_ROWS), t) for t in (np.float32, np.float64)}
@@ -1817,10 +1821,12 @@ _NO_TILES = {np.dtype(t): np.empty((1, 4, 0, 0, PACK_ROWS), t) for t in (np.floa
 def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
     """The rows of ``[U W]`` packed for the steps shared out over ``parts`` threads
     (:func:`_steps_threads`, whose products then take ``U h + W x`` at once: no projection of
-    the input ahead of the steps): (P, 4, B, H + I, PACK_ROWS), piece ``p``'s gate ``g`` in
-    ``[p, g]``, its rows in whole blocks and the rest in one more (:func:`_pack_tiles`); made
-    once per packing of the weights and thread count, kept in ``w.step_tiles``. An empty array
-    (no packed rows) where ``batch`` sequences do not take packed products (:func:`packs`).
+    the input ahead of the steps): (P, 4, B, H + I, R), piece ``p``'s gate ``g`` in ``[p, g]``,
+    its rows in whole blocks of ``R`` and the rest in one more (:func:`_pack_tiles`); ``R`` is
+    :data:`COLUMN_ROWS` where ``batch`` sequences take the column tile (:func:`column_tiles`),
+    else :data:`PACK_ROWS`. Made once per packing of the weights, thread count and ``R``, kept
+    in ``w.step_tiles``. An empty array (no packed rows) where ``batch`` sequences do not take
+    packed products (:func:`packs`).
 
     One product over ``[h; x]`` instead of ``U h`` a step after a projection of the chunk's
     inputs: the tile runs at the cores' peak on these shapes, where OpenBLAS's projection did
@@ -1839,17 +1845,18 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
     dtype = w.u.dtype
     if w.step_tiles is None or not packs(batch, dtype):
         return _NO_TILES[dtype]
-    tiles = w.step_tiles.get(parts)
+    size = COLUMN_ROWS if column_tiles(batch, dtype) else PACK_ROWS
+    tiles = w.step_tiles.get((parts, size))
     if tiles is None:
         h = w.u.shape[1]
         pieces = [_part.py_func(h, parts, p) for p in range(parts)]
-        blocks = max(-(-(j1 - j0) // PACK_ROWS) for j0, j1 in pieces)  # whole ones and one for the rest
+        blocks = max(-(-(j1 - j0) // size) for j0, j1 in pieces)  # whole ones and one for the rest
         weights = np.concatenate([w.u, w.wx], axis=1)  # [U W]: the steps' product over [h; x]
         tiles = (_NO_TILES[dtype] if blocks == 0
-                 else np.empty((parts, 4, blocks, weights.shape[1], PACK_ROWS), dtype))
+                 else np.empty((parts, 4, blocks, weights.shape[1], size), dtype))
         if blocks:
             _pack_tiles(weights, parts, tiles)
-        w.step_tiles[parts] = tiles
+        w.step_tiles[(parts, size)] = tiles
     return tiles
 
 

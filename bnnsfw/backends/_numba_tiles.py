@@ -58,7 +58,7 @@ from . import _numba_cache
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "PAIRS", "SPLIT_WIDE_CPUS",
-           "VECTOR_BYTES", "WIDE_BYTES",
+           "VECTOR_BYTES", "WIDE_BYTES", "COLUMN_ROWS", "COLUMN_COLUMNS", "column_tiles", "column_product",
            "TRANSPOSED_ROWS", "lanes", "packs", "pack_rows", "packed_product", "paired", "paired_product",
            "product", "transposed_product", "wide_loops"]
 
@@ -543,13 +543,15 @@ def packs(columns: int, dtype: np.dtype) -> bool:
 
 @_inline
 def pack_rows(a, packed):
-    """``packed[p, k, i] = a[PACK_ROWS·p + i, k]`` for ``p < packed.shape[0]``: each block of
-    :data:`PACK_ROWS` rows of ``a`` with its columns one after the other, the block's elements
-    of one column side by side."""
+    """``packed[p, k, i] = a[R·p + i, k]`` for ``p < packed.shape[0]``, ``R = packed.shape[2]``
+    (:data:`PACK_ROWS`, or :data:`COLUMN_ROWS` for the column tile): each block of ``R`` rows of
+    ``a`` with its columns one after the other, the block's elements of one column side by
+    side."""
+    rows = packed.shape[2]
     for p in range(packed.shape[0]):
         for k in range(packed.shape[1]):
-            for i in range(PACK_ROWS):
-                packed[p, k, i] = a[PACK_ROWS * p + i, k]
+            for i in range(rows):
+                packed[p, k, i] = a[rows * p + i, k]
 
 
 @_inline
@@ -591,6 +593,134 @@ def _packed_product(packed, b, add, out):
     for p in range(packed.shape[0]):
         r0 = p * PACK_ROWS
         _panels(packed[p], b, add[r0:r0 + PACK_ROWS], out[r0:r0 + PACK_ROWS], PACK_ROWS, 1)
+
+
+#: Rows of ``out`` per block of the column tile (:func:`column_product`): two 64-byte vectors
+#: of float32 (the units of a block, side by side in each packed column).
+COLUMN_ROWS = 2 * 64 // 4
+
+#: Columns of ``b`` the column tile takes: one narrow vector's worth of float32.
+COLUMN_COLUMNS = VECTOR_BYTES // 4
+
+
+def column_tiles(columns: int, dtype: np.dtype) -> bool:
+    """True when products with ``columns`` columns of ``b`` take the column tile
+    (:func:`column_product`) on rows packed in blocks of :data:`COLUMN_ROWS`: float32, one
+    narrow vector's worth of columns (8 sequences), where such products take packed rows
+    (:func:`packs`: with AVX-512 on a processor without the paired tiles, :data:`PAIRS`)."""
+    return np.dtype(dtype) == np.float32 and columns == COLUMN_COLUMNS and packs(columns, dtype)
+
+
+@intrinsic
+def _column_tile(typingctx, a, b, add, out, vectors, columns):
+    """``out[r, n] = add[r, n] + Σ_k a[k, r]·b[k, n]`` for ``r`` below ``V`` 64-byte vectors' worth
+    of rows (``V = vectors``) and ``n < columns`` (both literal integers): the tile with its
+    vectors along the rows of ``out`` instead of its columns. ``a`` (K, ≥ V·L) is a packed block
+    (:func:`pack_rows`), unit-stride rows; ``b`` (K, columns) with unit-stride rows; ``add`` and
+    ``out`` (V·L, columns) with unit-stride rows, any row stride; ``out`` may be ``add``. Each
+    step of the walk loads ``V`` vectors of ``a`` (a column of the block) and broadcasts each of
+    the ``columns`` scalars of ``b``'s row once for all ``V`` of them: ``V · columns`` fused
+    multiply-adds for ``V + columns`` loads, where the tile of :func:`_tile` takes a broadcast
+    for every one on one vector's worth of columns. The sums start from zero; at the end each
+    row of ``out`` is gathered from lane ``r`` of the ``columns`` sums and added to its row of
+    ``add``."""
+    if not all(isinstance(t, types.IntegerLiteral) for t in (vectors, columns)):
+        return None
+    arrays = (a, b, add, out)
+    if not all(isinstance(t, types.Array) and t.ndim == 2 for t in arrays):
+        return None
+    if len({t.dtype for t in arrays}) != 1 or a.dtype not in (types.float32, types.float64):
+        return None
+    n_vectors, n_columns = vectors.literal_value, columns.literal_value
+    signature = types.void(a, b, add, out, vectors, columns)
+
+    def codegen(context, builder, sig, args):
+        dtype = sig.args[0].dtype
+        scalar = context.get_value_type(dtype)
+        itemsize = dtype.bitwidth // 8
+        width = 64 // itemsize
+        vector, row_vector = ir.VectorType(scalar, width), ir.VectorType(scalar, n_columns)
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        structs = [context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:4], args[:4])]
+        data = [builder.bitcast(s.data, ir.IntType(8).as_pointer()) for s in structs]
+        row_bytes = [cgutils.unpack_tuple(builder, s.strides, 2)[0] for s in structs]
+        size_k = cgutils.unpack_tuple(builder, structs[0].shape, 2)[0]
+        fmuladd = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vector, [vector, vector, vector]),
+            f"llvm.fmuladd.v{width}f{dtype.bitwidth}")
+
+        def at(which, offset, kind):
+            return builder.bitcast(builder.gep(data[which], [offset]), kind.as_pointer())
+
+        zero = ir.Constant(vector, [0.0] * width)
+        sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(n_vectors)]
+                for _ in range(n_columns)]
+        undefined = ir.Constant(vector, ir.Undefined)
+        everywhere = ir.Constant(ir.VectorType(i32, width), [0] * width)
+        with cgutils.for_range(builder, size_k) as loop:
+            a_row = builder.mul(loop.index, row_bytes[0])
+            b_row = builder.mul(loop.index, row_bytes[1])
+            a_vectors = [builder.load(at(0, builder.add(a_row, ir.Constant(i64, v * 64)), vector),
+                                      align=itemsize) for v in range(n_vectors)]
+            for n in range(n_columns):
+                value = builder.load(at(1, builder.add(b_row, ir.Constant(i64, n * itemsize)), scalar),
+                                     align=itemsize)
+                broadcast = builder.shuffle_vector(
+                    builder.insert_element(undefined, value, ir.Constant(i32, 0)), undefined, everywhere)
+                for v in range(n_vectors):
+                    total = builder.call(fmuladd, [a_vectors[v], broadcast, builder.load(sums[n][v])])
+                    builder.store(total, sums[n][v])
+        for v in range(n_vectors):
+            totals = [builder.load(sums[n][v]) for n in range(n_columns)]
+            for i in range(width):
+                row = ir.Constant(row_vector, ir.Undefined)
+                for n in range(n_columns):
+                    lane = builder.extract_element(totals[n], ir.Constant(i32, i))
+                    row = builder.insert_element(row, lane, ir.Constant(i32, n))
+                offset = ir.Constant(i64, v * width + i)
+                start = builder.load(at(2, builder.mul(row_bytes[2], offset), row_vector), align=itemsize)
+                builder.store(builder.fadd(start, row), at(3, builder.mul(row_bytes[3], offset), row_vector),
+                              align=itemsize)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@_inline
+def column_product(packed, b, add, out):
+    """``out = add + a @ b`` on the ``out.shape[0]`` rows of ``a`` packed in blocks of
+    :data:`COLUMN_ROWS` (:func:`pack_rows`; ``packed`` (B, K, COLUMN_ROWS), the last block's
+    rows past ``out.shape[0]`` not read into ``out``), for ``b`` of :data:`COLUMN_COLUMNS`
+    columns (:func:`column_tiles`), with the column tile (:func:`_column_tile`). A last block of
+    fewer rows is made whole into scratch, then its rows are added to ``add``'s as the whole
+    blocks' are. The long row's step (``[U W] [h; x]``, 4 gates of 128 units a thread, ``K`` =
+    512, 8 sequences), two threads, float32, on an AMD EPYC (Zen 4) guest: 39–41 µs against
+    51–54 for the twelve-row packed tile (:func:`packed_product`), 204–215 GFLOP/s."""
+    _column_product(packed, b[:, 0:b.shape[1]], add[:, 0:add.shape[1]], out[:, 0:out.shape[1]])
+
+
+@_kernel
+def _column_product(packed, b, add, out):
+    """:func:`column_product`."""
+    m = out.shape[0]
+    if out.itemsize != 4 or b.shape[1] != COLUMN_COLUMNS or packed.shape[2] != COLUMN_ROWS or (
+            packed.shape[0] * COLUMN_ROWS < m):
+        raise ValueError("column_product: float32, b of COLUMN_COLUMNS columns, blocks of COLUMN_ROWS rows")
+    if m == 0:
+        return
+    if not (_unit_rows(packed[0]) and _unit_rows(b) and _unit_rows(add) and _unit_rows(out)):
+        raise ValueError("column_product: every operand needs unit-stride rows")
+    rest = np.empty((COLUMN_ROWS, COLUMN_COLUMNS), out.dtype)
+    for p in range(-(-m // COLUMN_ROWS)):
+        r0 = p * COLUMN_ROWS
+        if r0 + COLUMN_ROWS <= m:
+            _column_tile(packed[p], b, add[r0:r0 + COLUMN_ROWS], out[r0:r0 + COLUMN_ROWS], 2, COLUMN_COLUMNS)
+        else:
+            rest[:, :] = 0.0
+            _column_tile(packed[p], b, rest, rest, 2, COLUMN_COLUMNS)
+            for r in range(r0, m):
+                for n in range(COLUMN_COLUMNS):
+                    out[r, n] = add[r, n] + rest[r - r0, n]
 
 
 @_inline
