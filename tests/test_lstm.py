@@ -124,6 +124,15 @@ def layer_for(params, backend_name, **options):
     return LSTMLayer(params, bf.FilterParameters(backend=backend_name, **options))
 
 
+def _forward_and_backward(layer, x, dy) -> list[np.ndarray]:
+    """An inference output, a training forward's output, and the input and weight gradients of
+    the backward from its cache."""
+    inferred = layer.apply(x).output
+    out = layer.apply(x, training=True)
+    grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
+    return [inferred, out.output, grads.input] + _gate_gradients(grads)
+
+
 # ------------------------------------------------------------------------------------------
 # Forward agrees with the plain reference.
 # ------------------------------------------------------------------------------------------
@@ -1104,17 +1113,12 @@ def test_numba_shared_steps_take_the_column_tile_for_8_sequences(monkeypatch, rn
         params = LSTMParameters.random(input_size=3, hidden_size=hidden, seed=7, dtype=np.float32)
         x = rng.standard_normal((6, 8, 3)).astype(np.float32)
         dy = rng.standard_normal((6, 8, hidden)).astype(np.float32)
-        results = []
-        for name in ("numpy", "numba"):
-            with layer_for(params, name) as layer:
-                inferred = layer.apply(x).output
-                out = layer.apply(x, training=True)
-                grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
-                results.append([inferred, out.output, grads.input] + _gate_gradients(grads))
-                if name == "numba":
-                    made = layer._packed_weights().payload.weights[0][0].step_tiles
-                    weights = layer._packed_weights().payload.weights[0][0]
-        _assert_all_close(results[1], results[0], np.float32)
+        with layer_for(params, "numpy") as layer:
+            want = _forward_and_backward(layer, x, dy)
+        with layer_for(params, "numba") as layer:
+            _assert_all_close(_forward_and_backward(layer, x, dy), want, np.float32)
+            weights = layer._packed_weights().payload.weights[0][0]
+            made = weights.step_tiles
         if not column_tiles(8, np.float32):
             assert all(size != COLUMN_ROWS for _, size in made), made.keys()
             continue
@@ -1132,7 +1136,7 @@ def test_numba_shared_steps_take_the_column_tile_for_8_sequences(monkeypatch, rn
         with layer_for(params, "numba") as layer:
             layer.apply(x)
             layer._packed_weights().payload.weights[0][0].step_tiles[(2, COLUMN_ROWS)][:] = 0.0
-            assert np.abs(layer.apply(x).output - results[0][0]).max() > 1e-3
+            assert np.abs(layer.apply(x).output - want[0]).max() > 1e-3
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -1566,10 +1570,7 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
         results = []
         for name in ("numpy", "numba"):
             with layer_for(params, name) as layer:
-                inferred = layer.apply(x).output
-                out = layer.apply(x, training=True)
-                grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
-            results.append([inferred, out.output, grads.input] + _gate_gradients(grads))
+                results.append(_forward_and_backward(layer, x, dy))
         _assert_all_close(results[1], results[0], dtype)
     assert len(seen) == 4 and set(seen) == {((80, 3 * batch + _numba_lstm.ROW_PAD), True)}
 

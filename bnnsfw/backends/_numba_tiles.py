@@ -169,6 +169,32 @@ def lanes(dtype: np.dtype) -> int:
     return VECTOR_BYTES // np.dtype(dtype).itemsize
 
 
+def _tile_types(literals, arrays) -> bool:
+    """Whether an intrinsic tile's arguments type: ``literals`` literal integers, ``arrays`` 2-D
+    arrays of one float dtype."""
+    if not all(isinstance(t, types.IntegerLiteral) for t in literals):
+        return False
+    if not all(isinstance(t, types.Array) and t.ndim == 2 for t in arrays):
+        return False
+    return len({t.dtype for t in arrays}) == 1 and arrays[0].dtype in (types.float32, types.float64)
+
+
+def _operands(context, builder, sig, args, count):
+    """The first ``count`` (2-D array) arguments of an intrinsic's call: their structures, their
+    data as byte pointers and their row strides in bytes."""
+    structs = [context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:count], args[:count])]
+    data = [builder.bitcast(s.data, ir.IntType(8).as_pointer()) for s in structs]
+    row_bytes = [cgutils.unpack_tuple(builder, s.strides, 2)[0] for s in structs]
+    return structs, data, row_bytes
+
+
+def _fmuladd(builder, vector, dtype):
+    """LLVM's fused multiply-add on ``vector`` (an ``ir.VectorType`` of ``dtype``'s scalars)."""
+    return cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vector, [vector, vector, vector]),
+        f"llvm.fmuladd.v{vector.count}f{dtype.bitwidth}")
+
+
 @intrinsic
 def _tile(typingctx, a, b, add, out, rows, vectors, vector_bytes, a_by_columns):
     """``out[i, :V·L] = add[i, :V·L] + Σ_k a[i, k]·b[k, :V·L]`` for ``i < rows``, ``V = vectors``
@@ -183,12 +209,7 @@ def _tile(typingctx, a, b, add, out, rows, vectors, vector_bytes, a_by_columns):
     offsets, the rows as they are 241–265). ``out`` may be ``add``: the tile reads all of
     ``add`` before it writes."""
     literals = (rows, vectors, vector_bytes, a_by_columns)
-    if not all(isinstance(t, types.IntegerLiteral) for t in literals):
-        return None
-    arrays = (a, b, add, out)
-    if not all(isinstance(t, types.Array) and t.ndim == 2 for t in arrays):
-        return None
-    if len({t.dtype for t in arrays}) != 1 or a.dtype not in (types.float32, types.float64):
+    if not _tile_types(literals, (a, b, add, out)):
         return None
     n_rows, n_vectors, n_bytes, by_columns = (t.literal_value for t in literals)
     signature = types.void(a, b, add, out, rows, vectors, vector_bytes, a_by_columns)
@@ -200,18 +221,13 @@ def _tile(typingctx, a, b, add, out, rows, vectors, vector_bytes, a_by_columns):
         width = n_bytes // itemsize
         vector = ir.VectorType(scalar, width)
         i64 = ir.IntType(64)
-        bytes_ptr = ir.IntType(8).as_pointer()
-        structs = [context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:4], args[:4])]
-        data = [builder.bitcast(s.data, bytes_ptr) for s in structs]
-        row_bytes = [cgutils.unpack_tuple(builder, s.strides, 2)[0] for s in structs]
+        structs, data, row_bytes = _operands(context, builder, sig, args, 4)
         a_shape = cgutils.unpack_tuple(builder, structs[0].shape, 2)
         if by_columns:
             a_step, size_k = row_bytes[0], a_shape[0]
         else:
             a_step, size_k = cgutils.unpack_tuple(builder, structs[0].strides, 2)[1], a_shape[1]
-        fmuladd = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vector, [vector, vector, vector]),
-            f"llvm.fmuladd.v{width}f{dtype.bitwidth}")
+        fmuladd = _fmuladd(builder, vector, dtype)
 
         def at(base, offset, kind):
             return builder.bitcast(builder.gep(base, [offset]), kind.as_pointer())
@@ -291,9 +307,7 @@ def _pair_rows(typingctx, b, pairs, vector_bytes):
         half, whole = ir.VectorType(scalar, width // 2), ir.VectorType(scalar, width)
         i64 = ir.IntType(64)
         align = dtype.bitwidth // 8
-        structs = [context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:2], args[:2])]
-        data = [builder.bitcast(s.data, ir.IntType(8).as_pointer()) for s in structs]
-        row_bytes = [cgutils.unpack_tuple(builder, s.strides, 2)[0] for s in structs]
+        structs, data, row_bytes = _operands(context, builder, sig, args, 2)
         count, columns = cgutils.unpack_tuple(builder, structs[1].shape, 2)
         mixed = _interleaved(width)
         vectors = builder.udiv(columns, ir.Constant(i64, width))
@@ -335,13 +349,9 @@ def _pair_tile(typingctx, a, pairs, add, out, rows, vectors, vector_bytes):
         whole, half, two = (ir.VectorType(scalar, n) for n in (width, width // 2, 2))
         i64, i32 = ir.IntType(64), ir.IntType(32)
         itemsize = dtype.bitwidth // 8
-        structs = [context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:4], args[:4])]
-        data = [builder.bitcast(s.data, ir.IntType(8).as_pointer()) for s in structs]
-        row_bytes = [cgutils.unpack_tuple(builder, s.strides, 2)[0] for s in structs]
+        structs, data, row_bytes = _operands(context, builder, sig, args, 4)
         count = cgutils.unpack_tuple(builder, structs[1].shape, 2)[0]
-        fmuladd = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(whole, [whole, whole, whole]),
-            f"llvm.fmuladd.v{width}f{dtype.bitwidth}")
+        fmuladd = _fmuladd(builder, whole, dtype)
 
         def at(which, i, offset, kind):
             start = builder.add(builder.mul(row_bytes[which], ir.Constant(i64, i)), offset)
@@ -624,12 +634,7 @@ def _column_tile(typingctx, a, b, add, out, vectors, columns):
     for every one on one vector's worth of columns. The sums start from zero; at the end each
     row of ``out`` is gathered from lane ``r`` of the ``columns`` sums and added to its row of
     ``add``."""
-    if not all(isinstance(t, types.IntegerLiteral) for t in (vectors, columns)):
-        return None
-    arrays = (a, b, add, out)
-    if not all(isinstance(t, types.Array) and t.ndim == 2 for t in arrays):
-        return None
-    if len({t.dtype for t in arrays}) != 1 or a.dtype not in (types.float32, types.float64):
+    if not _tile_types((vectors, columns), (a, b, add, out)):
         return None
     n_vectors, n_columns = vectors.literal_value, columns.literal_value
     signature = types.void(a, b, add, out, vectors, columns)
@@ -641,13 +646,9 @@ def _column_tile(typingctx, a, b, add, out, vectors, columns):
         width = 64 // itemsize
         vector, row_vector = ir.VectorType(scalar, width), ir.VectorType(scalar, n_columns)
         i64, i32 = ir.IntType(64), ir.IntType(32)
-        structs = [context.make_array(t)(context, builder, v) for t, v in zip(sig.args[:4], args[:4])]
-        data = [builder.bitcast(s.data, ir.IntType(8).as_pointer()) for s in structs]
-        row_bytes = [cgutils.unpack_tuple(builder, s.strides, 2)[0] for s in structs]
+        structs, data, row_bytes = _operands(context, builder, sig, args, 4)
         size_k = cgutils.unpack_tuple(builder, structs[0].shape, 2)[0]
-        fmuladd = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vector, [vector, vector, vector]),
-            f"llvm.fmuladd.v{width}f{dtype.bitwidth}")
+        fmuladd = _fmuladd(builder, vector, dtype)
 
         def at(which, offset, kind):
             return builder.bitcast(builder.gep(data[which], [offset]), kind.as_pointer())
