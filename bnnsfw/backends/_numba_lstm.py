@@ -993,8 +993,9 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
         for r in range(4 * h):
             for n in range(batch):
                 bias_rows[r, n] = bias[r]
-        _recur_threads(parts, projection, 0, u_rows, tiles, pe, h0, c0, lengths, steps, hidden, out, h_fin,
-                       c_fin, reverse, 0, seq_len, light, stream, x2, operands, bias_rows)
+        first = np.int64(0)  # not a literal 0, which would compile _recur_threads a second time
+        _recur_threads(parts, projection, first, u_rows, tiles, pe, h0, c0, lengths, steps, hidden, out,
+                       h_fin, c_fin, reverse, first, seq_len, light, stream, x2, operands, bias_rows)
         return
     no_operands = np.empty((2, 0, 0), steps.dtype)
     chunk = _projection_steps(projection, batch)
@@ -1589,8 +1590,9 @@ def _backward_overlapped(x2, wx, u_t, pe, has_peep, lengths, steps, hidden, dys,
         if p == 0:
             for q in range(count - 1, -1, -1):
                 k_begin, k_end, _ = _piece(seq_len, bounds, q, reverse)
+                # np.int64: a literal 0 would compile _backprop a second time
                 _backprop(steps, dy, lengths, u_t_rows, pe, empty, empty, dc, carried, dh, empty[:, :0],
-                          dh_first, reverse, k_begin, k_end, 0, none, ring)
+                          dh_first, reverse, k_begin, k_end, np.int64(0), none, ring)
                 count_up(walked)
             k_begin, k_end, first_t = _piece(seq_len, bounds, 0, reverse)
             width = (k_end - k_begin) * batch
