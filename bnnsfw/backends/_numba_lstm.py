@@ -1191,6 +1191,23 @@ def _tile_input_gradient(wx, gates, d_input, input_beta):
 
 
 @_inline
+def _row_sums(gates, r0, r1, width, sums, beta):
+    """``sums[r]`` for the rows ``r0 … r1 − 1`` set to the sum of the first ``width`` columns
+    of row ``r`` of ``gates`` (``beta`` 0; scratch holds anything before) or added to it
+    (``beta`` 1): the bias gradient of a run of columns of gate gradients. Each row is read as
+    a unit-stride run (``np.ascontiguousarray`` of a row whose elements are adjacent is the
+    row itself, no copy), a loop the compiler vectorizes; indexed through the 2-D view, whose
+    column stride it does not know, the loop stayed scalar: a chunk of L's gate gradients
+    (1 024 rows of 1 024 columns) took 0.43 ms on two threads against 0.03."""
+    for r in range(r0, r1):
+        run = np.ascontiguousarray(gates[r, :width])
+        total = sums.dtype.type(0.0)
+        for column in range(width):
+            total += run[column]
+        sums[r] = total if beta == 0.0 else sums[r] + total
+
+
+@_inline
 def _states_as_rows(hidden, chunk_first, count, states, j0, j1):
     """``states[s·N + n, j] = hidden[chunk_first + s][j, n]`` for the units ``j0 … j1 − 1``: the
     hidden state before each of ``count`` steps, a row per column of the run."""
@@ -1240,11 +1257,7 @@ def _chunk_products(x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_w
         _mm(d_gates[:, :width], False, x2[rows], False, d_wx, beta)
         _mm(d_gates[:, :width], False, columns[:, :width], True, d_u, beta)
         _mm(d_gates[:, :width], True, wx_t, True, d_input[rows], input_beta)
-    for r in range(4 * h):
-        total = d_bias.dtype.type(0.0)
-        for column in range(width):
-            total += d_gates[r, column]
-        d_bias[r] = total if beta == 0.0 else d_bias[r] + total  # scratch holds anything before
+    _row_sums(d_gates, 0, 4 * h, width, d_bias, beta)
     if has_peep:  # g, f, i see the previous cell, o the new one
         if beta == 0.0:
             d_peep[:, :] = 0.0
@@ -1481,11 +1494,7 @@ def _chunk_products_threads(parts, x2, wx_t, wx, steps, hidden, has_peep, d_gate
                 _tile_input_gradient(wx, d_gates[:, c0:c1], d_input[x0 + c0:x0 + c1], input_beta)
             else:
                 _mm(d_gates[:, c0:c1], True, wx_t, True, d_input[x0 + c0:x0 + c1], input_beta)
-        for r in range(r0, r1):
-            total = d_bias.dtype.type(0.0)
-            for column in range(width):
-                total += d_gates[r, column]
-            d_bias[r] = total if beta == 0.0 else d_bias[r] + total
+        _row_sums(d_gates, r0, r1, width, d_bias, beta)
         if has_peep:
             j0, j1 = _part(h, parts, p)
             for j in range(j0, j1):
