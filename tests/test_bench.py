@@ -37,6 +37,42 @@ def test_compare_without_torch_says_so_and_carries_on(monkeypatch, capsys):
     assert "lstm XL" in out
 
 
+def test_a_comparison_gives_each_rounds_ratio_of_its_two_blocks(monkeypatch):
+    # a fake clock: fn's calls take 3 units and other's 1, times the machine's speed in each
+    # block; in round 3 the machine slows down between fn's block and other's
+    now = [0.0]
+    blocks = [0]
+    speed = {1: 1.0, 2: 1.0, 3: 2.0, 4: 2.0, 5: 1.0, 6: 2.0, 7: 1.0, 8: 1.0}  # block → speed
+
+    def make(cost):
+        def f():
+            now[0] += cost * speed.get(blocks[0], 1.0)
+        return f
+
+    def lead_in(f):
+        blocks[0] += 1
+
+    fn, other = make(3.0), make(1.0)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(bench, "_lead_in", lead_in)
+    timing = bench._time(fn, warmup=0, repeats=4, budget=0.0, other=other)
+    # rounds' ratios 3, 3, 1.5, 3; fn's calls 3, 6, 3, 3 and other's 1, 2, 2, 1
+    assert timing.round_ratios == (2.625, 3.0, 3.0)
+    assert (timing.median, timing.other_median, timing.minimum) == (3.0, 1.5, 3.0)
+    assert bench._time(fn, warmup=0, repeats=2, budget=0.0).round_ratios is None
+    assert bench._quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
+    assert bench._quartiles([0.9]) == (0.9, 0.9, 0.9)
+
+
+def test_the_table_shows_the_rounds_spread_beside_the_ratio():
+    row = bench.BenchRow(name="lstm X", work="fwd", backend="numba", median_ms=2.0, min_ms=1.5,
+                         torch_median_ms=4.0, round_ratios=(0.45, 0.5, 0.56))
+    table = bench.format_table([row], with_torch=True).splitlines()
+    assert table[0].split()[-3:] == ["ratio", "rounds", "q1–q3"]
+    assert table[2].split()[-2:] == ["0.50", "0.45–0.56"]
+    assert row.as_dict()["round_ratios"] == (0.45, 0.5, 0.56)
+
+
 def test_flop_count_formula():
     case = bench.LSTMCase(name="t", seq_len=2, batch=3, input_size=4, hidden_size=5, num_layers=2,
                           bidirectional=True)

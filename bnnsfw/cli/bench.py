@@ -6,7 +6,9 @@ and the fraction of the single-precision matrix-multiply peak measured in the sa
 ``--compare torch`` runs the same work, with the same weights and thread count, through
 PyTorch's CPU kernels in the same process and prints the time ratio bnnsfw / PyTorch. The two
 libraries are timed in alternating blocks of calls, never call by call: a library's idle
-threads keep spinning for a while after a call and would take a core from the other.
+threads keep spinning for a while after a call and would take a core from the other. Beside
+the ratio of the two medians, the quartiles of the rounds' ratios (one block of each, within
+a second of each other) show how far the comparison moved while it ran.
 
 A full run also measures, each in a fresh process, the peak memory of one training step of
 the long-sequence row and the latency of the first call of the demo's model with a cold and a
@@ -107,6 +109,10 @@ class BenchRow:
     peak_step_bytes: int | None = None
     peak_over_cache_and_inputs: float | None = None
     torch_median_ms: float | None = None
+    #: The ratio bnnsfw / PyTorch of each round's two blocks (the medians of their timed calls),
+    #: as its lower quartile, median and upper quartile: the spread of a comparison on a machine
+    #: whose speed drifts (each round's two blocks run within a second of each other).
+    round_ratios: tuple[float, float, float] | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -137,16 +143,37 @@ def _lead_in(f: Callable[[], object]) -> None:
         f()
 
 
+@attrs.frozen
+class Timing:
+    """What :func:`_time` measured, in seconds per call."""
+
+    median: float
+    minimum: float
+    other_median: float | None = None
+    #: Quartiles and median of the rounds' ratios ``fn`` / ``other`` (:attr:`BenchRow.round_ratios`).
+    round_ratios: tuple[float, float, float] | None = None
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """Lower quartile, median and upper quartile (one value: itself three times)."""
+    if len(values) < 2:
+        return (values[0],) * 3
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
 def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float,
-          other: Callable[[], object] | None = None) -> tuple[float, float, float | None]:
-    """Median and minimum seconds per call of ``fn`` (and the median of ``other``).
+          other: Callable[[], object] | None = None) -> Timing:
+    """Median and minimum seconds per call of ``fn`` (and the median of ``other``, and the
+    spread of the rounds' ratios).
 
     After ``warmup`` calls of each, the two are run in alternating blocks of calls, each block
     long enough (about 20 ms) that the switch between libraries is a small part of it; the
     first call of every block is left out of the figures. In a comparison every block opens
     with :data:`BLOCK_LEAD_IN_S` seconds of untimed calls (:func:`_lead_in`), so that the other
     library's waiting threads have gone quiet. Rounds go on until each function has at least
-    ``repeats`` timed calls and, within ``budget`` seconds, up to 50.
+    ``repeats`` timed calls and, within ``budget`` seconds, up to 50. A round is one block of
+    each; its ratio is that of the two blocks' medians.
     """
     functions = [fn] if other is None else [fn, other]
     for f in functions:
@@ -158,19 +185,27 @@ def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float,
         f()
         blocks.append(max(2, min(50, math.ceil(0.02 / max(time.perf_counter() - t0, 1e-6)))))
     times: list[list[float]] = [[] for _ in functions]
+    rounds: list[float] = []
     start = time.perf_counter()
     while (min(len(t) for t in times) < repeats
            or (time.perf_counter() - start < budget and min(len(t) for t in times) < 50)):
+        medians = []
         for f, block, bucket in zip(functions, blocks, times):
             if other is not None:
                 _lead_in(f)
+            timed = []
             for k in range(block):
                 t0 = time.perf_counter()
                 f()
                 if k:
-                    bucket.append(time.perf_counter() - t0)
-    other_median = statistics.median(times[1]) if other is not None else None
-    return statistics.median(times[0]), min(times[0]), other_median
+                    timed.append(time.perf_counter() - t0)
+            bucket += timed
+            medians.append(statistics.median(timed))
+        if other is not None:
+            rounds.append(medians[0] / medians[1])
+    if other is None:
+        return Timing(statistics.median(times[0]), min(times[0]))
+    return Timing(statistics.median(times[0]), min(times[0]), statistics.median(times[1]), _quartiles(rounds))
 
 
 def measure_peak(*, quick: bool = False) -> float:
@@ -180,7 +215,7 @@ def measure_peak(*, quick: bool = False) -> float:
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     out = np.empty((n, n), np.float32)
-    _, best, _ = _time(lambda: np.matmul(a, b, out=out), warmup=1, repeats=3 if quick else 5, budget=0.0)
+    best = _time(lambda: np.matmul(a, b, out=out), warmup=1, repeats=3 if quick else 5, budget=0.0).minimum
     return 2.0 * n**3 / best / 1e9
 
 
@@ -247,6 +282,10 @@ def _torch_lstm(case: LSTMCase, params: Any):
     return lstm
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
 def _bench_lstm(case: LSTMCase, opts: argparse.Namespace, peak: float, torch_mod: Any) -> list[BenchRow]:
     rng = np.random.default_rng(1)
     d = 2 if case.bidirectional else 1
@@ -283,13 +322,13 @@ def _bench_lstm(case: LSTMCase, opts: argparse.Namespace, peak: float, torch_mod
     rows = []
     works = (("fwd", forward, case.flops()), ("fwd+bwd", train, 3 * case.flops()))
     for (work, fn, flops), other in zip(works, theirs):
-        med, best, other_med = _time(fn, warmup=1, repeats=opts.repeats, budget=opts.budget, other=other)
-        gflops = flops / med / 1e9
+        timing = _time(fn, warmup=1, repeats=opts.repeats, budget=opts.budget, other=other)
+        gflops = flops / timing.median / 1e9
         rows.append(BenchRow(name=f"lstm {case.name}", work=work, backend=layer.backend.name,
-                             median_ms=med * 1e3, min_ms=best * 1e3, gflops=gflops,
+                             median_ms=timing.median * 1e3, min_ms=timing.minimum * 1e3, gflops=gflops,
                              peak_fraction=gflops / peak,
                              cache_bytes=cache_bytes if work == "fwd+bwd" else None,
-                             torch_median_ms=None if other_med is None else other_med * 1e3))
+                             torch_median_ms=_ms(timing.other_median), round_ratios=timing.round_ratios))
     layer.close()
     if case.memory and not opts.quick:
         figures = peak_training_memory(case, opts.backend)
@@ -441,10 +480,10 @@ def _bench_normalization(case: NormalizationCase, opts: argparse.Namespace, torc
             xr = tx.detach().requires_grad_(True)
             forward(xr).backward(tdy)
 
-    med, best, other_med = _time(train, warmup=1, repeats=opts.repeats, budget=opts.budget, other=t_train)
+    timing = _time(train, warmup=1, repeats=opts.repeats, budget=opts.budget, other=t_train)
     row = BenchRow(name=f"norm {case.name} {'x'.join(map(str, case.shape))}", work="fwd+bwd",
-                   backend=layer.backend.name, median_ms=med * 1e3, min_ms=best * 1e3,
-                   torch_median_ms=None if other_med is None else other_med * 1e3)
+                   backend=layer.backend.name, median_ms=timing.median * 1e3, min_ms=timing.minimum * 1e3,
+                   torch_median_ms=_ms(timing.other_median), round_ratios=timing.round_ratios)
     layer.close()
     return [row]
 
@@ -524,7 +563,7 @@ def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
     """The rows as an aligned text table."""
     header = ["row", "work", "backend", "median ms", "min ms", "GFLOP/s", "% peak", "cache MB", "peak MB"]
     if with_torch:
-        header += ["torch ms", "ratio"]
+        header += ["torch ms", "ratio", "rounds q1–q3"]
     lines = [header]
     for r in rows:
         cells = [
@@ -536,7 +575,8 @@ def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
         ]
         if with_torch:
             cells += ["" if r.torch_median_ms is None else f"{r.torch_median_ms:.2f}",
-                      "" if r.ratio is None else f"{r.ratio:.2f}"]
+                      "" if r.ratio is None else f"{r.ratio:.2f}",
+                      "" if r.round_ratios is None else f"{r.round_ratios[0]:.2f}–{r.round_ratios[2]:.2f}"]
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = []
