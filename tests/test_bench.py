@@ -68,8 +68,8 @@ def test_the_table_shows_the_rounds_spread_beside_the_ratio():
     row = bench.BenchRow(name="lstm X", work="fwd", backend="numba", median_ms=2.0, min_ms=1.5,
                          torch_median_ms=4.0, round_ratios=(0.45, 0.5, 0.56))
     table = bench.format_table([row], with_torch=True).splitlines()
-    assert table[0].split()[-3:] == ["ratio", "rounds", "q1–q3"]
-    assert table[2].split()[-2:] == ["0.50", "0.45–0.56"]
+    assert table[0].split()[-3:] == ["ratio", "rounds", "q1-q3"]
+    assert table[2].split()[-2:] == ["0.50", "0.45-0.56"]
     assert row.as_dict()["round_ratios"] == (0.45, 0.5, 0.56)
 
 

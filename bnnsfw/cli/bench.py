@@ -563,7 +563,7 @@ def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
     """The rows as an aligned text table."""
     header = ["row", "work", "backend", "median ms", "min ms", "GFLOP/s", "% peak", "cache MB", "peak MB"]
     if with_torch:
-        header += ["torch ms", "ratio", "rounds q1–q3"]
+        header += ["torch ms", "ratio", "rounds q1-q3"]
     lines = [header]
     for r in rows:
         cells = [
@@ -576,7 +576,7 @@ def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
         if with_torch:
             cells += ["" if r.torch_median_ms is None else f"{r.torch_median_ms:.2f}",
                       "" if r.ratio is None else f"{r.ratio:.2f}",
-                      "" if r.round_ratios is None else f"{r.round_ratios[0]:.2f}–{r.round_ratios[2]:.2f}"]
+                      "" if r.round_ratios is None else f"{r.round_ratios[0]:.2f}-{r.round_ratios[2]:.2f}"]
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = []
