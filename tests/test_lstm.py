@@ -620,6 +620,8 @@ def test_a_cache_serves_every_backend(rng):
 FAST_CASES = {
     "one_step_one_sequence": dict(seq_len=1, batch=1, input_size=2, hidden_size=3),
     "one_sequence": dict(seq_len=9, batch=1, input_size=5, hidden_size=7),  # N = 1: the projection-row path
+    # N = 1 again, the step products' rows long enough for the numba backend's widest row tiles
+    "one_sequence_wide": dict(seq_len=4, batch=1, input_size=3, hidden_size=70),
     "odd_sizes": dict(seq_len=6, batch=3, input_size=5, hidden_size=7),
     "bidirectional_stack": dict(seq_len=5, batch=4, input_size=3, hidden_size=6, num_layers=2,
                                 bidirectional=True),
@@ -909,6 +911,73 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
         product(a, b, np.zeros((4, 12), dtype)[:, ::2], np.zeros((4, 6), dtype))
     with pytest.raises(ValueError, match="unit-stride rows"):
         transposed_product(np.zeros((3, 8), dtype)[:, ::2], b, *np.zeros((2, 4, 6), dtype))
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_row_product_agrees_with_a_float64_product(dtype, rng):
+    """``row_product`` (``out = a @ b`` for one row: a step's product for one sequence)
+    agrees with a float64 product: column counts that take tiles of ``ROW_VECTORS`` vectors,
+    of one, and columns one by one, or none of some; an empty sum; ``b`` a view of the first
+    columns of wider rows (NaN beyond, never read) and ``a`` a column of a larger array;
+    ``out`` overwritten whatever it held (NaN), nothing written around it."""
+    from bnnsfw.backends._numba_tiles import ROW_VECTORS, WIDE_BYTES, row_product
+
+    lane = WIDE_BYTES // np.dtype(dtype).itemsize
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    tile = ROW_VECTORS * lane
+    for k in (0, 1, 7, 64, 130):
+        for n in (1, lane - 1, lane, 3 * lane + 5, tile, tile + lane + 3, 2 * tile, 4 * 64):
+            a = rng.standard_normal((k, 3)).astype(dtype)[:, 1:2].T  # (1, k), stride of 3 elements
+            wide = np.full((k, n + 9), np.nan, dtype)
+            wide[:, :n] = rng.standard_normal((k, n))
+            b = wide[:, :n]
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            frame = np.full((3, n + 2), 7.0, dtype)
+            out = frame[1:2, 1:-1]
+            out[:] = np.nan
+            row_product(a, b, out)
+            edges = np.ones(frame.shape, bool)
+            edges[1:2, 1:-1] = False
+            assert (frame[edges] == 7.0).all(), (k, n)
+            assert np.abs(out - want).max() <= tolerance * (1.0 + np.abs(want).max()), (k, n)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_numba_narrow_step_product_agrees_with_a_float64_product(dtype, beta, rng):
+    """``_narrow_product`` (``c = a[:, :width] @ b + beta·c``, a step's ``U h`` and ``Uᵀ dz``
+    for fewer sequences than a vector holds) agrees with a float64 product: row counts that
+    leave 0 to 3 rows after its blocks of four, one to seven columns, an empty sum, ``a`` with
+    padded rows whose padding is never read (NaN there), ``beta`` 0 overwriting whatever ``c``
+    held (NaN included), 1 adding to it; ``c`` a view inside a larger array, nothing written
+    around it; ``b`` left as it was."""
+    from bnnsfw.backends._numba_lstm import _narrow_product, wide_rows
+
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    for m in (1, 3, 4, 6, 7, 64, 257):
+        for width in (0, 1, 5, 64, 130):
+            for n in (1, 2, 3, 7):
+                a = rng.standard_normal((m, width)).astype(dtype)
+                padded = wide_rows(a)
+                padded[:, width:] = np.nan
+                b = rng.standard_normal((width, n)).astype(dtype)
+                b_before = b.copy()
+                start = (np.full((m, n), np.nan, dtype) if beta == 0.0
+                         else rng.standard_normal((m, n)).astype(dtype))
+                want = a.astype(np.float64) @ b.astype(np.float64)
+                if beta:
+                    want += start
+                frame = np.full((m + 2, n + 3), 7.0, dtype)
+                c = frame[1:-1, 1:-2]
+                c[:] = start
+                _narrow_product(padded, width, b, c, beta)
+                edges = np.ones(frame.shape, bool)
+                edges[1:-1, 1:-2] = False
+                assert (frame[edges] == 7.0).all(), (m, width, n)
+                assert np.abs(c - want).max() <= tolerance * (1.0 + np.abs(want).max()), (m, width, n)
+                np.testing.assert_array_equal(b, b_before)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -16,7 +16,9 @@ What is compiled, and why:
   keep a spinning thread pool and take the cores from each other). **A step's product**
   ``U h`` (and backward's ``Uᵀ dz``) is :func:`~._numba_tiles.product` as soon as the
   sequences fill a vector (8 in float32, 4 in float64): a tile kept in registers, with no
-  packing of ``U`` at each step; with fewer it is a BLAS call.
+  packing of ``U`` at each step. With fewer sequences BLAS would pack ``U`` at every call:
+  one sequence takes a tile of one row instead (:func:`~._numba_tiles.row_product`), two
+  to seven dot products of ``U``'s rows (:func:`_narrow_product`).
 - **Time in chunks.** The input projection ``W x_t + b`` is one product per chunk of steps
   (BLAS adding ``W x_t`` to rows filled with ``b``: :func:`_biased_product`), and
   backward's weight and input gradients are one product each per chunk, so the scratch memory
@@ -97,7 +99,7 @@ from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_stream import LINE_BYTES, prefetch, store_fence, stream_copy
 from ._numba_tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_product, column_tiles,
                            pack_rows, packed_product, packed_rest_product, packs, paired, paired_product,
-                           product, transposed_product, wide_loops)
+                           product, row_product, transposed_product, wide_loops)
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -375,6 +377,52 @@ def _mm(a, trans_a, b, trans_b, c, beta):
             _leading(c))
 
 
+@_summing
+def _narrow_product(a, width, b, c, beta):
+    """``c = a[:, :width] @ b + beta·c`` for a ``b`` (width, N) of fewer columns than a vector
+    holds, two or more (a step's ``U h`` or ``Uᵀ dz`` for so few sequences; one sequence takes
+    :func:`~._numba_tiles.row_product`): one dot product of runs per element of ``c``, four
+    rows of ``a`` at a time against a column of ``b`` copied to a run. ``a`` is contiguous
+    (its rows padded: :func:`wide_rows`), so that each row is a unit-stride run the compiler
+    knows; ``beta`` 0 overwrites ``c``, 1 adds to it. BLAS packs ``a`` at every call for such
+    products. On the Zen 3 guest (one thread, float32): ``U h`` for 4 sequences at H = 64 took
+    4.9–5.8 µs through BLAS and 3.2 here, for 7 at H = 128 34–36 µs against 17; for one
+    sequence, H = 64, 5.6–6.3 µs through BLAS, 2.2–2.4 here and 0.96 as a row."""
+    m, n = c.shape
+    runs = np.empty((n, width), c.dtype)
+    for j in range(width):
+        for s in range(n):
+            runs[s, j] = b[j, s]
+    zero = c.dtype.type(0.0)
+    whole = m - m % 4
+    for r in range(0, whole, 4):
+        a0, a1, a2, a3 = a[r], a[r + 1], a[r + 2], a[r + 3]
+        for s in range(n):
+            run = runs[s]
+            s0, s1, s2, s3 = zero, zero, zero, zero
+            for j in range(width):
+                v = run[j]
+                s0 += a0[j] * v
+                s1 += a1[j] * v
+                s2 += a2[j] * v
+                s3 += a3[j] * v
+            if beta == 0.0:
+                c[r, s], c[r + 1, s], c[r + 2, s], c[r + 3, s] = s0, s1, s2, s3
+            else:
+                c[r, s] += s0
+                c[r + 1, s] += s1
+                c[r + 2, s] += s2
+                c[r + 3, s] += s3
+    for r in range(whole, m):
+        row = a[r]
+        for s in range(n):
+            run = runs[s]
+            total = zero
+            for j in range(width):
+                total += row[j] * run[j]
+            c[r, s] = total if beta == 0.0 else c[r, s] + total
+
+
 @_inline
 def _biased_product(wx, bias, x_rows, projection, r0, r1, width):
     """Rows ``r0 … r1 − 1`` of ``projection[:, :width]`` = ``W xᵀ + b`` (``W`` = ``wx[r0:r1]``,
@@ -603,12 +651,12 @@ def _step_views(k, seq_len, reverse, steps, hidden, h_fin, c_fin):
 
 
 @_kernel
-def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out, h_fin,
-           c_fin, reverse, k_begin, k_end, light, report):
+def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out,
+           h_fin, c_fin, reverse, k_begin, k_end, light, report):
     """The forward steps ``k_begin … k_end − 1`` (in walking order); ``projection`` holds
     ``W x + b`` of the chunk that starts at time step ``chunk_first``. Arrays as in
-    :func:`_forward`; after each step's output, the count of steps done goes to ``report``
-    (when not empty)."""
+    :func:`_forward` (``u`` and ``u_t`` with their padded rows); after each step's output, the
+    count of steps done goes to ``report`` (when not empty)."""
     wide_loops()
     six_h, batch = steps.shape[1], steps.shape[2]
     seq_len = out.shape[0]
@@ -617,14 +665,27 @@ def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, 
     # fused pass then needs few enough run-time overlap checks to be vectorized (measured: with
     # z handed in, the pass stayed scalar and the step took 1.8× as long).
     z = np.empty((4 * h, batch), steps.dtype)
-    tiled = batch * z.itemsize >= VECTOR_BYTES  # a vector's worth of sequences: the tile product, else BLAS
+    tiled = batch * z.itemsize >= VECTOR_BYTES  # a vector's worth of sequences: the tile product
+    u_rows = u[:, :h]
+    # one sequence: hᵀ Uᵀ as a row (the true Uᵀ), the halved gates' ½ applied to its sums (exact)
+    h_row = np.empty((1, h), steps.dtype)
+    z_row = np.empty((1, 4 * h), steps.dtype)
+    half = steps.dtype.type(0.5)
     for k in range(k_begin, k_end):
         t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
                                                         c_fin)
         first = (t - chunk_first) * batch
         with_product = k > 0 or h0.size > 0  # U @ 0 adds nothing
         if with_product and tiled:  # z = the projection's columns + U h: the fused pass reads z alone
-            product(u, h_prev, projection[:, first:first + batch], z)
+            product(u_rows, h_prev, projection[:, first:first + batch], z)
+        elif with_product and batch == 1:
+            for j in range(h):
+                h_row[0, j] = h_prev[j, 0]
+            row_product(h_row, u_t[:, :4 * h], z_row)
+            for r in range(h):
+                z[r, 0] = projection[r, first] + z_row[0, r]
+            for r in range(h, 4 * h):
+                z[r, 0] = projection[r, first] + half * z_row[0, r]
         else:
             if batch == 1:  # one loop: a nest of one-trip loops cost 0.2 µs a step here
                 for r in range(4 * h):
@@ -634,7 +695,7 @@ def _recur(projection, chunk_first, u, pe, full_pre, full_out, h0, c0, lengths, 
                     for n in range(batch):
                         z[r, n] = projection[r, first + n]
             if with_product:
-                _mm(u, False, h_prev, False, z, 1.0)
+                _narrow_product(u, h, h_prev, z, 1.0)
         if full_pre.size:  # full peepholes of g, f, i on the cell before the step
             _mm(full_pre, False, block[:h], False, z, 1.0)
         if full_out.size:
@@ -681,12 +742,13 @@ def _projection_steps(projection, batch):
 
 
 @_kernel
-def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
-             projection, reverse, light, wait, report):
+def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin,
+             c_fin, projection, reverse, light, wait, report):
     """One layer and direction forward, on one thread (BLAS may use more).
 
     ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
-    (4H, H + ROW_PAD: :func:`wide_rows`) the forward weights (halved rows), ``pe`` (4, H·N)
+    (4H, H + ROW_PAD: :func:`wide_rows`) the forward weights (halved rows), ``u_t`` (H, 4H +
+    ROW_PAD) the true ``Uᵀ`` (the steps of one sequence take it), ``pe`` (4, H·N)
     the diagonal peepholes repeated over the sequences (zeros without them), ``full_pre``
     (4H, H) the full peepholes of the candidate, forget and input gates and ``full_out`` (H, H)
     the output gate's ((0, 0) without);
@@ -707,21 +769,20 @@ def _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hi
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
     chunk = _projection_steps(projection, batch)
-    u_rows = u[:, :steps.shape[1] // 6]
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         if wait.size:
             wait_for(wait, k_end)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
-        _recur(projection, first_t, u_rows, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out,
+        _recur(projection, first_t, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out,
                h_fin, c_fin, reverse, k_begin, k_end, light, report)
 
 
 @_threaded
-def _forward_layers(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, steps, hidden, outs, h_fin, c_fin,
-                    projection, light, x2_b, wx_b, bias_b, u_b, pe_b, full_pre_b, full_out_b, h0_b, c0_b,
-                    steps_b, hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, light_b, lengths, reverse,
-                    progress, none):
+def _forward_layers(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, steps, hidden, outs, h_fin, c_fin,
+                    projection, light, x2_b, wx_b, bias_b, u_b, u_t_b, pe_b, full_pre_b, full_out_b, h0_b,
+                    c0_b, steps_b, hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, light_b, lengths,
+                    reverse, progress, none):
     """Two consecutive layers of one direction forward in time, at the same time: the lower
     one (the arguments of :func:`_forward`) on one thread, counting its steps of output in
     ``progress`` (int64, one element, zero at the call); the upper one (the same arguments
@@ -734,11 +795,12 @@ def _forward_layers(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, steps, hidd
     lower layer (iteration 0) runs first, then the upper one."""
     for p in numba.prange(2):
         if p == 0:
-            _forward(x2, wx, bias, u, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin,
-                     c_fin, projection, reverse, light, none, progress)
+            _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs,
+                     h_fin, c_fin, projection, reverse, light, none, progress)
         else:
-            _forward(x2_b, wx_b, bias_b, u_b, pe_b, full_pre_b, full_out_b, h0_b, c0_b, lengths, steps_b,
-                     hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, reverse, light_b, progress, none)
+            _forward(x2_b, wx_b, bias_b, u_b, u_t_b, pe_b, full_pre_b, full_out_b, h0_b, c0_b, lengths,
+                     steps_b, hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, reverse, light_b, progress,
+                     none)
 
 
 @_kernel
@@ -1085,8 +1147,8 @@ def _backward_step(h, block, dh, dc, dz, pe):
 
 
 @_kernel
-def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates, dh_first,
-              reverse, k_begin, k_end, chunk_first, wait, ring):
+def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
+              dh_first, reverse, k_begin, k_end, chunk_first, wait, ring):
     """Backward through the walking steps ``k_end − 1`` down to ``k_begin`` (one chunk, whose
     first time step is ``chunk_first``): ``dz`` into
     ``d_gates``, ``dc`` and ``carried`` (the gradient for ``h`` from the step after) updated,
@@ -1094,13 +1156,20 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
     ``dh`` and ``dc`` through. Before it reads ``dy[t]`` a step waits until the progress counter
     ``wait`` (when not empty; forward direction only) counts the steps from ``t`` to the end.
     With a ``ring`` (T, 4H, N) (not empty) each step's ``dz`` is made in ``ring[t]`` and
-    ``d_gates`` is not written (:func:`_backward_overlapped`)."""
+    ``d_gates`` is not written (:func:`_backward_overlapped`). ``u_t`` (the true ``Uᵀ``) and
+    ``u`` (the forward's ``U``, halved rows; the steps of one sequence take it) with their
+    padded rows (:func:`wide_rows`)."""
     wide_loops()
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
     own = np.empty((4 * h, batch), steps.dtype)
     through = np.empty((h, batch), steps.dtype)
-    tiled = batch * own.itemsize >= VECTOR_BYTES  # Uᵀ dz by the tile product, else by BLAS
+    tiled = batch * own.itemsize >= VECTOR_BYTES  # Uᵀ dz by the tile product, else dot products
+    u_t_rows = u_t[:, :4 * h]
+    # one sequence: dzᵀ U as a row over the forward's halved U, dz of the halved gates doubled (exact)
+    dz_row = np.empty((1, 4 * h), steps.dtype)
+    d_row = np.empty((1, h), steps.dtype)
+    two = steps.dtype.type(2.0)
     ringed = ring.shape[0] > 0
     for k in range(k_end - 1, k_begin - 1, -1):
         t = seq_len - 1 - k if reverse else k
@@ -1147,9 +1216,17 @@ def _backprop(steps, dy, lengths, u_t, pe, full_pre_grad, full_out_grad, dc, car
         if tiled:
             if beta == 0.0:
                 target[:] = 0.0
-            product(u_t, dz, target, target)
+            product(u_t_rows, dz, target, target)
+        elif batch == 1:
+            for r in range(h):
+                dz_row[0, r] = dz[r, 0]
+            for r in range(h, 4 * h):
+                dz_row[0, r] = two * dz[r, 0]
+            row_product(dz_row, u[:, :h], d_row)
+            for j in range(h):
+                target[j, 0] = d_row[0, j] if beta == 0.0 else target[j, 0] + d_row[0, j]
         else:
-            _mm(u_t, False, dz, False, target, beta)
+            _narrow_product(u_t, 4 * h, dz, target, beta)
     store_fence()  # the chunk's gate gradients, before its products read them
 
 
@@ -1292,15 +1369,16 @@ def _chunk_products(x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_w
 
 
 @_kernel
-def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden, dys,
-              dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta, dh_first,
-              d_gates, columns, dh, reverse, wait, report):
+def _backward(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden,
+              dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta,
+              dh_first, d_gates, columns, dh, reverse, wait, report):
     """One layer and direction backward from a training forward's cache, on one thread (BLAS
     may use more).
 
     ``x2`` (T·N, I) the layer input; ``wx_t`` (I, 4H), ``u_t`` (H, 4H + ROW_PAD:
     :func:`wide_rows`) and ``peep`` (4, H) the true weights (zero peepholes when ``has_peep``
-    is false), ``pe`` (4, H·N) the peepholes repeated over the sequences, ``full_pre_grad``
+    is false), ``u`` (4H, H + ROW_PAD) the forward's (halved rows; the steps of one sequence
+    take it), ``pe`` (4, H·N) the peepholes repeated over the sequences, ``full_pre_grad``
     (4H, H) and ``full_out_grad`` (H, H) the true full peepholes ((0, 0) without them);
     ``steps``/``hidden`` the cache; ``dys[0]`` (T, N, H) the output's gradient (any strides,
     ``dys`` as :func:`_any_layout` makes it; zeros when there is none); ``carried`` (H, N) the
@@ -1319,11 +1397,10 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
     n_chunks = (seq_len + chunk - 1) // chunk
-    u_t_rows = u_t[:, :4 * (steps.shape[1] // 6)]
     no_ring = np.empty((0, 0, 0), steps.dtype)
     for q in range(n_chunks - 1, -1, -1):  # backward walks the chunks, and their steps, in reverse
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-        _backprop(steps, dy, lengths, u_t_rows, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
+        _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
                   dh_first, reverse, k_begin, k_end, first_t, wait, no_ring)
         _chunk_products(x2, wx_t, wx_t[:0], steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
                         d_peep, d_input, input_beta, first_t, k_end - k_begin,
@@ -1333,9 +1410,9 @@ def _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, l
 
 
 @_threaded
-def _backward_layers(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, steps, hidden, dys,
-                     dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta,
-                     dh_first, d_gates, columns, dh, x2_b, wx_t_b, u_t_b, peep_b, pe_b, has_peep_b,
+def _backward_layers(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad, steps, hidden,
+                     dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta,
+                     dh_first, d_gates, columns, dh, x2_b, wx_t_b, u_t_b, u_b, peep_b, pe_b, has_peep_b,
                      full_pre_grad_b, full_out_grad_b, steps_b, hidden_b, dys_b, dc_b, carried_b, d_wx_b,
                      d_u_b, d_bias_b, d_peep_b, d_full_pre_b, d_full_out_b, d_input_b, input_beta_b,
                      dh_first_b, d_gates_b, columns_b, dh_b, lengths, reverse, progress, none):
@@ -1349,11 +1426,11 @@ def _backward_layers(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_
     well."""
     for p in numba.prange(2):
         if p == 0:
-            _backward(x2, wx_t, u_t, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden,
-                      dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input,
+            _backward(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps,
+                      hidden, dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input,
                       input_beta, dh_first, d_gates, columns, dh, reverse, none, progress)
         else:
-            _backward(x2_b, wx_t_b, u_t_b, peep_b, pe_b, has_peep_b, full_pre_grad_b, full_out_grad_b,
+            _backward(x2_b, wx_t_b, u_t_b, u_b, peep_b, pe_b, has_peep_b, full_pre_grad_b, full_out_grad_b,
                       lengths, steps_b, hidden_b, dys_b, dc_b, carried_b, d_wx_b, d_u_b, d_bias_b, d_peep_b,
                       d_full_pre_b, d_full_out_b, d_input_b, input_beta_b, dh_first_b, d_gates_b, columns_b,
                       dh_b, reverse, progress, none)
@@ -1553,7 +1630,7 @@ def _gather_piece(ring, first_t, count, gates):
 
 
 @_threaded
-def _backward_overlapped(x2, wx, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx, d_u,
+def _backward_overlapped(x2, wx, u_t, u, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx, d_u,
                          d_bias, d_peep, d_input, input_beta, dh_first, ring, pieces, dh, reverse, bounds,
                          other_wx, other_u, other_bias, other_peep, empty, none):
     """:func:`_backward` of a layer whose steps make one chunk (:func:`overlaps`), on two
@@ -1592,7 +1669,6 @@ def _backward_overlapped(x2, wx, u_t, pe, has_peep, lengths, steps, hidden, dys,
     still (L's backward 12.8–14.8 ms against 12.6, XL's 49–55 against 44)."""
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
-    u_t_rows = u_t[:, :4 * (steps.shape[1] // 6)]
     walked = np.zeros(1, np.int64)
     count = bounds.shape[0] - 1
     for p in numba.prange(2):
@@ -1600,7 +1676,7 @@ def _backward_overlapped(x2, wx, u_t, pe, has_peep, lengths, steps, hidden, dys,
             for q in range(count - 1, -1, -1):
                 k_begin, k_end, _ = _piece(seq_len, bounds, q, reverse)
                 # np.int64: a literal 0 would compile _backprop a second time
-                _backprop(steps, dy, lengths, u_t_rows, pe, empty, empty, dc, carried, dh, empty[:, :0],
+                _backprop(steps, dy, lengths, u_t, u, pe, empty, empty, dc, carried, dh, empty[:, :0],
                           dh_first, reverse, k_begin, k_end, np.int64(0), none, ring)
                 count_up(walked)
             k_begin, k_end, first_t = _piece(seq_len, bounds, 0, reverse)
@@ -1685,12 +1761,12 @@ def wide_rows(a: np.ndarray) -> np.ndarray:
     77.9 against 75.3; one thread, alternated in one process). A wider array, not a view of
     one, keeps the kernels' argument contiguous: one compiled kernel for every shape.
 
-    The array starts on a cache line (NumPy aligns its arrays to 16 bytes only). Where a step's
-    product is a BLAS call (fewer sequences than a vector holds), the call's speed depends on
-    it: S's forward kernel (one sequence, H = 64, 100 steps) took 174–191 µs with ``U`` on a
+    The array starts on a cache line (NumPy aligns its arrays to 16 bytes only). When a step's
+    product for fewer sequences than a vector holds was a BLAS call, the call's speed depended
+    on it: S's forward kernel (one sequence, H = 64, 100 steps) took 174–191 µs with ``U`` on a
     line and 211–258 µs at each of the three other 16-byte offsets (one thread, the same
     arguments but ``U``, two runs), so the same layer ran at either speed from one process to
-    the next."""
+    the next. Such products take no BLAS call now (:func:`_recur`, :func:`_backprop`)."""
     rows, columns = a.shape
     wide = _on_a_line(lambda size: np.zeros(size, a.dtype), rows, columns + ROW_PAD, a.dtype)
     wide[:, :columns] = a
@@ -1740,6 +1816,7 @@ class _ForwardCall(NamedTuple):
     wx: np.ndarray
     bias: np.ndarray
     u: np.ndarray
+    u_t: np.ndarray
     pe: np.ndarray
     full_pre: np.ndarray
     full_out: np.ndarray
@@ -1758,9 +1835,9 @@ class _ForwardCall(NamedTuple):
 
     def run(self, reverse: bool) -> None:
         """:func:`_forward` on the calling thread."""
-        _forward(self.x2, self.wx, self.bias, self.u, self.pe, self.full_pre, self.full_out, self.h0, self.c0,
-                 self.lengths, self.steps, self.hidden, self.outs, self.h_fin, self.c_fin, self.projection,
-                 reverse, self.light, _NO_COUNTER, _NO_COUNTER)
+        _forward(self.x2, self.wx, self.bias, self.u, self.u_t, self.pe, self.full_pre, self.full_out,
+                 self.h0, self.c0, self.lengths, self.steps, self.hidden, self.outs, self.h_fin, self.c_fin,
+                 self.projection, reverse, self.light, _NO_COUNTER, _NO_COUNTER)
 
     def finish(self) -> None:
         """Copy the final states out, batch-major."""
@@ -1774,7 +1851,7 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
                   chunk: int) -> _ForwardCall:
     """Scratch, laid-out states and weights for :func:`_forward`, from the arguments of
     :func:`forward`; ``chunk`` steps per input projection."""
-    assert w.u_wide is not None, "weights packed by NumbaBackend.lstm_pack_weights"
+    assert w.u_wide is not None and w.u_t_wide is not None, "weights packed by NumbaBackend.lstm_pack_weights"
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -1798,7 +1875,7 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
     light = inference and w.full_pre is None and full_out is None and all(
         p is None for p in w.peepholes.diagonal)
     return _ForwardCall(
-        x2, wx, bias, w.u_wide,
+        x2, wx, bias, w.u_wide, w.u_t_wide,
         _repeated(w.peepholes.diagonal, h, batch, dtype), _EMPTY[dtype] if w.full_pre is None else w.full_pre,
         _EMPTY[dtype] if full_out is None else full_out, _feature_major(h0, dtype), _feature_major(c0, dtype),
         _NO_LENGTHS if lengths is None else lengths, steps, hidden, _any_layout(output), h_fin, c_fin,
@@ -1932,10 +2009,10 @@ def forward_layers(lower: dict, upper: dict) -> None:
     a = _forward_call(**lower, chunk=chunk_steps(seq_len, batch))
     b = _forward_call(**upper, chunk=_second_chunk(seq_len, batch))
     with blas_limit(1):
-        _forward_layers(a.x2, a.wx, a.bias, a.u, a.pe, a.full_pre, a.full_out, a.h0, a.c0, a.steps, a.hidden,
-                        a.outs, a.h_fin, a.c_fin, a.projection, a.light, b.x2, b.wx, b.bias, b.u, b.pe,
-                        b.full_pre, b.full_out, b.h0, b.c0, b.steps, b.hidden, b.outs, b.h_fin, b.c_fin,
-                        b.projection, b.light, a.lengths, False, np.zeros(1, np.int64), _NO_COUNTER)
+        _forward_layers(a.x2, a.wx, a.bias, a.u, a.u_t, a.pe, a.full_pre, a.full_out, a.h0, a.c0, a.steps,
+                        a.hidden, a.outs, a.h_fin, a.c_fin, a.projection, a.light, b.x2, b.wx, b.bias, b.u,
+                        b.u_t, b.pe, b.full_pre, b.full_out, b.h0, b.c0, b.steps, b.hidden, b.outs, b.h_fin,
+                        b.c_fin, b.projection, b.light, a.lengths, False, np.zeros(1, np.int64), _NO_COUNTER)
     a.finish()
     b.finish()
 
@@ -1949,6 +2026,7 @@ class _BackwardCall(NamedTuple):
     wx_t: np.ndarray
     wx: np.ndarray
     u_t: np.ndarray
+    u: np.ndarray
     peep: np.ndarray
     pe: np.ndarray
     has_peep: bool
@@ -1977,7 +2055,7 @@ class _BackwardCall(NamedTuple):
 
     def run(self, reverse: bool) -> None:
         """:func:`_backward` on the calling thread."""
-        _backward(self.x2, self.wx_t, self.u_t, self.peep, self.pe, self.has_peep, self.full_pre_grad,
+        _backward(self.x2, self.wx_t, self.u_t, self.u, self.peep, self.pe, self.has_peep, self.full_pre_grad,
                   self.full_out_grad, self.lengths, self.steps, self.hidden, self.dys, self.dc, self.carried,
                   self.d_wx, self.d_u, self.d_bias, self.d_peep, self.d_full_pre, self.d_full_out,
                   self.d_input, self.input_beta, self.dh_first, self.d_gates, self.columns, self.dh, reverse,
@@ -2000,7 +2078,7 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
                    d_input: np.ndarray, accumulate_input: bool, scratch, chunk: int) -> _BackwardCall:
     """Scratch, laid-out gradients and weights for :func:`_backward`, from the arguments of
     :func:`backward`; ``chunk`` steps per weight-gradient product."""
-    assert w.u_t_wide is not None, "weights packed by NumbaBackend.lstm_pack_weights"
+    assert w.u_t_wide is not None and w.u_wide is not None, "weights packed by NumbaBackend.lstm_pack_weights"
     assert w.wx_rows is not None, "weights packed by NumbaBackend.lstm_pack_weights"
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
@@ -2015,7 +2093,7 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
             np.copyto(state, final.T)
     full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
     return _BackwardCall(
-        x2, w.wx_t, w.wx_rows, w.u_t_wide,
+        x2, w.wx_t, w.wx_rows, w.u_t_wide, w.u_wide,
         _diagonal(w.peepholes_grad.diagonal, h, dtype),
         _repeated(w.peepholes_grad.diagonal, h, batch, dtype),
         any(p is not None for p in w.peepholes_grad.diagonal),
@@ -2068,7 +2146,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
                     scratch.array(f"lstm_numba_other_{name}", array.shape, dtype)
                     for name, array in (("wx", a.d_wx), ("u", a.d_u), ("bias", a.d_bias), ("peep", a.d_peep)))
                 _backward_overlapped(
-                    a.x2, a.wx, a.u_t, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc,
+                    a.x2, a.wx, a.u_t, a.u, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc,
                     a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input, a.input_beta, a.dh_first,
                     ring, pieces, a.dh, reverse, bounds, other_wx, other_u, other_bias, other_peep,
                     _EMPTY[dtype], _NO_COUNTER)
@@ -2095,10 +2173,10 @@ def backward_layers(upper: dict, lower: dict) -> tuple[tuple, tuple]:
     a = _backward_call(**upper, chunk=_second_chunk(seq_len, batch))
     b = _backward_call(**lower, chunk=chunk_steps(seq_len, batch))
     with blas_limit(1):
-        _backward_layers(a.x2, a.wx_t, a.u_t, a.peep, a.pe, a.has_peep, a.full_pre_grad, a.full_out_grad,
-                         a.steps, a.hidden, a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep,
-                         a.d_full_pre, a.d_full_out, a.d_input, a.input_beta, a.dh_first, a.d_gates,
-                         a.columns, a.dh, b.x2, b.wx_t, b.u_t, b.peep, b.pe, b.has_peep, b.full_pre_grad,
+        _backward_layers(a.x2, a.wx_t, a.u_t, a.u, a.peep, a.pe, a.has_peep, a.full_pre_grad,
+                         a.full_out_grad, a.steps, a.hidden, a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias,
+                         a.d_peep, a.d_full_pre, a.d_full_out, a.d_input, a.input_beta, a.dh_first, a.d_gates,
+                         a.columns, a.dh, b.x2, b.wx_t, b.u_t, b.u, b.peep, b.pe, b.has_peep, b.full_pre_grad,
                          b.full_out_grad, b.steps, b.hidden, b.dys, b.dc, b.carried, b.d_wx, b.d_u, b.d_bias,
                          b.d_peep, b.d_full_pre, b.d_full_out, b.d_input, b.input_beta, b.dh_first, b.d_gates,
                          b.columns, b.dh, a.lengths, False, np.zeros(1, np.int64), _NO_COUNTER)

@@ -57,10 +57,10 @@ from . import _numba_cache
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "PAIRS", "SPLIT_WIDE_CPUS",
-           "VECTOR_BYTES", "WIDE_BYTES", "COLUMN_ROWS", "COLUMN_COLUMNS", "column_tiles", "column_product",
-           "TRANSPOSED_ROWS", "lanes", "packs", "pack_rows", "packed_product", "paired", "paired_product",
-           "product", "transposed_product", "wide_loops"]
+__all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "PAIRS", "ROW_VECTORS",
+           "SPLIT_WIDE_CPUS", "VECTOR_BYTES", "WIDE_BYTES", "COLUMN_ROWS", "COLUMN_COLUMNS", "column_tiles",
+           "column_product", "TRANSPOSED_ROWS", "lanes", "packs", "pack_rows", "packed_product", "paired",
+           "paired_product", "product", "row_product", "transposed_product", "wide_loops"]
 
 #: Rows of ``out`` per tile: six rows by two vectors keep twelve sums in flight, more than a
 #: fused multiply-add's latency times the two a cycle that a core issues (4 × 2 on the
@@ -823,3 +823,35 @@ def _transposed_product(a_t, b, add, out):
     if i < m:
         packed_rest_product(a_t[:, i:m], b_cols, add_cols[i:m], out_cols[i:m])
     _unpad(out, out_cols)
+
+
+#: Vectors per tile of a one-row product (:func:`row_product`): eight sums in flight, as many
+#: as a core's two fused multiply-adds a cycle, over their latency, keep busy.
+ROW_VECTORS = 8
+
+
+@_inline
+def row_product(a, b, out):
+    """``out = a @ b`` for one row: ``a`` (1, K), ``b`` (K, N) and ``out`` (1, N), unit-stride
+    rows (``a`` any strides): tiles of :data:`ROW_VECTORS` vectors (:data:`WIDE_BYTES`) along
+    the row, then of one vector, then the columns left one by one; ``out`` is overwritten. A
+    step's product for one sequence: a tile of one row keeps its sums in registers where the
+    tiles of :func:`product`, whose rows share each loaded vector of ``b``, would keep one or
+    two."""
+    n = out.shape[1]
+    width = WIDE_BYTES // out.itemsize
+    for j in range(n):
+        out[0, j] = 0.0
+    n0 = 0
+    while n0 + ROW_VECTORS * width <= n:
+        _tile(a, b[:, n0:n0 + ROW_VECTORS * width], out[:, n0:n0 + ROW_VECTORS * width],
+              out[:, n0:n0 + ROW_VECTORS * width], 1, ROW_VECTORS, WIDE_BYTES, 0)
+        n0 += ROW_VECTORS * width
+    while n0 + width <= n:
+        _tile(a, b[:, n0:n0 + width], out[:, n0:n0 + width], out[:, n0:n0 + width], 1, 1, WIDE_BYTES, 0)
+        n0 += width
+    for j in range(n0, n):
+        total = out[0, j]
+        for k in range(a.shape[1]):
+            total += a[0, k] * b[k, j]
+        out[0, j] = total
