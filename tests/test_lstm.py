@@ -1030,9 +1030,10 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
     """``packed_product`` on rows packed by ``pack_rows`` (blocks of ``PACK_ROWS``, each
     column's elements side by side) makes the sums ``product`` makes, in the same order: it
     agrees with a float64 product and with ``product`` to the last bits' rounding, for column
-    counts that ``packs`` (a whole number of narrow vectors, with AVX-512 only; where the
-    paired tiles serve, ``PAIRS``, not one narrow or one wide vector's worth, which they take);
-    it writes nothing outside ``out`` and takes ``out`` as ``add``."""
+    counts that ``packs`` (with AVX-512 a whole number of narrow vectors, where the paired
+    tiles serve, ``PAIRS``, not one narrow or one wide vector's worth, which they take; without
+    it one vector's worth only); it writes nothing outside ``out`` and takes ``out`` as
+    ``add``."""
     from bnnsfw.backends._numba_tiles import (PACK_ROWS, PAIRS, VECTOR_BYTES, WIDE_BYTES, lanes, pack_rows,
                                               packed_product, packs, product)
 
@@ -1040,7 +1041,7 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
     wide = WIDE_BYTES > VECTOR_BYTES
     assert PACK_ROWS == 12
     assert not packs(0, dtype) and not packs(width + 1, dtype)
-    assert packs(width, dtype) == (wide and not PAIRS)
+    assert packs(width, dtype) == (not wide or not PAIRS)
     one_wide = 2 * width * np.dtype(dtype).itemsize == WIDE_BYTES
     assert packs(2 * width, dtype) == (wide and not (PAIRS and one_wide))
     assert packs(3 * width, dtype) == wide
@@ -1094,16 +1095,17 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
     batch's columns pack, and make ``U h + W x + b`` in one product: the output agrees with the
     reference, and zeroing the packed rows changes it (the kernels read them, the rows left
     over after the whole blocks too); a batch whose columns do not pack (where the paired tiles
-    serve, 8 float32 sequences, which take them and the chunks' projection; 3 sequences
-    anywhere) leaves the packed rows unmade."""
+    serve, 8 float32 sequences, which take them and the chunks' projection; without AVX-512
+    every batch but one vector's worth; 3 sequences anywhere) leaves the packed rows unmade.
+    The batch: 24 sequences with AVX-512, one vector's worth without."""
     from bnnsfw.backends import _numba_lstm
-    from bnnsfw.backends._numba_tiles import PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, packs
+    from bnnsfw.backends._numba_tiles import PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, lanes, packs
 
-    if WIDE_BYTES == VECTOR_BYTES:
-        pytest.skip("rows are packed for the twelve-row tiles of AVX-512 only")
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
     params = LSTMParameters.random(input_size=3, hidden_size=38, seed=5, dtype=dtype)
-    x = rng.standard_normal((5, 24, 3)).astype(dtype)
+    batch = 24 if WIDE_BYTES > VECTOR_BYTES else lanes(dtype)
+    assert packs(batch, dtype)
+    x = rng.standard_normal((5, batch, 3)).astype(dtype)
     with layer_for(params, "numpy") as layer:
         want = layer.apply(x).output
     with layer_for(params, "numba") as layer:
@@ -1123,7 +1125,7 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
         assert np.abs(layer.apply(x).output - want).max() > 1e-3
     for batch in (8, 3):
         with layer_for(params, "numba") as layer:
-            layer.apply(x[:, :batch])
+            layer.apply(rng.standard_normal((5, batch, 3)).astype(dtype))
             made = layer._packed_weights().payload.weights[0][0].step_tiles
             assert (made != {}) == packs(batch, dtype), batch
 

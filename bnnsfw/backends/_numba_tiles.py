@@ -543,12 +543,15 @@ PACK_ROWS = NARROW_ROWS
 
 def packs(columns: int, dtype: np.dtype) -> bool:
     """True when products with ``columns`` columns of ``b`` take packed rows of ``a``
-    (:func:`packed_product`): with AVX-512 (twelve-row tiles in every panel), a whole number of
-    narrow vectors and, where the paired tiles apply (:data:`PAIRS`), not their widths
-    (:func:`paired`)."""
+    (:func:`packed_product`): the columns of panels of twelve-row tiles. With AVX-512 (such
+    tiles in every panel) a whole number of narrow vectors and, where the paired tiles apply
+    (:data:`PAIRS`), not their widths (:func:`paired`); without it one vector's worth, the one
+    panel that takes :data:`NARROW_ROWS` rows there (8 float32 sequences, 4 float64)."""
     size = columns * np.dtype(dtype).itemsize
+    if WIDE_BYTES == VECTOR_BYTES:
+        return size == VECTOR_BYTES
     paired_width = PAIRS and size in (VECTOR_BYTES, WIDE_BYTES)
-    return WIDE_BYTES > VECTOR_BYTES and size > 0 and size % VECTOR_BYTES == 0 and not paired_width
+    return size > 0 and size % VECTOR_BYTES == 0 and not paired_width
 
 
 @_inline
@@ -616,9 +619,11 @@ COLUMN_COLUMNS = VECTOR_BYTES // 4
 def column_tiles(columns: int, dtype: np.dtype) -> bool:
     """True when products with ``columns`` columns of ``b`` take the column tile
     (:func:`column_product`) on rows packed in blocks of :data:`COLUMN_ROWS`: float32, one
-    narrow vector's worth of columns (8 sequences), where such products take packed rows
-    (:func:`packs`: with AVX-512 on a processor without the paired tiles, :data:`PAIRS`)."""
-    return np.dtype(dtype) == np.float32 and columns == COLUMN_COLUMNS and packs(columns, dtype)
+    narrow vector's worth of columns (8 sequences), with AVX-512 (its vectors are 64 bytes),
+    where such products take packed rows (:func:`packs`: on a processor without the paired
+    tiles, :data:`PAIRS`)."""
+    return (np.dtype(dtype) == np.float32 and columns == COLUMN_COLUMNS and WIDE_BYTES > VECTOR_BYTES
+            and packs(columns, dtype))
 
 
 @intrinsic
