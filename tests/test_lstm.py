@@ -1027,35 +1027,38 @@ def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(dtype,
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
-    """``packed_product`` on rows packed by ``pack_rows`` (blocks of ``PACK_ROWS``, each
+    """``packed_product`` on rows packed by ``pack_rows`` (blocks of ``pack_size`` rows: twelve,
+    ``PACK_ROWS``, with AVX-512 and for one vector's worth of columns, else six, ``ROWS``; each
     column's elements side by side) makes the sums ``product`` makes, in the same order: it
     agrees with a float64 product and with ``product`` to the last bits' rounding, for column
-    counts that ``packs`` (with AVX-512 a whole number of narrow vectors, where the paired
-    tiles serve, ``PAIRS``, not one narrow or one wide vector's worth, which they take; without
-    it one vector's worth only); it writes nothing outside ``out`` and takes ``out`` as
-    ``add``."""
-    from bnnsfw.backends._numba_tiles import (PACK_ROWS, PAIRS, VECTOR_BYTES, WIDE_BYTES, lanes, pack_rows,
-                                              packed_product, packs, product)
+    counts that ``packs`` (a whole number of narrow vectors; where the paired tiles serve,
+    ``PAIRS``, not one narrow or one wide vector's worth, which they take); it writes nothing
+    outside ``out`` and takes ``out`` as ``add``."""
+    from bnnsfw.backends._numba_tiles import (COLUMN_ROWS, PACK_ROWS, PAIRS, ROWS, VECTOR_BYTES, WIDE_BYTES,
+                                              lanes, pack_rows, pack_size, packed_product, packs, product)
 
     width = lanes(dtype)
     wide = WIDE_BYTES > VECTOR_BYTES
-    assert PACK_ROWS == 12
+    assert (PACK_ROWS, ROWS) == (12, 6)
     assert not packs(0, dtype) and not packs(width + 1, dtype)
-    assert packs(width, dtype) == (not wide or not PAIRS)
+    assert packs(width, dtype) == (not PAIRS)
     one_wide = 2 * width * np.dtype(dtype).itemsize == WIDE_BYTES
-    assert packs(2 * width, dtype) == (wide and not (PAIRS and one_wide))
-    assert packs(3 * width, dtype) == wide
+    assert packs(2 * width, dtype) == (not (PAIRS and one_wide))
+    assert packs(3 * width, dtype)
+    assert pack_size(width, dtype) in (PACK_ROWS, COLUMN_ROWS)
+    assert pack_size(2 * width, dtype) == (PACK_ROWS if wide else ROWS)
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
     for blocks in (1, 2, 5):
-        m = blocks * PACK_ROWS
         for k in (1, 2, 17, 64):
             for n in [c * width for c in (1, 2, 3, 4, 5, 7) if packs(c * width, dtype)]:
+                size = ROWS if pack_size(n, dtype) == ROWS else PACK_ROWS  # the column tile's n: twelve
+                m = blocks * size
                 a = rng.standard_normal((m, k)).astype(dtype)
                 b = rng.standard_normal((k, n)).astype(dtype)
                 add = rng.standard_normal((m, n)).astype(dtype)
-                packed = np.empty((blocks, k, PACK_ROWS), dtype)
+                packed = np.empty((blocks, k, size), dtype)
                 pack_rows(a, packed)
-                np.testing.assert_array_equal(packed, a.reshape(blocks, PACK_ROWS, k).transpose(0, 2, 1))
+                np.testing.assert_array_equal(packed, a.reshape(blocks, size, k).transpose(0, 2, 1))
                 out, scale = _checked_product(lambda add, out: packed_product(packed, b, add, out), a, b,
                                               add, tolerance)
                 plain = np.empty_like(out)
@@ -1095,11 +1098,13 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
     batch's columns pack, and make ``U h + W x + b`` in one product: the output agrees with the
     reference, and zeroing the packed rows changes it (the kernels read them, the rows left
     over after the whole blocks too); a batch whose columns do not pack (where the paired tiles
-    serve, 8 float32 sequences, which take them and the chunks' projection; without AVX-512
-    every batch but one vector's worth; 3 sequences anywhere) leaves the packed rows unmade.
-    The batch: 24 sequences with AVX-512, one vector's worth without."""
+    serve, 8 float32 sequences, which take them and the chunks' projection; 3 sequences
+    anywhere) leaves the packed rows unmade. The batch: 24 sequences with AVX-512, one
+    vector's worth without; three vectors' worth take blocks of the rows of the tile that
+    takes them (``pack_size``: six without AVX-512) and agree as well."""
     from bnnsfw.backends import _numba_lstm
-    from bnnsfw.backends._numba_tiles import PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, lanes, packs
+    from bnnsfw.backends._numba_tiles import (PACK_ROWS, ROWS, VECTOR_BYTES, WIDE_BYTES, lanes, pack_size,
+                                              packs)
 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
     params = LSTMParameters.random(input_size=3, hidden_size=38, seed=5, dtype=dtype)
@@ -1128,6 +1133,20 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
             layer.apply(rng.standard_normal((5, batch, 3)).astype(dtype))
             made = layer._packed_weights().payload.weights[0][0].step_tiles
             assert (made != {}) == packs(batch, dtype), batch
+    # several vectors' worth: blocks of the rows of the tile that takes them (six without AVX-512)
+    batch = 3 * lanes(dtype)
+    size = pack_size(batch, dtype)
+    assert size == (PACK_ROWS if WIDE_BYTES > VECTOR_BYTES else ROWS)
+    x = rng.standard_normal((5, batch, 3)).astype(dtype)
+    with layer_for(params, "numpy") as layer:
+        want = layer.apply(x).output
+    with layer_for(params, "numba") as layer:
+        got = layer.apply(x).output
+        tiles = layer._packed_weights().payload.weights[0][0].step_tiles[(2, size)]
+        assert tiles.shape[-1] == size
+        _assert_all_close([got], [want], dtype)
+        tiles[:, :, 1] = 0.0
+        assert np.abs(layer.apply(x).output - want).max() > 1e-3
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -97,8 +97,8 @@ from . import _numba_cache
 from ._lstm_kernels import LSTMStepPlan, LSTMWeights, repeated
 from ._numba_progress import claim, count_up, publish, wait_for
 from ._numba_stream import LINE_BYTES, prefetch, store_fence, stream_copy
-from ._numba_tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_product, column_tiles,
-                           pack_rows, packed_product, packed_rest_product, packs, paired, paired_product,
+from ._numba_tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_product, pack_rows,
+                           pack_size, packed_product, packed_rest_product, packs, paired, paired_product,
                            product, row_product, transposed_product, wide_loops)
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
@@ -864,7 +864,7 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
     :func:`._numba_stream.stream_copy`). Without an ``operand``, ``U h`` is
     :func:`paired_product` on the thread's rows of ``u``, which stay in its cache from step to
     step, added to the chunk's ``projection``. With one (``[h; x_t]`` (H + I, N)), ``tiles``
-    (4, B, H + I, PACK_ROWS) holds each gate's rows of the units' ``[U W]`` packed
+    (4, B, H + I, R) holds each gate's rows of the units' ``[U W]`` packed
     (:func:`_step_tiles`), and the products :func:`packed_product` and
     :func:`packed_rest_product` make of it and the operand, added to ``bias_rows`` (4H, N), are
     the whole ``U h + W x + b``; with ``next_t`` ≥ 0 the step then writes its share of the next
@@ -896,8 +896,9 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
         for g in range(4):
             column_product(tiles[g], operand, bias_rows[g * h + j0:g * h + j1], zl[g].reshape((count, batch)))
     elif operand.size:  # U h + W x + b: one product over [h; x]
-        whole = count // PACK_ROWS
-        done = whole * PACK_ROWS
+        size = tiles.shape[3]
+        whole = count // size
+        done = whole * size
         for g in range(4):
             rows = zl[g].reshape((count, batch))
             added = bias_rows[g * h + j0:g * h + j1]
@@ -1886,7 +1887,7 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
 def _pack_tiles(a, parts, tiles):
     """:func:`_step_tiles`' packing: for each of ``parts`` pieces of the units (:func:`_part`)
     and each gate, the piece's rows of ``a`` (4H, K) in blocks of ``tiles.shape[4]`` rows
-    (:data:`PACK_ROWS` or :data:`COLUMN_ROWS`; :func:`pack_rows`), the rows left over in the
+    (:func:`~._numba_tiles.pack_size`; :func:`pack_rows`), the rows left over in the
     first columns of one more block (zeros in the others)."""
     h = a.shape[0] // 4
     size = tiles.shape[4]
@@ -1911,10 +1912,11 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
     (:func:`_steps_threads`, whose products then take ``U h + W x`` at once: no projection of
     the input ahead of the steps): (P, 4, B, H + I, R), piece ``p``'s gate ``g`` in ``[p, g]``,
     its rows in whole blocks of ``R`` and the rest in one more (:func:`_pack_tiles`); ``R`` is
-    :data:`COLUMN_ROWS` where ``batch`` sequences take the column tile (:func:`column_tiles`),
-    else :data:`PACK_ROWS`. Made once per packing of the weights, thread count and ``R``, kept
-    in ``w.step_tiles``. An empty array (no packed rows) where ``batch`` sequences do not take
-    packed products (:func:`packs`).
+    :func:`~._numba_tiles.pack_size` of the batch (:data:`COLUMN_ROWS` where ``batch``
+    sequences take the column tile, else the rows of the tile that takes the blocks). Made
+    once per packing of the weights, thread count and ``R``, kept in ``w.step_tiles``. An
+    empty array (no packed rows) where ``batch`` sequences do not take packed products
+    (:func:`packs`).
 
     One product over ``[h; x]`` instead of ``U h`` a step after a projection of the chunk's
     inputs: the tile runs at the cores' peak on these shapes, where OpenBLAS's projection did
@@ -1933,7 +1935,7 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
     dtype = w.u.dtype
     if w.step_tiles is None or not packs(batch, dtype):
         return _NO_TILES[dtype]
-    size = COLUMN_ROWS if column_tiles(batch, dtype) else PACK_ROWS
+    size = pack_size(batch, dtype)
     tiles = w.step_tiles.get((parts, size))
     if tiles is None:
         h = w.u.shape[1]

@@ -59,8 +59,8 @@ _numba_cache.install()  # before any kernel: the stamps of their cache cover eve
 
 __all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "PAIRS", "ROW_VECTORS",
            "SPLIT_WIDE_CPUS", "VECTOR_BYTES", "WIDE_BYTES", "COLUMN_ROWS", "COLUMN_COLUMNS", "column_tiles",
-           "column_product", "TRANSPOSED_ROWS", "lanes", "packs", "pack_rows", "packed_product", "paired",
-           "paired_product", "product", "row_product", "transposed_product", "wide_loops"]
+           "column_product", "TRANSPOSED_ROWS", "lanes", "packs", "pack_rows", "pack_size", "packed_product",
+           "paired", "paired_product", "product", "row_product", "transposed_product", "wide_loops"]
 
 #: Rows of ``out`` per tile: six rows by two vectors keep twelve sums in flight, more than a
 #: fused multiply-add's latency times the two a cycle that a core issues (4 × 2 on the
@@ -543,13 +543,10 @@ PACK_ROWS = NARROW_ROWS
 
 def packs(columns: int, dtype: np.dtype) -> bool:
     """True when products with ``columns`` columns of ``b`` take packed rows of ``a``
-    (:func:`packed_product`): the columns of panels of twelve-row tiles. With AVX-512 (such
-    tiles in every panel) a whole number of narrow vectors and, where the paired tiles apply
-    (:data:`PAIRS`), not their widths (:func:`paired`); without it one vector's worth, the one
-    panel that takes :data:`NARROW_ROWS` rows there (8 float32 sequences, 4 float64)."""
+    (:func:`packed_product`): a whole number of narrow vectors and, where the paired tiles
+    apply (:data:`PAIRS`, with AVX-512), not their widths (:func:`paired`). The blocks' rows
+    follow the tiles' (:func:`pack_size`)."""
     size = columns * np.dtype(dtype).itemsize
-    if WIDE_BYTES == VECTOR_BYTES:
-        return size == VECTOR_BYTES
     paired_width = PAIRS and size in (VECTOR_BYTES, WIDE_BYTES)
     return size > 0 and size % VECTOR_BYTES == 0 and not paired_width
 
@@ -570,7 +567,8 @@ def pack_rows(a, packed):
 @_inline
 def packed_product(packed, b, add, out):
     """:func:`product` for the rows of ``a`` packed by :func:`pack_rows`: ``out = add + a @ b``
-    on the ``PACK_ROWS · packed.shape[0]`` rows of ``add`` and ``out``, for ``b`` whose columns
+    on the ``R · packed.shape[0]`` rows of ``add`` and ``out`` (``R`` = ``packed.shape[2]``,
+    :data:`PACK_ROWS` or :data:`ROWS`: :func:`pack_size`), for ``b`` whose columns
     :func:`packs`. Each block's tile then reads one run of ``a`` (the block's elements of one
     column after those of the column before) instead of :data:`PACK_ROWS` runs, one a row, and
     makes the same sums in the same order: the same bits as :func:`product`."""
@@ -579,8 +577,8 @@ def packed_product(packed, b, add, out):
 
 @_inline
 def packed_rest_product(block, b, add, out):
-    """:func:`packed_product` for the ``out.shape[0]`` (fewer than :data:`PACK_ROWS`) rows of
-    ``a`` packed in the first columns of one block (``block`` (K, PACK_ROWS), the rest of its
+    """:func:`packed_product` for the ``out.shape[0]`` (fewer than the block's) rows of
+    ``a`` packed in the first columns of one block (``block`` (K, R), the rest of its
     columns not read): tiles of 8, 4, 2 and 1 of those rows, each reading its columns of the
     block as the packed tiles do. Where the units of a piece are not a whole number of blocks
     (L's 128 a gate: 10 blocks and 8 rows), these rows as rows of ``a`` took their product at
@@ -602,10 +600,15 @@ def packed_rest_product(block, b, add, out):
 
 @_kernel
 def _packed_product(packed, b, add, out):
-    """:func:`packed_product`."""
-    for p in range(packed.shape[0]):
-        r0 = p * PACK_ROWS
-        _panels(packed[p], b, add[r0:r0 + PACK_ROWS], out[r0:r0 + PACK_ROWS], PACK_ROWS, 1)
+    """:func:`packed_product`: one branch per block size, the tile's rows a literal."""
+    if packed.shape[2] == PACK_ROWS:
+        for p in range(packed.shape[0]):
+            r0 = p * PACK_ROWS
+            _panels(packed[p], b, add[r0:r0 + PACK_ROWS], out[r0:r0 + PACK_ROWS], PACK_ROWS, 1)
+    else:
+        for p in range(packed.shape[0]):
+            r0 = p * ROWS
+            _panels(packed[p], b, add[r0:r0 + ROWS], out[r0:r0 + ROWS], ROWS, 1)
 
 
 #: Rows of ``out`` per block of the column tile (:func:`column_product`): two 64-byte vectors
@@ -860,3 +863,16 @@ def row_product(a, b, out):
         for k in range(a.shape[1]):
             total += a[0, k] * b[k, j]
         out[0, j] = total
+
+
+def pack_size(columns: int, dtype: np.dtype) -> int:
+    """Rows a block of packed rows holds for products with ``columns`` columns of ``b``
+    (:func:`packs`), those of the tile that takes the block: :data:`COLUMN_ROWS` for the
+    column tile (:func:`column_tiles`); :data:`PACK_ROWS` (twelve) with AVX-512, whose every
+    panel takes twelve-row tiles, and for one vector's worth of columns; :data:`ROWS` (six)
+    for more without AVX-512, whose 16 vector registers hold six rows of a two-vector panel."""
+    if column_tiles(columns, dtype):
+        return COLUMN_ROWS
+    if WIDE_BYTES == VECTOR_BYTES and columns * np.dtype(dtype).itemsize != VECTOR_BYTES:
+        return ROWS
+    return PACK_ROWS
