@@ -668,6 +668,7 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
     tiled = batch * z.itemsize >= VECTOR_BYTES  # a vector's worth of sequences: the tile product
     u_rows = u[:, :h]
     # one sequence: hᵀ Uᵀ as a row (the true Uᵀ), the halved gates' ½ applied to its sums (exact)
+    u_t_rows = u_t[:, :4 * h]
     h_row = np.empty((1, h), steps.dtype)
     z_row = np.empty((1, 4 * h), steps.dtype)
     half = steps.dtype.type(0.5)
@@ -681,7 +682,7 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
         elif with_product and batch == 1:
             for j in range(h):
                 h_row[0, j] = h_prev[j, 0]
-            row_product(h_row, u_t[:, :4 * h], z_row)
+            row_product(h_row, u_t_rows, z_row)
             for r in range(h):
                 z[r, 0] = projection[r, first] + z_row[0, r]
             for r in range(h, 4 * h):
@@ -1168,6 +1169,7 @@ def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, 
     tiled = batch * own.itemsize >= VECTOR_BYTES  # Uᵀ dz by the tile product, else dot products
     u_t_rows = u_t[:, :4 * h]
     # one sequence: dzᵀ U as a row over the forward's halved U, dz of the halved gates doubled (exact)
+    u_rows = u[:, :h]
     dz_row = np.empty((1, 4 * h), steps.dtype)
     d_row = np.empty((1, h), steps.dtype)
     two = steps.dtype.type(2.0)
@@ -1223,7 +1225,7 @@ def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, 
                 dz_row[0, r] = dz[r, 0]
             for r in range(h, 4 * h):
                 dz_row[0, r] = two * dz[r, 0]
-            row_product(dz_row, u[:, :h], d_row)
+            row_product(dz_row, u_rows, d_row)
             for j in range(h):
                 target[j, 0] = d_row[0, j] if beta == 0.0 else target[j, 0] + d_row[0, j]
         else:
