@@ -1107,6 +1107,7 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
                                               packs)
 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    monkeypatch.setattr(_numba_lstm, "group_sequences", lambda *args: False)  # each step's units shared out
     params = LSTMParameters.random(input_size=3, hidden_size=38, seed=5, dtype=dtype)
     batch = 24 if WIDE_BYTES > VECTOR_BYTES else lanes(dtype)
     assert packs(batch, dtype)
@@ -1375,6 +1376,7 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
 
         monkeypatch.setattr(_numba_lstm, name, spy)
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
+    monkeypatch.setattr(_numba_lstm, "group_sequences", lambda *args: False)  # groups: below
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
     monkeypatch.setattr(_numba_lstm, "OVERLAP_COLUMNS", 0)  # the walk shared out too (overlapped: below)
     asked = []
@@ -1407,6 +1409,79 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_group_sequences_rules():
+    """An inference on threads walks groups of sequences when the batch divides into one
+    group a thread, each a whole number of the packed products' columns (``packs``)."""
+    from bnnsfw.backends._numba_lstm import group_sequences
+    from bnnsfw.backends._numba_tiles import packs
+
+    for dtype in (np.float32, np.float64):
+        lane = 32 // np.dtype(dtype).itemsize  # a 32-byte vector's worth
+        assert not group_sequences(1, 4 * lane, dtype)  # one thread: nothing to share out
+        assert not group_sequences(2, 4 * lane + 2, dtype)  # groups not a whole number of vectors
+        assert not group_sequences(3, 4 * lane, dtype)  # 4 vectors over 3 threads: no even groups
+        for parts, batch in ((2, 2 * lane), (2, 4 * lane), (3, 6 * lane), (2, 8 * lane)):
+            assert group_sequences(parts, batch, dtype) == packs(batch // parts, dtype)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("hidden_size", [5, 38])
+def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts, dtype, hidden_size,
+                                                                           monkeypatch, rng):
+    """An inference on threads, each walking its own group of the sequences through every step
+    (``_groups_threads``), agrees with the reference, without and with diagonal peepholes: two
+    layers, both directions (over three parts: over two a bidirectional layer runs its
+    directions together), lengths (one of them 0), initial states or none, groups of one or
+    two vectors' worth of columns. A training forward keeps each step's units shared out
+    (``_forward_threads``), and its backward agrees too."""
+    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends._numba_tiles import packs
+
+    lane = 32 // np.dtype(dtype).itemsize
+    grouped_batches = [b for b in (parts * lane, 2 * parts * lane) if packs(b // parts, dtype)]
+    if not grouped_batches:
+        pytest.skip("no group of these columns takes packed products on this processor")
+    used = []
+    for name in ("_groups_threads", "_forward_threads"):
+        original = getattr(_numba_lstm, name)
+
+        def spy(*args, _original=original, _name=name):
+            used.append(_name)
+            return _original(*args)
+
+        monkeypatch.setattr(_numba_lstm, name, spy)
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
+    directions = 1 if parts == 2 else 2
+    calls = 2 * directions  # forward calls a layer call makes: one per layer and direction
+    for batch in grouped_batches:
+        x = rng.standard_normal((6, batch, 3)).astype(dtype)
+        dy = rng.standard_normal((6, batch, directions * hidden_size)).astype(dtype)
+        states = tuple(rng.standard_normal((2 * directions, batch, hidden_size)).astype(dtype)
+                       for _ in range(2))
+        lengths = np.resize([6, 2, 0, 5], batch)
+        for peepholes in (None, "diagonal"):
+            params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2, seed=5,
+                                           bidirectional=directions == 2, peepholes=peepholes, dtype=dtype)
+            results = []
+            for name in ("numpy", "numba"):
+                used.clear()
+                with layer_for(params, name) as layer:
+                    given = layer.apply(x, *states, sequence_lengths=lengths)
+                    plain = layer.apply(x)
+                    out = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+                    grads = layer.apply_backward(x, dy, *states, sequence_lengths=lengths,
+                                                 training_cache=out.training_cache)
+                if name == "numba":
+                    assert used == ["_groups_threads"] * 2 * calls + ["_forward_threads"] * calls, used
+                results.append([given.output, given.hidden, given.cell, plain.output, plain.hidden,
+                                plain.cell, out.output, out.hidden, out.cell, grads.input]
+                               + _gate_gradients(grads))
+            _assert_all_close(results[1], results[0], dtype)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("batch", [8, 16, 27])
 def test_numba_training_forward_streams_the_gate_rows_of_large_caches(dtype, batch, monkeypatch, rng):
@@ -1428,6 +1503,7 @@ def test_numba_training_forward_streams_the_gate_rows_of_large_caches(dtype, bat
 
     monkeypatch.setattr(_numba_lstm, "_forward_threads", spy)
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    monkeypatch.setattr(_numba_lstm, "group_sequences", lambda *args: False)  # the units shared out
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)
     assert _numba_lstm.streams(np.empty((2000, 6 * 256, 8), np.float32))  # the long row
     assert not _numba_lstm.streams(np.empty((64, 6 * 256, 32), np.float32))  # L

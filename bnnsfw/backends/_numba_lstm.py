@@ -105,8 +105,8 @@ _numba_cache.install()  # before any kernel: the stamps of their cache cover eve
 
 __all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS",
            "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "STREAM_CACHE_MIN", "THREADED_STEP_MIN",
-           "serves", "step_parts", "chunk_steps", "overlaps", "overlap_pieces", "streams", "layers_together",
-           "wide_rows", "forward", "forward_layers", "backward", "backward_layers"]
+           "serves", "step_parts", "group_sequences", "chunk_steps", "overlaps", "overlap_pieces", "streams",
+           "layers_together", "wide_rows", "forward", "forward_layers", "backward", "backward_layers"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 1024 keeps each product large and a chunk's projection, which the steps read
@@ -1070,6 +1070,91 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
                        h_fin, c_fin, reverse, k_begin, k_end, light, stream, x2, no_operands, no_operands[0])
 
 
+def group_sequences(parts: int, batch: int, dtype: np.dtype) -> bool:
+    """True when an inference on ``parts`` threads gives each thread its own ``batch / parts``
+    sequences, every step of them (:func:`_groups_threads`), instead of a share of each step's
+    units: ``batch`` a multiple of ``parts`` and each group's columns packed products' own
+    (:func:`packs`)."""
+    return parts > 1 and batch % parts == 0 and packs(batch // parts, dtype)
+
+
+@_threaded
+def _groups_threads(parts, u, tiles, pe, h0, c0, lengths, x2, bias, outs, h_fin, c_fin, reverse, light):
+    """An inference whose ``parts`` threads each walk ``N / parts`` of the sequences through every
+    step (:func:`_sequence_group`), with nothing shared between them but the packed rows of
+    ``[U W]`` (``tiles`` (1, 4, B, H + I, R): :func:`_step_tiles` for one piece and the group's
+    columns), which they only read: no wait between steps, and no state made by one thread
+    that the other's next product reads. ``pe`` (4, H·N) and ``light`` as in
+    :func:`_forward_part`."""
+    out = outs[0]
+    u_rows = u[:, :h_fin.shape[0]]
+    size = out.shape[1] // parts
+    for p in numba.prange(parts):
+        _sequence_group(p * size, (p + 1) * size, u_rows, tiles[0], pe, h0, c0, lengths, x2, bias, out, h_fin,
+                        c_fin, reverse, light)
+
+
+@_kernel
+def _sequence_group(n0, n1, u, tiles, pe, h0, c0, lengths, x2, bias, out, h_fin, c_fin, reverse, light):
+    """Sequences ``n0 … n1 − 1`` of an inference through every step, on the calling thread:
+    each step :func:`_forward_part` on all the units of the group's own states, cache blocks,
+    peepholes (its columns of ``pe``) and operand ``[h; x_t]`` ((H + I, n1 − n0),
+    :func:`_group_operand`), its output rows into ``out`` (T, N, H) and, at the end, its
+    columns of the final states ``h_fin``/``c_fin`` (H, N). ``h0``/``c0`` are (H, N) or empty
+    (zeros), ``lengths`` (N,) or empty."""
+    seq_len, batch = out.shape[0], out.shape[1]
+    h = u.shape[1]
+    count = n1 - n0
+    dtype = out.dtype
+    blocks = np.empty((2, 6 * h, count), dtype)  # two cache blocks in turn (light steps: their cell rows)
+    states = np.empty((2, h, count), dtype)
+    operands = np.empty((2, h + x2.shape[1], count), dtype)
+    bias_rows = np.empty((4 * h, count), dtype)
+    own_pe = np.empty((4, h * count), dtype)  # the group's columns of the repeated peepholes
+    for g in range(4):
+        for j in range(h):
+            for n in range(count):
+                own_pe[g, j * count + n] = pe[g, j * batch + n0 + n]
+    for r in range(4 * h):
+        for n in range(count):
+            bias_rows[r, n] = bias[r]
+    for j in range(h):
+        for n in range(count):
+            states[0, j, n] = h0[j, n0 + n] if h0.size else 0.0
+            blocks[0, j, n] = c0[j, n0 + n] if c0.size else 0.0
+    own_lengths = lengths[n0:n1] if lengths.size else lengths
+    t = seq_len - 1 if reverse else 0
+    _group_operand(operands[0], states[0], x2, t, n0, batch)
+    for k in range(seq_len):
+        t = seq_len - 1 - k if reverse else k
+        now, following = k % 2, (k + 1) % 2
+        _forward_part(0, h, u, tiles, bias_rows, 0, -1, own_pe, blocks[now], states[now],
+                      blocks[following, :h], states[following], out[t, n0:n1], own_lengths, t, True, light,
+                      False, x2, operands[now], operands[following], bias_rows, -1)
+        if k + 1 < seq_len:
+            _group_operand(operands[following], states[following], x2, t - 1 if reverse else t + 1, n0, batch)
+    last = seq_len % 2
+    for j in range(h):
+        for n in range(count):
+            h_fin[j, n0 + n] = states[last, j, n]
+            c_fin[j, n0 + n] = blocks[last, j, n]
+
+
+@_inline
+def _group_operand(operand, hid, x2, t, n0, batch):
+    """A group's operand ``[h; x_t]`` ((H + I, n)) for sequences ``n0 … n0 + n − 1``: its hidden
+    state ``hid`` (H, n) and time step ``t`` of those sequences' rows of ``x2`` (T·N, I, with
+    ``batch`` = N), transposed."""
+    h, count = hid.shape
+    for j in range(h):
+        for n in range(count):
+            operand[j, n] = hid[j, n]
+    for n in range(count):
+        row = x2[t * batch + n0 + n]
+        for i in range(x2.shape[1]):
+            operand[h + i, n] = row[i]
+
+
 # --------------------------------------------------------------------------------------
 # Backward.
 # --------------------------------------------------------------------------------------
@@ -1874,15 +1959,19 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
     size_i = x2.shape[1]
     wx, bias = w.wx_bias[:4 * h, :size_i], np.ascontiguousarray(w.wx_bias[:4 * h, size_i])
     full_out = w.peepholes.full_output
-    # inference without peepholes: the steps write no cache rows (nothing reads them)
-    light = inference and w.full_pre is None and full_out is None and all(
-        p is None for p in w.peepholes.diagonal)
+    light = _light(w, inference)
     return _ForwardCall(
         x2, wx, bias, w.u_wide, w.u_t_wide,
         _repeated(w.peepholes.diagonal, h, batch, dtype), _EMPTY[dtype] if w.full_pre is None else w.full_pre,
         _EMPTY[dtype] if full_out is None else full_out, _feature_major(h0, dtype), _feature_major(c0, dtype),
         _NO_LENGTHS if lengths is None else lengths, steps, hidden, _any_layout(output), h_fin, c_fin,
         projection, light, h_final, c_final)
+
+
+def _light(w: LSTMWeights, inference: bool) -> bool:
+    """An inference without peepholes: the steps write no cache rows (nothing reads them)."""
+    return inference and w.full_pre is None and w.peepholes.full_output is None and all(
+        p is None for p in w.peepholes.diagonal)
 
 
 @_kernel
@@ -1959,8 +2048,21 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
     units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
     thread meanwhile; the gate rows of a large cache stored past the caches, :func:`streams`);
-    :func:`backward` then takes the same ``parts``."""
+    :func:`backward` then takes the same ``parts``. An inference without peepholes whose
+    sequences :func:`group_sequences` shares out instead walks one group a thread
+    (:func:`_groups_threads`)."""
     seq_len, _, batch = steps.shape
+    inference = hidden is None or not steps.strides[0]
+    grouped = (inference and group_sequences(parts, batch, steps.dtype) and w.full_pre is None
+               and w.peepholes.full_output is None)
+    tiles = _step_tiles(w, 1, batch // parts) if grouped else _NO_TILES[steps.dtype]  # every unit's rows
+    if tiles.shape[2]:
+        a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch, 0)
+        with blas_limit(1):
+            _groups_threads(parts, a.u, tiles, a.pe, a.h0, a.c0, a.lengths, a.x2, a.bias, a.outs, a.h_fin,
+                            a.c_fin, reverse, a.light)
+        a.finish()
+        return
     tiles = _step_tiles(w, parts, batch) if parts > 1 else _NO_TILES[steps.dtype]
     # with packed rows the steps make the input's product too: no projection scratch
     a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch,
