@@ -120,6 +120,23 @@ def _assert_all_close(got: list[np.ndarray], want: list[np.ndarray], dtype) -> N
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"array {k}")
 
 
+def _record_calls(monkeypatch, names, note=None) -> list:
+    """Wrap each of ``_numba_lstm``'s functions ``names`` so that every call first appends
+    ``note(name, function, args)`` (the name without ``note``) to the list returned."""
+    from bnnsfw.backends import _numba_lstm
+
+    calls: list = []
+    for name in names:
+        original = getattr(_numba_lstm, name)
+
+        def spy(*args, _original=original, _name=name):
+            calls.append(_name if note is None else note(_name, _original, args))
+            return _original(*args)
+
+        monkeypatch.setattr(_numba_lstm, name, spy)
+    return calls
+
+
 def layer_for(params, backend_name, **options):
     return LSTMLayer(params, bf.FilterParameters(backend=backend_name, **options))
 
@@ -1366,15 +1383,8 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     which answers for the shapes where the tile is the faster, made to answer here)."""
     from bnnsfw.backends import _numba_lstm
 
-    used = []
-    for name in ("_forward_threads", "_backward_threads"):
-        original = getattr(_numba_lstm, name)
-
-        def spy(*args, _original=original, _name=name):
-            used.append((_name, args[0]))
-            return _original(*args)
-
-        monkeypatch.setattr(_numba_lstm, name, spy)
+    used = _record_calls(monkeypatch, ("_forward_threads", "_backward_threads"),
+                         lambda name, function, args: (name, args[0]))
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "group_sequences", lambda *args: False)  # groups: below
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
@@ -1443,15 +1453,7 @@ def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts,
     grouped_batches = [b for b in (parts * lane, 2 * parts * lane) if packs(b // parts, dtype)]
     if not grouped_batches:
         pytest.skip("no group of these columns takes packed products on this processor")
-    used = []
-    for name in ("_groups_threads", "_forward_threads"):
-        original = getattr(_numba_lstm, name)
-
-        def spy(*args, _original=original, _name=name):
-            used.append(_name)
-            return _original(*args)
-
-        monkeypatch.setattr(_numba_lstm, name, spy)
+    used = _record_calls(monkeypatch, ("_groups_threads", "_forward_threads"))
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     directions = 1 if parts == 2 else 2
     calls = 2 * directions  # forward calls a layer call makes: one per layer and direction
@@ -1754,16 +1756,9 @@ def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, mon
 
     from bnnsfw.backends import _numba_lstm
 
-    seen: list[tuple[str, bool, int]] = []
-    for name in ("_forward", "_backward", "_forward_threads", "_backward_threads"):
-        original = getattr(_numba_lstm, name)
-
-        def spy(*args, _original=original, _name=name):
-            reverse = bool(_argument(_original, args, "reverse"))
-            seen.append((_name, reverse, threading.get_ident()))
-            return _original(*args)
-
-        monkeypatch.setattr(_numba_lstm, name, spy)
+    seen = _record_calls(monkeypatch, ("_forward", "_backward", "_forward_threads", "_backward_threads"),
+                         lambda name, function, args: (name, bool(_argument(function, args, "reverse")),
+                                                       threading.get_ident()))
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 24)
     batch, hidden = 11, 21
@@ -1816,16 +1811,8 @@ def test_numba_runs_two_layers_together_and_agrees(peepholes, dtype, batch, monk
     with layer_for(warm, "numba") as layer:  # compiled before the spies replace what they call
         out = layer.apply(np.ones((2, 1, 3), dtype), training=True)
         layer.apply_backward(np.ones((2, 1, 3), dtype), out.output, training_cache=out.training_cache)
-    seen: list[str] = []
-    for name in ("_forward", "_forward_layers", "_forward_threads", "_backward", "_backward_layers",
-                 "_backward_threads"):
-        original = getattr(_numba_lstm, name)
-
-        def spy(*args, _original=original, _name=name):
-            seen.append(_name)
-            return _original(*args)
-
-        monkeypatch.setattr(_numba_lstm, name, spy)
+    seen = _record_calls(monkeypatch, ("_forward", "_forward_layers", "_forward_threads", "_backward",
+                                       "_backward_layers", "_backward_threads"))
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)  # chunks of 2 steps
     monkeypatch.setattr(_numba_lstm, "LAYER_CHUNKS", 5)  # the second layer's: 2 steps, the last 1
     hidden, seq_len = 19, 9
@@ -2173,15 +2160,7 @@ def test_numba_layers_together_reach_the_one_layer_kernels(monkeypatch, rng):
 
     from bnnsfw.backends import _numba_lstm
 
-    calls = []
-    for name in ("forward_layers", "backward_layers"):
-        original = getattr(_numba_lstm, name)
-
-        def spy(*args, _original=original, _name=name):
-            calls.append(_name)
-            return _original(*args)
-
-        monkeypatch.setattr(_numba_lstm, name, spy)
+    calls = _record_calls(monkeypatch, ("forward_layers", "backward_layers"))
     params = LSTMParameters.random(input_size=4, hidden_size=6, num_layers=2, seed=5, dtype=np.float32)
     x = rng.standard_normal((5, 3, 4)).astype(np.float32)
     dy = rng.standard_normal((5, 3, 6)).astype(np.float32)
@@ -2213,15 +2192,8 @@ def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dty
     Training, and inference with peepholes, take the full pass."""
     from bnnsfw.backends import _numba_lstm
 
-    calls = []
-    for name in ("_forward", "_forward_threads"):
-        original = getattr(_numba_lstm, name)
-
-        def spy(*args, _original=original, _name=name):
-            calls.append((_name, bool(_argument(_original, args, "light"))))
-            return _original(*args)
-
-        monkeypatch.setattr(_numba_lstm, name, spy)
+    calls = _record_calls(monkeypatch, ("_forward", "_forward_threads"),
+                          lambda name, function, args: (name, bool(_argument(function, args, "light"))))
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 12)
     kernel = "_forward" if parts == 1 else "_forward_threads"
