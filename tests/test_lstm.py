@@ -1420,28 +1420,28 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_group_sequences_rules():
-    """An inference on threads walks groups of sequences when the batch divides into one
-    group a thread, each a whole number of the packed products' columns (``packs``)."""
+    """A float32 inference on threads walks groups of sequences when the batch divides into
+    one group a thread, each a whole number of the packed products' columns (``packs``); a
+    float64 one never does."""
     from bnnsfw.backends._numba_lstm import group_sequences
     from bnnsfw.backends._numba_tiles import packs
 
-    for dtype in (np.float32, np.float64):
-        lane = 32 // np.dtype(dtype).itemsize  # a 32-byte vector's worth
-        assert not group_sequences(1, 4 * lane, dtype)  # one thread: nothing to share out
-        assert not group_sequences(2, 4 * lane + 2, dtype)  # groups not a whole number of vectors
-        assert not group_sequences(3, 4 * lane, dtype)  # 4 vectors over 3 threads: no even groups
-        for parts, batch in ((2, 2 * lane), (2, 4 * lane), (3, 6 * lane), (2, 8 * lane)):
-            assert group_sequences(parts, batch, dtype) == packs(batch // parts, dtype)
+    lane = 8  # a 32-byte vector's worth of float32
+    assert not group_sequences(1, 4 * lane, np.float32)  # one thread: nothing to share out
+    assert not group_sequences(2, 4 * lane + 2, np.float32)  # groups not a whole number of vectors
+    assert not group_sequences(3, 4 * lane, np.float32)  # 4 vectors over 3 threads: no even groups
+    for parts, batch in ((2, 2 * lane), (2, 4 * lane), (3, 6 * lane), (2, 8 * lane)):
+        assert group_sequences(parts, batch, np.float32) == packs(batch // parts, np.float32)
+        assert not group_sequences(parts, batch, np.float64)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("parts", [2, 3])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("hidden_size", [5, 38])
-def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts, dtype, hidden_size,
-                                                                           monkeypatch, rng):
-    """An inference on threads, each walking its own group of the sequences through every step
-    (``_groups_threads``), agrees with the reference, without and with diagonal peepholes: two
+def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts, hidden_size, monkeypatch,
+                                                                           rng):
+    """A float32 inference on threads, each walking its own group of the sequences through every
+    step (``_groups_threads``), agrees with the reference, without and with diagonal peepholes: two
     layers, both directions (over three parts: over two a bidirectional layer runs its
     directions together), lengths (one of them 0), initial states or none, groups of one or
     two vectors' worth of columns. A training forward keeps each step's units shared out
@@ -1449,7 +1449,8 @@ def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts,
     from bnnsfw.backends import _numba_lstm
     from bnnsfw.backends._numba_tiles import packs
 
-    lane = 32 // np.dtype(dtype).itemsize
+    dtype = np.float32  # groups serve float32 only (test_numba_group_sequences_rules)
+    lane = 8
     grouped_batches = [b for b in (parts * lane, 2 * parts * lane) if packs(b // parts, dtype)]
     if not grouped_batches:
         pytest.skip("no group of these columns takes packed products on this processor")
