@@ -943,23 +943,24 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
             for jj in range(count):
                 out_t[n, j0 + jj] = hid[jj * batch + n]
     if next_t >= 0:  # the next step's operand: these units' new hidden state, a share of its x
-        _next_operand(next_operand, h_next, x2, next_t, j0, j1)
+        _next_operand(next_operand, h_next, x2, next_t, j0, j1, 0, batch)
 
 
 @_inline
-def _next_operand(operand, h_next, x2, t, j0, j1):
-    """Rows ``j0 … j1 − 1`` of the hidden-state part of a step's operand ``[h; x_t]`` ((H + I, N):
-    :func:`_forward_threads`) from ``h_next`` (H, N), and the same share of its input rows
-    (``H + i0 … H + i1 − 1``, ``i0 = j0·I // H``) from time step ``t`` of ``x2`` (T·N, I),
-    transposed: the pieces of a step, which cover the units, cover the input too."""
-    h, batch = h_next.shape
+def _next_operand(operand, h_next, x2, t, j0, j1, first, batch):
+    """Rows ``j0 … j1 − 1`` of the hidden-state part of a step's operand ``[h; x_t]`` ((H + I, n):
+    :func:`_forward_threads`, :func:`_sequence_group`) from ``h_next`` (H, n), and the same share
+    of its input rows (``H + i0 … H + i1 − 1``, ``i0 = j0·I // H``) from time step ``t`` of
+    sequences ``first … first + n − 1`` in ``x2`` (T·N, I, ``batch`` = N), transposed: the
+    pieces of a step, which cover the units, cover the input too."""
+    h, count = h_next.shape
     size_i = x2.shape[1]
     i0, i1 = j0 * size_i // h, j1 * size_i // h
     for j in range(j0, j1):
-        for n in range(batch):
+        for n in range(count):
             operand[j, n] = h_next[j, n]
-    for n in range(batch):
-        row = x2[t * batch + n]
+    for n in range(count):
+        row = x2[t * batch + first + n]
         for i in range(i0, i1):
             operand[h + i, n] = row[i]
 
@@ -1032,7 +1033,8 @@ def _recur_threads(parts, projection, chunk_first, u, tiles, pe, h0, c0, lengths
         _start_states(out.shape[0], reverse, steps, hidden, h0, c0)
         if operands.shape[1]:
             t = out.shape[0] - 1 if reverse else 0
-            _next_operand(operands[0], hidden[t % hidden.shape[0]], x2, t, 0, hidden.shape[1])
+            _next_operand(operands[0], hidden[t % hidden.shape[0]], x2, t, 0, hidden.shape[1], 0,
+                          out.shape[1])
     claims = np.zeros((k_end - k_begin) * parts, np.int64)
     done = np.zeros(1, np.int64)
     _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps, hidden, out, h_fin, c_fin,
@@ -1102,7 +1104,7 @@ def _sequence_group(n0, n1, u, tiles, pe, h0, c0, lengths, x2, bias, out, h_fin,
     """Sequences ``n0 … n1 − 1`` of an inference through every step, on the calling thread:
     each step :func:`_forward_part` on all the units of the group's own states, cache blocks,
     peepholes (its columns of ``pe``) and operand ``[h; x_t]`` ((H + I, n1 − n0),
-    :func:`_group_operand`), its output rows into ``out`` (T, N, H) and, at the end, its
+    :func:`_next_operand`), its output rows into ``out`` (T, N, H) and, at the end, its
     columns of the final states ``h_fin``/``c_fin`` (H, N). ``h0``/``c0`` are (H, N) or empty
     (zeros), ``lengths`` (N,) or empty."""
     seq_len, batch = out.shape[0], out.shape[1]
@@ -1127,7 +1129,7 @@ def _sequence_group(n0, n1, u, tiles, pe, h0, c0, lengths, x2, bias, out, h_fin,
             blocks[0, j, n] = c0[j, n0 + n] if c0.size else 0.0
     own_lengths = lengths[n0:n1] if lengths.size else lengths
     t = seq_len - 1 if reverse else 0
-    _group_operand(operands[0], states[0], x2, t, n0, batch)
+    _next_operand(operands[0], states[0], x2, t, 0, h, n0, batch)
     for k in range(seq_len):
         t = seq_len - 1 - k if reverse else k
         now, following = k % 2, (k + 1) % 2
@@ -1135,27 +1137,13 @@ def _sequence_group(n0, n1, u, tiles, pe, h0, c0, lengths, x2, bias, out, h_fin,
                       blocks[following, :h], states[following], out[t, n0:n1], own_lengths, t, True, light,
                       False, x2, operands[now], operands[following], bias_rows, -1)
         if k + 1 < seq_len:
-            _group_operand(operands[following], states[following], x2, t - 1 if reverse else t + 1, n0, batch)
+            _next_operand(operands[following], states[following], x2, t - 1 if reverse else t + 1, 0, h, n0,
+                          batch)
     last = seq_len % 2
     for j in range(h):
         for n in range(count):
             h_fin[j, n0 + n] = states[last, j, n]
             c_fin[j, n0 + n] = blocks[last, j, n]
-
-
-@_inline
-def _group_operand(operand, hid, x2, t, n0, batch):
-    """A group's operand ``[h; x_t]`` ((H + I, n)) for sequences ``n0 … n0 + n − 1``: its hidden
-    state ``hid`` (H, n) and time step ``t`` of those sequences' rows of ``x2`` (T·N, I, with
-    ``batch`` = N), transposed."""
-    h, count = hid.shape
-    for j in range(h):
-        for n in range(count):
-            operand[j, n] = hid[j, n]
-    for n in range(count):
-        row = x2[t * batch + n0 + n]
-        for i in range(x2.shape[1]):
-            operand[h + i, n] = row[i]
 
 
 # --------------------------------------------------------------------------------------
@@ -2051,8 +2039,8 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
     units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
     thread meanwhile; the gate rows of a large cache stored past the caches, :func:`streams`);
-    :func:`backward` then takes the same ``parts``. An inference without peepholes whose
-    sequences :func:`group_sequences` shares out instead walks one group a thread
+    :func:`backward` then takes the same ``parts``. An inference whose sequences
+    :func:`group_sequences` shares out instead walks one group a thread
     (:func:`_groups_threads`)."""
     seq_len, _, batch = steps.shape
     inference = hidden is None or not steps.strides[0]
