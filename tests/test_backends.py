@@ -1,3 +1,4 @@
+import functools
 import itertools
 import sys
 import threading
@@ -438,15 +439,23 @@ def test_numba_kernels_cache_stamps_cover_every_kernel_module(tmp_path):
     assert any("_row_forward" in line for line in saved), changed
 
 
-def _fresh_asm(kernel, *args) -> str:
-    """The assembly of ``kernel`` compiled anew (not from the disk cache, whose code cannot be
-    inspected) for ``args``, with the kernel's own options."""
+@functools.cache
+def _fresh(kernel):
+    """``kernel`` with its own options but without the disk cache (whose code cannot be
+    inspected): it compiles anew, once per process for each signature, the tests that read the
+    same signature's assembly sharing the compilation."""
     import numba
 
     options = {k: v for k, v in kernel.targetoptions.items() if k not in ("cache", "nopython")}
-    fresh = numba.njit(**options)(kernel.py_func)
+    return numba.njit(**options)(kernel.py_func)
+
+
+def _fresh_asm(kernel, *args) -> str:
+    """The assembly of ``kernel`` compiled anew (:func:`_fresh`) for ``args``, after calling it
+    with them."""
+    fresh = _fresh(kernel)
     fresh(*args)
-    return fresh.inspect_asm(fresh.signatures[0])
+    return fresh.inspect_asm(tuple(fresh.typeof_pyval(a) for a in args))
 
 
 def _forward_step_asm(block: np.ndarray, *, stream: bool = False) -> str:
