@@ -50,7 +50,7 @@ from ..activation import Activation
 from ..enums import ActivationFunction as AF
 from . import _numba_cache
 from ._lstm_kernels import LSTMKernels, LSTMScratch, LSTMStepPlan, LSTMWeights, _copy_or_zero, gather_output
-from ._numba_lstm import _EMPTY, FAST_MATH, _feature_major, _mm, _repeated, _tanh
+from ._numba_lstm import _EMPTY, FAST_MATH, _feature_major, _mm, _repeated, _runtime, _tanh
 
 _numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
@@ -364,7 +364,7 @@ def _forward(x2, wx, bias, u, full_pre, full_out, pe, codes, alphas, betas, halv
         o, act = rows[4 * m:5 * m], rows[5 * m:]
         _pre_activation(o, pe[3], cell, pre, t, 3, halved[3], staged)
         activate_run(codes[3], alphas[3], betas[3], halved[3], staged, o)
-        activate_run(codes[4], alphas[4], betas[4], False, cell, act)
+        activate_run(codes[4], alphas[4], betas[4], _runtime(False), cell, act)  # the gates' specialization
         for e in range(m):
             hid[e] = o[e] * act[e]
         if held:

@@ -106,7 +106,8 @@ _numba_cache.install()  # before any kernel: the stamps of their cache cover eve
 __all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS",
            "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "STREAM_CACHE_MIN", "THREADED_STEP_MIN",
            "serves", "step_parts", "group_sequences", "chunk_steps", "overlaps", "overlap_pieces", "streams",
-           "layers_together", "wide_rows", "forward", "forward_layers", "backward", "backward_layers"]
+           "layers_together", "wide_rows", "read_only", "forward", "forward_layers", "backward",
+           "backward_layers"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 1024 keeps each product large and a chunk's projection, which the steps read
@@ -344,6 +345,22 @@ def _tanh_typed(x):
         return x * p / q
 
     return rational
+
+
+def _runtime(value):  # pragma: no cover - replaced by the overload below inside compiled code
+    """``value`` itself."""
+    return value
+
+
+@overload(_runtime)
+def _runtime_typed(value):
+    """In compiled code, ``value`` typed as a value known at run time, not as a literal. A
+    constant argument (``0``, ``False``) reaches the kernel it is passed to typed as that
+    constant (``Literal[int](0)``), and Numba compiles the kernel again for it, beside the
+    specialization the kernel's other callers take: 12 s more of a cold first call for
+    :func:`_forward_part`'s. Passed through ``_runtime``, the constant takes theirs. Not inlined
+    into Numba's IR, where it would be the constant again; LLVM inlines the call."""
+    return lambda value: value
 
 
 @_threaded
@@ -1059,7 +1076,7 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
         for r in range(4 * h):
             for n in range(batch):
                 bias_rows[r, n] = bias[r]
-        first = np.int64(0)  # not a literal 0, which would compile _recur_threads a second time
+        first = _runtime(0)  # not a literal 0, which would compile _recur_threads a second time
         _recur_threads(parts, projection, first, u_rows, tiles, pe, h0, c0, lengths, steps, hidden, out,
                        h_fin, c_fin, reverse, first, seq_len, light, stream, x2, operands, bias_rows)
         return
@@ -1130,12 +1147,14 @@ def _sequence_group(n0, n1, u, tiles, pe, h0, c0, lengths, x2, bias, out, h_fin,
     own_lengths = lengths[n0:n1] if lengths.size else lengths
     t = seq_len - 1 if reverse else 0
     _next_operand(operands[0], states[0], x2, t, 0, h, n0, batch)
+    # the shared-out steps' specialization of _forward_part (:func:`_runtime`)
+    zero, none, yes, no = _runtime(0), _runtime(-1), _runtime(True), _runtime(False)
     for k in range(seq_len):
         t = seq_len - 1 - k if reverse else k
         now, following = k % 2, (k + 1) % 2
-        _forward_part(0, h, u, tiles, bias_rows, 0, -1, own_pe, blocks[now], states[now],
-                      blocks[following, :h], states[following], out[t, n0:n1], own_lengths, t, True, light,
-                      False, x2, operands[now], operands[following], bias_rows, -1)
+        _forward_part(zero, h, u, tiles, bias_rows, zero, none, own_pe, blocks[now], states[now],
+                      blocks[following, :h], states[following], out[t, n0:n1], own_lengths, t, yes, light,
+                      no, x2, operands[now], operands[following], bias_rows, none)
         if k + 1 < seq_len:
             _next_operand(operands[following], states[following], x2, t - 1 if reverse else t + 1, 0, h, n0,
                           batch)
@@ -1483,7 +1502,7 @@ def _backward(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad
                   dh_first, reverse, k_begin, k_end, first_t, wait, no_ring)
         _chunk_products(x2, wx_t, wx_t[:0], steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
                         d_peep, d_input, input_beta, first_t, k_end - k_begin,
-                        0.0 if q == n_chunks - 1 else 1.0, d_full_pre, d_full_out, False)
+                        0.0 if q == n_chunks - 1 else 1.0, d_full_pre, d_full_out, _runtime(False))
         if report.size:
             publish(report, seq_len - first_t)
 
@@ -1754,25 +1773,26 @@ def _backward_overlapped(x2, wx, u_t, u, pe, has_peep, lengths, steps, hidden, d
         if p == 0:
             for q in range(count - 1, -1, -1):
                 k_begin, k_end, _ = _piece(seq_len, bounds, q, reverse)
-                # np.int64: a literal 0 would compile _backprop a second time
+                # _runtime: a literal 0 would compile _backprop a second time
                 _backprop(steps, dy, lengths, u_t, u, pe, empty, empty, dc, carried, dh, empty[:, :0],
-                          dh_first, reverse, k_begin, k_end, np.int64(0), none, ring)
+                          dh_first, reverse, k_begin, k_end, _runtime(0), none, ring)
                 count_up(walked)
             k_begin, k_end, first_t = _piece(seq_len, bounds, 0, reverse)
             width = (k_end - k_begin) * batch
             _gather_piece(ring, first_t, k_end - k_begin, pieces[0])
-            _chunk_products(x2, empty, wx, steps, hidden, has_peep, pieces[0][:, :width], empty, d_wx,
-                            d_u, d_bias, d_peep, d_input, input_beta, first_t, k_end - k_begin, 0.0, empty,
-                            empty, True)
+            # empty[:, :0]: the layout of _backward's columns, so both take one _chunk_products
+            _chunk_products(x2, empty, wx, steps, hidden, has_peep, pieces[0][:, :width], empty[:, :0],
+                            d_wx, d_u, d_bias, d_peep, d_input, input_beta, first_t, k_end - k_begin, 0.0,
+                            empty, empty, _runtime(True))
         else:
             for q in range(count - 1, 0, -1):
                 wait_for(walked, count - q)
                 k_begin, k_end, first_t = _piece(seq_len, bounds, q, reverse)
                 width = (k_end - k_begin) * batch
                 _gather_piece(ring, first_t, k_end - k_begin, pieces[1])
-                _chunk_products(x2, empty, wx, steps, hidden, has_peep, pieces[1][:, :width], empty, other_wx,
-                                other_u, other_bias, other_peep, d_input, input_beta, first_t,
-                                k_end - k_begin, 0.0 if q == count - 1 else 1.0, empty, empty, True)
+                _chunk_products(x2, empty, wx, steps, hidden, has_peep, pieces[1][:, :width], empty[:, :0],
+                                other_wx, other_u, other_bias, other_peep, d_input, input_beta, first_t,
+                                k_end - k_begin, 0.0 if q == count - 1 else 1.0, empty, empty, _runtime(True))
     for r in range(d_wx.shape[0]):
         for c in range(d_wx.shape[1]):
             d_wx[r, c] += other_wx[r, c]
@@ -1872,6 +1892,22 @@ def _aligned(scratch, name: str, shape: tuple[int, int], dtype: np.dtype) -> np.
     return padded[:, :columns]
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``: the training cache, the layer's input and the output gradient
+    as the kernels that only read them take them (the input of :func:`forward` and
+    :func:`backward`, the cache and output gradient of :func:`backward`). A read-only array is
+    another type to Numba, so a cache in the caller's ``bytes`` (which also holds the inputs of
+    the layers above the first), or an input read from a file with ``numpy.frombuffer``,
+    compiled the kernels a second time beside a writable array's (the backward: 30 s from cold
+    for a small float32 layer); as views of one kind both take one, and the compiler checks
+    that the kernels write into none of them. (The cells of :mod:`._numba_cells` pass the cache as it is:
+    their activations' passes take a cache row and a row of their own scratch in one call,
+    and read-only rows there made two compiled passes of each call.)"""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 def _any_layout(a: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """``a`` (or one element of it repeated to ``shape``) behind a leading axis of length 2 and
     stride 0; the kernels take element 0. Numba compiles a kernel once per layout of each array
@@ -1952,7 +1988,7 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
     full_out = w.peepholes.full_output
     light = _light(w, inference)
     return _ForwardCall(
-        x2, wx, bias, w.u_wide, w.u_t_wide,
+        read_only(x2), wx, bias, w.u_wide, w.u_t_wide,
         _repeated(w.peepholes.diagonal, h, batch, dtype), _EMPTY[dtype] if w.full_pre is None else w.full_pre,
         _EMPTY[dtype] if full_out is None else full_out, _feature_major(h0, dtype), _feature_major(c0, dtype),
         _NO_LENGTHS if lengths is None else lengths, steps, hidden, _any_layout(output), h_fin, c_fin,
@@ -2189,14 +2225,15 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
         else:
             np.copyto(state, final.T)
     full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
+    dys = _any_layout(np.zeros(1, dtype), (seq_len, batch, h)) if dy is None else _any_layout(dy)
     return _BackwardCall(
-        x2, w.wx_t, w.wx_rows, w.u_t_wide, w.u_wide,
+        read_only(x2), w.wx_t, w.wx_rows, w.u_t_wide, w.u_wide,
         _diagonal(w.peepholes_grad.diagonal, h, dtype),
         _repeated(w.peepholes_grad.diagonal, h, batch, dtype),
         any(p is not None for p in w.peepholes_grad.diagonal),
         _EMPTY[dtype] if full_pre is None else full_pre, _EMPTY[dtype] if full_out is None else full_out,
-        _NO_LENGTHS if lengths is None else lengths, steps, hidden,
-        _any_layout(np.zeros(1, dtype), (seq_len, batch, h)) if dy is None else _any_layout(dy), dc, carried,
+        _NO_LENGTHS if lengths is None else lengths, read_only(steps), read_only(hidden),
+        read_only(dys), dc, carried,
         scratch.array("lstm_numba_d_wx", (4 * h, size_i), dtype),
         scratch.array("lstm_numba_d_u", (4 * h, h), dtype),
         scratch.array("lstm_numba_d_bias", (4 * h,), dtype),
