@@ -500,42 +500,6 @@ def test_cache_accepts_writable_buffers(backend_name, rng, kind):
         np.testing.assert_array_equal(grads.input, frozen.input)
 
 
-def _compiled_signatures() -> dict[str, set]:
-    """The signatures every kernel of the compiled LSTM modules has compiled (or loaded) so far
-    in this process; empty without Numba."""
-    if "numba" not in bf.available_backends():
-        return {}
-    from numba.core.registry import CPUDispatcher
-
-    from bnnsfw.backends import _numba_lstm, _numba_tiles
-
-    return {f"{module.__name__}.{name}": set(kernel.signatures) for module in (_numba_lstm, _numba_tiles)
-            for name, kernel in vars(module).items() if isinstance(kernel, CPUDispatcher)}
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_read_only_cache_of_the_default_cell_gives_the_same_gradients(backend_name, rng, dtype):
-    """The default cell's backward (the compiled backend's own kernels) reads a cache in
-    ``bytes`` as it reads a writable one, and its forward a read-only input as a writable one;
-    on ``numba`` both take the kernels' one specialization (``read_only``): the read-only arrays
-    compile nothing more."""
-    params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, seed=4, dtype=dtype)
-    x = rng.standard_normal((6, 3, 3)).astype(dtype)
-    with layer_for(params, backend_name) as layer:
-        out = layer.apply(x, training=True, training_cache=bytearray(layer.training_cache_capacity(3, 6)))
-        dy = rng.standard_normal(out.output.shape).astype(dtype)
-        grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
-        inferred = layer.apply(x).output
-        compiled = _compiled_signatures()
-        frozen = layer.apply_backward(x, dy, training_cache=bytes(out.training_cache))
-        read = np.frombuffer(x.tobytes(), dtype).reshape(x.shape)  # a read-only input
-        np.testing.assert_array_equal(layer.apply(read).output, inferred)
-        assert _compiled_signatures() == compiled
-        np.testing.assert_array_equal(frozen.input, grads.input)
-        for name, value in grads.parameters().items():
-            np.testing.assert_array_equal(frozen.parameters()[name], value, err_msg=name)
-
-
 def test_cache_mismatches_are_detected(backend_name, rng):
     params = LSTMParameters.random(input_size=2, hidden_size=3, num_layers=2, seed=0, dtype=np.float64)
     x = rng.standard_normal((4, 2, 2))

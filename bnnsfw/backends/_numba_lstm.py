@@ -106,8 +106,7 @@ _numba_cache.install()  # before any kernel: the stamps of their cache cover eve
 __all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS",
            "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "STREAM_CACHE_MIN", "THREADED_STEP_MIN",
            "serves", "step_parts", "group_sequences", "chunk_steps", "overlaps", "overlap_pieces", "streams",
-           "layers_together", "wide_rows", "read_only", "forward", "forward_layers", "backward",
-           "backward_layers"]
+           "layers_together", "wide_rows", "forward", "forward_layers", "backward", "backward_layers"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 1024 keeps each product large and a chunk's projection, which the steps read
@@ -1892,22 +1891,6 @@ def _aligned(scratch, name: str, shape: tuple[int, int], dtype: np.dtype) -> np.
     return padded[:, :columns]
 
 
-def read_only(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a``: the training cache, the layer's input and the output gradient
-    as the kernels that only read them take them (the input of :func:`forward` and
-    :func:`backward`, the cache and output gradient of :func:`backward`). A read-only array is
-    another type to Numba, so a cache in the caller's ``bytes`` (which also holds the inputs of
-    the layers above the first), or an input read from a file with ``numpy.frombuffer``,
-    compiled the kernels a second time beside a writable array's (the backward: 30 s from cold
-    for a small float32 layer); as views of one kind both take one, and the compiler checks
-    that the kernels write into none of them. (The cells of :mod:`._numba_cells` pass the cache as it is:
-    their activations' passes take a cache row and a row of their own scratch in one call,
-    and read-only rows there made two compiled passes of each call.)"""
-    view = a.view()
-    view.flags.writeable = False
-    return view
-
-
 def _any_layout(a: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """``a`` (or one element of it repeated to ``shape``) behind a leading axis of length 2 and
     stride 0; the kernels take element 0. Numba compiles a kernel once per layout of each array
@@ -1988,7 +1971,7 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
     full_out = w.peepholes.full_output
     light = _light(w, inference)
     return _ForwardCall(
-        read_only(x2), wx, bias, w.u_wide, w.u_t_wide,
+        x2, wx, bias, w.u_wide, w.u_t_wide,
         _repeated(w.peepholes.diagonal, h, batch, dtype), _EMPTY[dtype] if w.full_pre is None else w.full_pre,
         _EMPTY[dtype] if full_out is None else full_out, _feature_major(h0, dtype), _feature_major(c0, dtype),
         _NO_LENGTHS if lengths is None else lengths, steps, hidden, _any_layout(output), h_fin, c_fin,
@@ -2225,15 +2208,14 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
         else:
             np.copyto(state, final.T)
     full_pre, full_out = w.full_pre_grad, w.peepholes_grad.full_output
-    dys = _any_layout(np.zeros(1, dtype), (seq_len, batch, h)) if dy is None else _any_layout(dy)
     return _BackwardCall(
-        read_only(x2), w.wx_t, w.wx_rows, w.u_t_wide, w.u_wide,
+        x2, w.wx_t, w.wx_rows, w.u_t_wide, w.u_wide,
         _diagonal(w.peepholes_grad.diagonal, h, dtype),
         _repeated(w.peepholes_grad.diagonal, h, batch, dtype),
         any(p is not None for p in w.peepholes_grad.diagonal),
         _EMPTY[dtype] if full_pre is None else full_pre, _EMPTY[dtype] if full_out is None else full_out,
-        _NO_LENGTHS if lengths is None else lengths, read_only(steps), read_only(hidden),
-        read_only(dys), dc, carried,
+        _NO_LENGTHS if lengths is None else lengths, steps, hidden,
+        _any_layout(np.zeros(1, dtype), (seq_len, batch, h)) if dy is None else _any_layout(dy), dc, carried,
         scratch.array("lstm_numba_d_wx", (4 * h, size_i), dtype),
         scratch.array("lstm_numba_d_u", (4 * h, h), dtype),
         scratch.array("lstm_numba_d_bias", (4 * h,), dtype),
