@@ -391,16 +391,22 @@ def test_numba_kernels_cache_stamps_cover_every_kernel_module(tmp_path):
     cache entry is stamped with all of their sources: every kernel module's functions take
     the stamping locator, whose stamp is the one Numba's own locator gives plus a digest that
     changes with any byte of any kernel module. End to end, in a copy of the package: after a
-    change to ``_numba_stream.py`` alone, the normalization kernel that calls its stores is
+    change to ``numba/_stream.py`` alone, the normalization kernel that calls its stores is
     compiled again instead of being loaded from the cache."""
     import os
     import shutil
     import subprocess
+    from pathlib import Path
 
-    from bnnsfw.backends import _numba_cache, _numba_lstm, _numba_normalization, _numba_tiles
+    from bnnsfw.backends.numba import _cache as _numba_cache
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba import _normalization as _numba_normalization
+    from bnnsfw.backends.numba import _tiles as _numba_tiles
 
     names = {path.name for path in _numba_cache.KERNEL_MODULES}
-    assert {"_numba_lstm.py", "_numba_tiles.py", "_numba_stream.py", "_numba_normalization.py"} <= names
+    package_modules = {path.name for path in Path(_numba_cache.__file__).parent.glob("*.py")}
+    assert names == package_modules and len(names) == len(_numba_cache.KERNEL_MODULES)
+    assert {"_lstm.py", "_tiles.py", "_stream.py", "_normalization.py"} <= names
     for kernel in (_numba_tiles._product, _numba_lstm._recur, _numba_normalization._row_forward):
         locator = kernel._cache._impl.locator
         assert isinstance(locator, _numba_cache.KernelSourcesLocator)
@@ -432,7 +438,7 @@ def test_numba_kernels_cache_stamps_cover_every_kernel_module(tmp_path):
     assert "data saved" in first and "_row_forward" in first
     again = run()
     assert "_row_forward" in again and "data saved" not in again  # warm: loaded, nothing compiled
-    with open(package / "bnnsfw" / "backends" / "_numba_stream.py", "a", encoding="utf-8") as fh:
+    with open(package / "bnnsfw" / "backends" / "numba" / "_stream.py", "a", encoding="utf-8") as fh:
         fh.write("\n# a change to the stores only\n")
     changed = run()
     saved = [line for line in changed.splitlines() if "data saved" in line]
@@ -463,7 +469,7 @@ def _forward_step_asm(block: np.ndarray, *, stream: bool = False) -> str:
     for one piece of all ``H = block.shape[0] // 6`` units of ``block.shape[1]`` sequences
     (random weights, projection and state; no packed rows, no lengths; a training step, its
     gate rows written into ``block``, stored past the caches with ``stream``)."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     h, batch, f32 = block.shape[0] // 6, block.shape[1], np.float32
     rng = np.random.default_rng(0)
@@ -496,7 +502,9 @@ def test_numba_kernel_loops_take_the_wide_vectors():
     import llvmlite.binding
     from numba.core import config
 
-    from bnnsfw.backends import _numba_lstm, _numba_normalization, _numba_tiles
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba import _normalization as _numba_normalization
+    from bnnsfw.backends.numba import _tiles as _numba_tiles
 
     if _numba_tiles.WIDE_BYTES != 64:
         pytest.skip("the kernels are not compiled for AVX-512 here")
@@ -546,7 +554,7 @@ def test_numba_prefetch_asks_without_reading():
 
     import numba
 
-    from bnnsfw.backends._numba_stream import prefetch
+    from bnnsfw.backends.numba._stream import prefetch
 
     @numba.njit
     def asked_sum(a, step):

@@ -123,7 +123,7 @@ def _assert_all_close(got: list[np.ndarray], want: list[np.ndarray], dtype) -> N
 def _record_calls(monkeypatch, names, note=None) -> list:
     """Wrap each of ``_numba_lstm``'s functions ``names`` so that every call first appends
     ``note(name, function, args)`` (the name without ``note``) to the list returned."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     calls: list = []
     for name in names:
@@ -682,7 +682,7 @@ def test_fast_kernels_agree_with_the_reference(case, dtype, fast_backend, rng):
             kernel = forward.args[0] if forward.args else forward.func
         else:
             kernel = forward
-        assert kernel.__module__ in ("bnnsfw.backends._fast_lstm", "bnnsfw.backends.numba")
+        assert kernel.__module__ in ("bnnsfw.backends.scipy_blas._lstm", "bnnsfw.backends.numba")
     x_shape, y_shape, state_shape = shapes(params, seq_len, batch)
     x, dy = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(y_shape).astype(dtype)
     h0c0 = tuple(rng.standard_normal(state_shape).astype(dtype) for _ in range(2)) if states else (None, None)
@@ -743,7 +743,7 @@ def test_numba_activation_formulas_match_the_activations(act):
     to 1e-5 of the float64 values (float32 rounding in GELU's cubic; the rational tanh's error
     is about 2.6e-7); the derivative from the output alone (the input NaN) for the functions
     whose output determines it; a halved sigmoid gate as σ(2v)."""
-    from bnnsfw.backends._numba_cells import activate_run, derivative_run
+    from bnnsfw.backends.numba._cells import activate_run, derivative_run
 
     assert len(EVERY_ACTIVATION) == 29
     x = np.linspace(-6.0, 6.0, 241) + 0.0137
@@ -781,7 +781,7 @@ def test_numba_compiles_cells_with_any_activation(act, monkeypatch, rng):
     lengths (one of them 0) and initial states, two bidirectional layers, runs on the
     compiled kernels of ``_numba_cells`` (never on the reference's step kernels) and agrees
     with the reference backend: outputs, states and every gradient, float64."""
-    from bnnsfw.backends._lstm_kernels import LSTMKernels
+    from bnnsfw.backends._shared.lstm_kernels import LSTMKernels
 
     def refused(*args, **kwargs):
         raise AssertionError("a reference step kernel ran on the numba backend")
@@ -821,7 +821,7 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, batch,
     or mixed peepholes (compiled, not handed on), both directions, initial states and
     final-state gradients. 3 sequences take BLAS for each step's product, 11 the tile product
     (whole vectors and a padded rest)."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 6)
     params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, bidirectional=True,
@@ -891,7 +891,7 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
     refuses operands whose rows are not unit-stride. The same with ``b`` paired beforehand
     for several products (``paired``, ``paired_product``), and with ``a`` stored transposed
     (``transposed_product``, whose tiles take ``TRANSPOSED_ROWS`` rows, then 8, 4, 2 and 1)."""
-    from bnnsfw.backends._numba_tiles import (PAIR_ROWS, PAIR_WIDE_ROWS, lanes, paired, paired_product,
+    from bnnsfw.backends.numba._tiles import (PAIR_ROWS, PAIR_WIDE_ROWS, lanes, paired, paired_product,
                                               product, transposed_product)
 
     width = lanes(dtype)
@@ -938,7 +938,7 @@ def test_numba_row_product_agrees_with_a_float64_product(dtype, rng):
     of one, and columns one by one, or none of some; an empty sum; ``b`` a view of the first
     columns of wider rows (NaN beyond, never read) and ``a`` a column of a larger array;
     ``out`` overwritten whatever it held (NaN), nothing written around it."""
-    from bnnsfw.backends._numba_tiles import ROW_VECTORS, WIDE_BYTES, row_product
+    from bnnsfw.backends.numba._tiles import ROW_VECTORS, WIDE_BYTES, row_product
 
     lane = WIDE_BYTES // np.dtype(dtype).itemsize
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
@@ -970,7 +970,7 @@ def test_numba_narrow_step_product_agrees_with_a_float64_product(dtype, beta, rn
     padded rows whose padding is never read (NaN there), ``beta`` 0 overwriting whatever ``c``
     held (NaN included), 1 adding to it; ``c`` a view inside a larger array, nothing written
     around it; ``b`` left as it was."""
-    from bnnsfw.backends._numba_lstm import _narrow_product, wide_rows
+    from bnnsfw.backends.numba._lstm import _narrow_product, wide_rows
 
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
     for m in (1, 3, 4, 6, 7, 64, 257):
@@ -1009,8 +1009,8 @@ def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(dtype,
     a chunk's products shared out over threads (blocks of ``TILE_BLOCK`` along the shared axes,
     the last one shorter, and for the input gradient ``TRANSPOSED_ROWS`` columns of ``dz`` at a
     time, 11 left over); nothing written around the outputs."""
-    from bnnsfw.backends._numba_lstm import TILE_BLOCK, _tile_input_gradient, _tile_weight_gradients
-    from bnnsfw.backends._numba_tiles import TRANSPOSED_ROWS
+    from bnnsfw.backends.numba._lstm import TILE_BLOCK, _tile_input_gradient, _tile_weight_gradients
+    from bnnsfw.backends.numba._tiles import TRANSPOSED_ROWS
 
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
     blocked = (2 * TILE_BLOCK + 18, 56 * TRANSPOSED_ROWS + 11, 20, 9)
@@ -1051,7 +1051,7 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
     counts that ``packs`` (a whole number of narrow vectors; where the paired tiles serve,
     ``PAIRS``, not one narrow or one wide vector's worth, which they take); it writes nothing
     outside ``out`` and takes ``out`` as ``add``."""
-    from bnnsfw.backends._numba_tiles import (COLUMN_ROWS, PACK_ROWS, PAIRS, ROWS, VECTOR_BYTES, WIDE_BYTES,
+    from bnnsfw.backends.numba._tiles import (COLUMN_ROWS, PACK_ROWS, PAIRS, ROWS, VECTOR_BYTES, WIDE_BYTES,
                                               lanes, pack_rows, pack_size, packed_product, packs, product)
 
     width = lanes(dtype)
@@ -1091,7 +1091,7 @@ def test_numba_packed_rest_product_reads_only_its_rows(dtype, rng):
     tiles of 8, 4, 2 and 1 of them) agrees with a float64 product; it reads none of the
     block's other columns (NaN there changes nothing), writes nothing outside ``out`` and
     takes ``out`` as ``add``."""
-    from bnnsfw.backends._numba_tiles import PACK_ROWS, lanes, packed_rest_product
+    from bnnsfw.backends.numba._tiles import PACK_ROWS, lanes, packed_rest_product
 
     width = lanes(dtype)
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
@@ -1119,8 +1119,8 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
     anywhere) leaves the packed rows unmade. The batch: 24 sequences with AVX-512, one
     vector's worth without; three vectors' worth take blocks of the rows of the tile that
     takes them (``pack_size``: six without AVX-512) and agree as well."""
-    from bnnsfw.backends import _numba_lstm
-    from bnnsfw.backends._numba_tiles import (PACK_ROWS, ROWS, VECTOR_BYTES, WIDE_BYTES, lanes, pack_size,
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba._tiles import (PACK_ROWS, ROWS, VECTOR_BYTES, WIDE_BYTES, lanes, pack_size,
                                               packs)
 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
@@ -1175,7 +1175,7 @@ def test_numba_column_product_agrees_with_a_float64_product(rng):
     nothing reads into ``out``), shared lengths from 0 up; it writes nothing outside ``out``,
     takes ``out`` as ``add``, and refuses operands it does not serve. Float32 only, 8 columns;
     ``column_tiles`` says where the steps take it (AVX-512 without the paired tiles)."""
-    from bnnsfw.backends._numba_tiles import (COLUMN_COLUMNS, COLUMN_ROWS, PAIRS, VECTOR_BYTES, WIDE_BYTES,
+    from bnnsfw.backends.numba._tiles import (COLUMN_COLUMNS, COLUMN_ROWS, PAIRS, VECTOR_BYTES, WIDE_BYTES,
                                               column_product, column_tiles, pack_rows)
 
     assert (COLUMN_ROWS, COLUMN_COLUMNS) == (32, 8)
@@ -1213,8 +1213,8 @@ def test_numba_shared_steps_take_the_column_tile_for_8_sequences(monkeypatch, rn
     unused) and make ``U h + W x + b`` with the column tile: the
     output, the training forward's and the gradients agree with the reference, zeroing the
     packed rows changes the output; elsewhere no such blocks are made."""
-    from bnnsfw.backends import _numba_lstm
-    from bnnsfw.backends._numba_tiles import COLUMN_ROWS, column_tiles
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba._tiles import COLUMN_ROWS, column_tiles
 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
     for hidden, pieces in ((38, ((0, 16), (16, 38))), (70, ((0, 32), (32, 70)))):
@@ -1254,7 +1254,7 @@ def test_numba_tile_takes_wide_vectors_only_where_the_code_is_compiled_for_avx51
     32, the narrow width."""
     from numba.core import config
 
-    from bnnsfw.backends import _numba_tiles
+    from bnnsfw.backends.numba import _tiles as _numba_tiles
 
     monkeypatch.setattr(config, "CPU_FEATURES", "+avx,+avx2,+fma,-avx512f")
     assert _numba_tiles._wide_bytes() == _numba_tiles.VECTOR_BYTES == 32
@@ -1269,7 +1269,7 @@ def test_numba_paired_tiles_serve_where_the_vector_units_are_wide(monkeypatch):
     (``NUMBA_CPU_NAME`` when set, else the machine's)."""
     from numba.core import config
 
-    from bnnsfw.backends import _numba_tiles
+    from bnnsfw.backends.numba import _tiles as _numba_tiles
 
     assert _numba_tiles.SPLIT_WIDE_CPUS == {"znver4"}
     assert _numba_tiles._pairs(64, "znver5") and _numba_tiles._pairs(64, "sapphirerapids")
@@ -1294,7 +1294,7 @@ def test_numba_paired_tiles_agree_with_a_float64_product_where_products_do_not_t
     product and write nothing outside ``out``."""
     import numba
 
-    from bnnsfw.backends import _numba_tiles
+    from bnnsfw.backends.numba import _tiles as _numba_tiles
 
     if _numba_tiles.PAIRS or _numba_tiles.WIDE_BYTES != 2 * _numba_tiles.VECTOR_BYTES:
         pytest.skip("the paired tiles serve the products here (or need 64-byte vectors)")
@@ -1321,7 +1321,7 @@ def test_numba_paired_tiles_agree_with_a_float64_product_where_products_do_not_t
 
 _NARROW_TILES = """
 import numpy as np
-from bnnsfw.backends._numba_tiles import WIDE_BYTES, product
+from bnnsfw.backends.numba._tiles import WIDE_BYTES, product
 assert WIDE_BYTES == 32, WIDE_BYTES
 rng = np.random.default_rng(0)
 worst = 0.0
@@ -1381,7 +1381,7 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     (H = 38) and the rest (4 and 10 rows) in one more block. The chunks' gradient
     products are made by one-thread BLAS calls or by the register tile (``tiles_chunks``,
     which answers for the shapes where the tile is the faster, made to answer here)."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     used = _record_calls(monkeypatch, ("_forward_threads", "_backward_threads"),
                          lambda name, function, args: (name, args[0]))
@@ -1423,8 +1423,8 @@ def test_numba_group_sequences_rules():
     """A float32 inference on threads walks groups of sequences when the batch divides into
     one group a thread, each a whole number of the packed products' columns (``packs``); a
     float64 one never does."""
-    from bnnsfw.backends._numba_lstm import group_sequences
-    from bnnsfw.backends._numba_tiles import packs
+    from bnnsfw.backends.numba._lstm import group_sequences
+    from bnnsfw.backends.numba._tiles import packs
 
     lane = 8  # a 32-byte vector's worth of float32
     assert not group_sequences(1, 4 * lane, np.float32)  # one thread: nothing to share out
@@ -1446,8 +1446,8 @@ def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts,
     directions together), lengths (one of them 0), initial states or none, groups of one or
     two vectors' worth of columns. A training forward keeps each step's units shared out
     (``_forward_threads``), and its backward agrees too."""
-    from bnnsfw.backends import _numba_lstm
-    from bnnsfw.backends._numba_tiles import packs
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba._tiles import packs
 
     dtype = np.float32  # groups serve float32 only (test_numba_group_sequences_rules)
     lane = 8
@@ -1494,7 +1494,7 @@ def test_numba_training_forward_streams_the_gate_rows_of_large_caches(dtype, bat
     of which agree with the reference (two layers, diagonal peepholes, lengths, one of them 0,
     initial states; 38 units, so most rows start inside a cache line). Inference never streams;
     by default the long row's blocks stream and L's do not, and the threshold's bytes do."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
     from bnnsfw.layers._lstm_cache import HEADER_BYTES
 
     streamed = []
@@ -1553,7 +1553,7 @@ def test_numba_overlapped_backward_agrees_with_the_reference(dtype, hidden_size,
     diagonal peepholes, two layers, initial states, final-state gradients, with and without
     an output gradient, pieces of one step and longer, of unequal lengths. Two backward calls
     from one cache give the same bits."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     used = []
     original = _numba_lstm._backward_overlapped
@@ -1601,7 +1601,7 @@ def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
     steps long, the rest at most ``⌈T / 8⌉``; the walking thread takes the products of the last
     piece walked, ``(2 + (r − 1)·T + 3) / 2r`` steps, ``r`` a step's products against its
     walk."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     assert _numba_lstm.overlaps(2, 50, 16, 128)  # M
     assert _numba_lstm.overlaps(2, 32, 32, 64)  # 1 024 columns: one chunk
@@ -1634,8 +1634,8 @@ def test_numba_gate_gradients_stored_past_the_caches_agree_with_the_reference(dt
     (the steps and BLAS) and shared out over two, over several chunks, with lengths, the
     gradients agree with the reference. The scratch those columns go to starts each row on
     a cache line, rows padded apart."""
-    from bnnsfw.backends import _numba_lstm
-    from bnnsfw.backends._numba_stream import LINE_BYTES
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba._stream import LINE_BYTES
 
     batch = lines * LINE_BYTES // np.dtype(dtype).itemsize
 
@@ -1679,8 +1679,8 @@ def test_numba_fused_passes_agree_in_vector_loops_and_their_remainders(rng):
     (``test_same_inputs_give_bitwise_the_same_results_on_one_backend``)."""
     import numba
 
-    from bnnsfw.backends import _numba_lstm as kernels
-    from bnnsfw.backends._numba_tiles import wide_loops
+    from bnnsfw.backends.numba import _lstm as kernels
+    from bnnsfw.backends.numba._tiles import wide_loops
 
     options = {k: v for k, v in kernels._recur.targetoptions.items() if k in ("fastmath", "error_model")}
 
@@ -1715,8 +1715,8 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
     those runs in one set of the level-1 cache); over several chunks and a last short one, on
     one thread and shared out over two, inference and training agree with the reference (3
     sequences, which no tile takes packed rows for: the shared-out steps read the projection)."""
-    from bnnsfw.backends import _numba_lstm
-    from bnnsfw.backends._numba_tiles import packs
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba._tiles import packs
 
     batch = 3
     assert not packs(batch, dtype)
@@ -1755,7 +1755,7 @@ def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, mon
     gradients, two layers, chunks of steps and 11 sequences (the tile product)."""
     import threading
 
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     seen = _record_calls(monkeypatch, ("_forward", "_backward", "_forward_threads", "_backward_threads"),
                          lambda name, function, args: (name, bool(_argument(function, args, "reverse")),
@@ -1804,7 +1804,7 @@ def test_numba_runs_two_layers_together_and_agrees(peepholes, dtype, batch, monk
     reference with lengths (one of 0), initial states, final-state gradients, every kind of
     peephole, chunks of steps (the second layer's of one or two steps), 3 sequences (BLAS for
     each step's product) and 11 (the tile)."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     if not _numba_lstm.layers_together():
         pytest.skip("needs two of Numba's threads and cheap parallel regions")
@@ -1863,7 +1863,7 @@ def test_numba_runs_two_layers_together_and_agrees(peepholes, dtype, batch, monk
 _ON_ONE_THREAD = """
 import numba, numpy as np
 import bnnsfw as bf
-from bnnsfw.backends import _numba_lstm
+from bnnsfw.backends.numba import _lstm as _numba_lstm
 {force}
 numba.set_num_threads(1)
 params = bf.LSTMParameters.random(input_size=3, seed=3, dtype=np.float32, {shape})
@@ -1934,7 +1934,7 @@ def test_numba_claims_and_counts_are_atomic_across_threads():
 
 _RACE = """
 import numba, numpy as np
-from bnnsfw.backends._numba_progress import claim, count_up, wait_for
+from bnnsfw.backends.numba._progress import claim, count_up, wait_for
 
 @numba.njit(parallel=True)
 def race(flags, counter, owners, rounds):
@@ -1971,7 +1971,7 @@ def test_numba_packs_the_step_weights_in_wide_rows():
     """The numba backend's packing keeps ``U`` and ``Uᵀ`` once more as the first columns of
     contiguous arrays with ``ROW_PAD`` more columns of zeros, starting on a cache line, for every
     layer and direction (NumPy alone puts an array on a line one time in four)."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     for dtype in (np.float32, np.float64):
         for rows, columns in ((1, 1), (4, 3), (20, 5), (256, 64)):
@@ -2001,7 +2001,7 @@ def test_numba_cells_without_peepholes_share_zeros_nothing_writes(rng):
     """Cells without diagonal peepholes take one shared zero array of each shape for them
     (made once); forward and backward, on one thread and shared out over threads, leave it
     zero."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     for hidden, batch in ((7, 3), (48, 64)):  # one thread; the steps shared out over threads
         params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, seed=2)
@@ -2021,7 +2021,7 @@ def test_directions_run_directions_end_together_and_raise_their_errors():
     import threading
     import time
 
-    from bnnsfw.backends._lstm_stack import run_directions
+    from bnnsfw.backends._shared.lstm_stack import run_directions
 
     ended: list[str] = []
     idents: list[int] = []
@@ -2050,7 +2050,7 @@ def test_directions_run_directions_end_together_and_raise_their_errors():
 
 
 def _directions_in_a_child(queue) -> None:
-    from bnnsfw.backends._lstm_stack import run_directions
+    from bnnsfw.backends._shared.lstm_stack import run_directions
 
     done: list[int] = []
     run_directions([lambda: done.append(0), lambda: done.append(1)], True)
@@ -2065,7 +2065,7 @@ def test_directions_run_directions_in_a_forked_child():
     helper does not survive a fork; a new one is made instead of waiting for it forever)."""
     import multiprocessing
 
-    from bnnsfw.backends._lstm_stack import run_directions
+    from bnnsfw.backends._shared.lstm_stack import run_directions
 
     run_directions([lambda: None, lambda: None], True)  # the parent's helper exists
     context = multiprocessing.get_context("fork")
@@ -2087,7 +2087,7 @@ def test_numba_steps_shared_over_threads_from_several_caller_threads(monkeypatch
     train to the reference's results."""
     import threading
 
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
     params = LSTMParameters.random(input_size=4, hidden_size=20, seed=6, dtype=np.float64)
@@ -2121,7 +2121,7 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
     output, or output gradient, as a 4-D view of layout 'A' (``_numba_lstm._any_layout``),
     never as a layout of its own. The results agree with the reference, the absent gradient's
     case included."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     x = rng.standard_normal((5, 3, 4))
@@ -2159,7 +2159,7 @@ def test_numba_layers_together_reach_the_one_layer_kernels(monkeypatch, rng):
     15 s each from cold). The two paths agree."""
     import numba
 
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     calls = _record_calls(monkeypatch, ("forward_layers", "backward_layers"))
     params = LSTMParameters.random(input_size=4, hidden_size=6, num_layers=2, seed=5, dtype=np.float32)
@@ -2191,7 +2191,7 @@ def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dty
     of steps; both directions on one thread; over two parts the layers are unidirectional, as
     a bidirectional one would run its directions together on the one-thread kernels).
     Training, and inference with peepholes, take the full pass."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     calls = _record_calls(monkeypatch, ("_forward", "_forward_threads"),
                           lambda name, function, args: (name, bool(_argument(function, args, "light"))))
@@ -2228,7 +2228,7 @@ def test_numba_shares_steps_over_threads_only_where_it_pays():
     ``THREADED_STEP_MIN`` multiply-adds, and only as many as Numba has."""
     import numba
 
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     threads = numba.get_num_threads()
     assert _numba_lstm.step_parts(64, 1) == 1  # one sequence: one thread
@@ -2251,7 +2251,7 @@ def test_numba_shared_steps_ask_for_the_columns_the_next_step_reads(seq_len, chu
     for every walking step of every chunk, forward in time and reversed, the columns are those
     of the next walking step's time step, inside the chunk's; the chunk's last step asks for
     none (the next chunk's projection is not made yet)."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     batch = 4
     for q in range(-(-seq_len // chunk)):
@@ -2270,7 +2270,7 @@ def test_numba_shared_steps_ask_for_the_columns_the_next_step_reads(seq_len, chu
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_layer_with_one_thread_keeps_its_steps_on_the_calling_thread(monkeypatch, rng):
     """``FilterParameters(n_threads=1)`` keeps a layer on one thread: no step is shared out."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     used = []
     original = _numba_lstm._forward_threads
@@ -2292,7 +2292,7 @@ def test_numba_layer_with_one_thread_keeps_its_steps_on_the_calling_thread(monke
 def test_fast_kernels_take_the_default_cell_only(monkeypatch, rng):
     """The default cell never reaches the reference step kernels; peepholes, other activations
     and variable lengths do (and still agree, see the tests above on every backend)."""
-    from bnnsfw.backends._lstm_kernels import LSTMKernels
+    from bnnsfw.backends._shared.lstm_kernels import LSTMKernels
 
     calls = {"forward": 0, "backward": 0}
     for kind in calls:
@@ -2650,7 +2650,7 @@ def test_numba_scratch_does_not_grow_with_the_sequence_length(monkeypatch, rng):
     """The compiled kernels work a chunk of steps at a time: ten times the steps, the same
     scratch memory (the reference kernels' grows with T). One layer: a stack also keeps each
     layer's output for the next, which grows with T on every backend."""
-    from bnnsfw.backends import _numba_lstm
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
     from bnnsfw.layers.lstm import _Workspace
 
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 64)

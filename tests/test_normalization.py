@@ -23,7 +23,7 @@ from bnnsfw.layers.normalization import (
     NormalizationType,
 )
 
-from bnnsfw.backends import _fast_normalization as fast
+from bnnsfw.backends.scipy_blas import _normalization as fast
 from bnnsfw.backends.scipy_blas import ScipyBlasBackend
 from conftest import BACKENDS
 from gradcheck import assert_gradient_close, numerical_gradient
@@ -1007,7 +1007,7 @@ def test_numba_keeps_small_calls_on_the_calling_thread(monkeypatch, rng):
     stalls on a busy machine); larger calls use Numba's threads."""
     import numba
 
-    from bnnsfw.backends import _numba_normalization
+    from bnnsfw.backends.numba import _normalization as _numba_normalization
 
     counts = []
     real = numba.set_num_threads
@@ -1056,7 +1056,7 @@ def test_stream_pass_writes_its_formula_and_nothing_else(dtype, rng):
     without ``u``, and strided runs (a plain loop); it writes nothing outside ``out``."""
     import numba
 
-    from bnnsfw.backends._numba_stream import STREAM_MIN, affine, store_fence
+    from bnnsfw.backends.numba._stream import STREAM_MIN, affine, store_fence
 
     @numba.njit
     def both(u, v, out, a, b, centre, shift):
@@ -1096,8 +1096,8 @@ def test_stream_copy_copies_every_bit(dtype, rng):
     zeros, infinities, NaN, subnormal and ordinary numbers."""
     import numba
 
-    from bnnsfw.backends._numba_normalization import _FASTMATH
-    from bnnsfw.backends._numba_stream import store_fence, stream_copy
+    from bnnsfw.backends.numba._normalization import _FASTMATH
+    from bnnsfw.backends.numba._stream import store_fence, stream_copy
 
     @numba.njit(fastmath=_FASTMATH, error_model="numpy")
     def copy(source, out):
@@ -1129,8 +1129,8 @@ def test_layer_norm_row_pass_writes_its_formula_and_nothing_else(dtype, stream, 
     ``affine``'s."""
     import numba
 
-    from bnnsfw.backends._numba_normalization import _FASTMATH
-    from bnnsfw.backends._numba_stream import affine, normalized_row, normalized_row_backward, store_fence
+    from bnnsfw.backends.numba._normalization import _FASTMATH
+    from bnnsfw.backends.numba._stream import affine, normalized_row, normalized_row_backward, store_fence
 
     kernel = numba.njit(fastmath=_FASTMATH, error_model="numpy")
 
@@ -1188,7 +1188,7 @@ def test_layer_norm_row_pass_streams_with_non_temporal_stores(backward):
 
     import numba
 
-    from bnnsfw.backends._numba_stream import normalized_row, normalized_row_backward
+    from bnnsfw.backends.numba._stream import normalized_row, normalized_row_backward
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the instruction is named here for x86-64 only")
@@ -1222,7 +1222,7 @@ def test_outputs_written_past_the_caches_agree_with_the_reference(kind, shape, d
     arrays would not stay in the last-level cache; with a cache of one byte assumed, small
     arrays take that path too (the test checks that both passes chose it), and forward and
     backward agree with the float64 reference."""
-    from bnnsfw.backends import _numba_normalization
+    from bnnsfw.backends.numba import _normalization as _numba_normalization
 
     monkeypatch.setattr(_numba_normalization, "last_level_cache_bytes", lambda: 1)
     chosen = []

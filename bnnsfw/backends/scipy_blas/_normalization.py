@@ -1,6 +1,6 @@
 """Cache-blocked, multithreaded normalization kernels: the fast path of the ``scipy-blas`` backend.
 
-The reference kernels (:mod:`bnnsfw.backends._normalization_kernels`) make one pass over the
+The reference kernels (:mod:`bnnsfw.backends._shared.normalization_kernels`) make one pass over the
 whole array per NumPy operation (five for an instance-norm forward, nine for its backward),
 every pass streaming the data through memory on one core. These kernels compute the same
 quantities block by block. The canonical ``(N, G, K, S)`` view is read as ``N·G`` rows, one
@@ -32,7 +32,7 @@ Large values. The blocked kernels sum in the data's dtype; when a block's (or, f
 a channel's) statistics come out non-finite — values beyond about 1.8e19 in float32, or NaN —
 or, in the backward, so large that ``rstd³`` would underflow (variances beyond 2⁸⁰), that
 block's rows, or the whole batch-norm call, go to the reference kernels, which scale such
-sets by a power of two first (see :mod:`bnnsfw.backends._normalization_kernels`). The check
+sets by a power of two first (see :mod:`bnnsfw.backends._shared.normalization_kernels`). The check
 costs nothing on ordinary data: the statistics are computed anyway, and nothing of a block is
 written before them.
 
@@ -76,12 +76,12 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from .._compat import vecdot
-from .._threadpool import blas_limit
-from ._normalization_kernels import NormalizationKernels, reciprocal_std
+from ..._compat import vecdot
+from ..._threadpool import blas_limit
+from .._shared.normalization_kernels import NormalizationKernels, reciprocal_std
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..activation import Activation
+    from ...activation import Activation
 
 __all__ = ["BlockedNormalizationKernels", "default_threads"]
 

@@ -1,17 +1,17 @@
 """Compiled (Numba) LSTM kernels for the cells with other activations than the default ones.
 
-:mod:`._numba_lstm` compiles the cell almost every model uses (tanh candidate and cell
-activation, sigmoid forget, input and output gates). These kernels serve every other cell a
-layer accepts: any per-element activation (:class:`~bnnsfw.Activation`) on each gate and on the
-cell, with its ``alpha`` and ``beta``, with no, diagonal or full peepholes, over full or
-variable lengths, in float32 and float64. They are the reference's per-sequence kernels
-(:meth:`~._lstm_kernels.LSTMKernels.lstm_forward_sequence` and
-:meth:`~._lstm_kernels.LSTMKernels.lstm_backward_sequence`) compiled: the same arguments, the
-same training cache (the step blocks, the hidden states, and the true pre-activations when a
-gate's derivative needs its input), the same results up to rounding. So a cache written by one
-serves the other, and the weight, bias, peephole and input gradients are made from the gate
-gradients of all steps as for every per-sequence kernel: one product each
-(:meth:`~._lstm_stack.LSTMStack._lstm_weight_gradients`).
+:mod:`._lstm` compiles the cell almost every model uses (tanh candidate and cell activation,
+sigmoid forget, input and output gates). These kernels serve every other cell a layer accepts:
+any per-element activation (:class:`~bnnsfw.Activation`) on each gate and on the cell, with its
+``alpha`` and ``beta``, with no, diagonal or full peepholes, over full or variable lengths, in
+float32 and float64. They are the reference's per-sequence kernels
+(:meth:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels.lstm_forward_sequence` and
+:meth:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels.lstm_backward_sequence`) compiled: the
+same arguments, the same training cache (the step blocks, the hidden states, and the true
+pre-activations when a gate's derivative needs its input), the same results up to rounding. So a
+cache written by one serves the other, and the weight, bias, peephole and input gradients are
+made from the gate gradients of all steps as for every per-sequence kernel: one product each
+(:meth:`~bnnsfw.backends._shared.lstm_stack.LSTMStack._lstm_weight_gradients`).
 
 What runs compiled, per layer and direction:
 
@@ -30,9 +30,9 @@ Each activation runs in a loop of its own, in which its BNNS number is a constan
 :mod:`bnnsfw.activation`'s, :func:`_functions` and :func:`_derivatives`), in the dtype of the
 arrays: in float32 ``tanh`` and the sigmoid are the default cell's rational ``tanh`` (error
 about 2.6e-7), so their loops vectorize. A sigmoid gate, whose forward weights are halved, is
-``½·tanh(z/2) + ½`` as in the reference. The fast-math flags are :data:`._numba_lstm.FAST_MATH`
+``½·tanh(z/2) + ½`` as in the reference. The fast-math flags are :data:`._lstm.FAST_MATH`
 (the same bits in a vectorized loop and its scalar remainder). The kernels are compiled on first
-use and cached on disk, as :mod:`._numba_lstm`'s are.
+use and cached on disk, as :mod:`._lstm`'s are.
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ from numba import literal_unroll
 from numba.core import types
 from numba.extending import overload
 
-from ..activation import Activation
-from ..enums import ActivationFunction as AF
-from . import _numba_cache
-from ._lstm_kernels import LSTMKernels, LSTMScratch, LSTMStepPlan, LSTMWeights, _copy_or_zero, gather_output
-from ._numba_lstm import _EMPTY, FAST_MATH, _feature_major, _mm, _repeated, _runtime, _tanh
+from ...activation import Activation
+from ...enums import ActivationFunction as AF
+from . import _cache
+from .._shared.lstm_kernels import (LSTMKernels, LSTMScratch, LSTMStepPlan, LSTMWeights, _copy_or_zero,
+                                   gather_output)
+from ._lstm import _EMPTY, FAST_MATH, _feature_major, _mm, _repeated, _runtime, _tanh
 
-_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["activate", "derivative", "activate_run", "derivative_run", "serves", "forward_sequence",
            "backward_sequence"]
@@ -514,7 +515,7 @@ def forward_sequence(plan: LSTMStepPlan, w: LSTMWeights, x2: np.ndarray, h0: np.
                      output: np.ndarray, h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool,
                      inactive: Sequence[np.ndarray | None], scratch: LSTMScratch) -> None:
     """One layer and direction forward (the arguments of
-    :meth:`~._lstm_kernels.LSTMKernels.lstm_forward_sequence`)."""
+    :meth:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels.lstm_forward_sequence`)."""
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -544,7 +545,7 @@ def backward_sequence(plan: LSTMStepPlan, w: LSTMWeights, steps: np.ndarray, pre
                       c_new: np.ndarray | None,
                       scratch: LSTMScratch) -> None:
     """One layer and direction backward through time (the arguments of
-    :meth:`~._lstm_kernels.LSTMKernels.lstm_backward_sequence`)."""
+    :meth:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels.lstm_backward_sequence`)."""
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
     h = six_h // 6

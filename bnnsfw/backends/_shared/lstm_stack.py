@@ -3,7 +3,7 @@
 :class:`LSTMStack` implements ``lstm_pack_weights``, ``lstm_cache_layout``,
 ``lstm_forward`` and ``lstm_backward`` on top of two per-sequence kernels (one layer, one
 direction), which it takes from :meth:`LSTMStack._lstm_sequence_kernels`: the reference
-kernels of :mod:`._lstm_kernels` here, and the one dispatcher of a faster backend there.
+kernels of :mod:`.lstm_kernels` here, and the one dispatcher of a faster backend there.
 
 Everything about memory layout lives here, behind the contract:
 
@@ -19,7 +19,7 @@ Everything about memory layout lives here, behind the contract:
   gradients, scattered into the public per-gate arrays.
 
 All of that is for BNNS's cell. A configuration that uses a variant of SPEC §4.1
-(``LSTMConfig.variants`` not empty) runs the general kernels of :mod:`._lstm_general`
+(``LSTMConfig.variants`` not empty) runs the general kernels of :mod:`.lstm_general`
 instead, with their own packing and cache layout: the choice is made in
 :meth:`LSTMStack._lstm_general_serves`, the one place for it, so no faster kernel (which all
 hang off :meth:`LSTMStack._lstm_sequence_kernels`) ever sees such a configuration.
@@ -46,8 +46,8 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .._threadpool import blas_limit
-from .contract import (
+from ..._threadpool import blas_limit
+from ..contract import (
     LSTMBackwardRequest,
     LSTMBackwardResult,
     LSTMCacheLayout,
@@ -60,15 +60,15 @@ from .contract import (
     LSTMPackRequest,
     Workspace,
 )
-from . import _lstm_general
-from ._lstm_general import (
+from . import lstm_general
+from .lstm_general import (
     GENERAL_CACHE_FORMAT,
     GeneralCacheLayout,
     GeneralLSTM,
     GeneralPacked,
     finish_layer_output,
 )
-from ._lstm_kernels import (
+from .lstm_kernels import (
     INTERNAL_ORDER,
     PROJECTION_PAD,
     LSTMKernels,
@@ -351,7 +351,7 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
     @staticmethod
     def _lstm_general_serves(config: LSTMConfig) -> bool:
         """True when the configuration uses a variant of SPEC §4.1: the general reference
-        kernels (:mod:`._lstm_general`) run it, on every backend."""
+        kernels (:mod:`.lstm_general`) run it, on every backend."""
         return bool(config.variants)
 
     def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
@@ -367,7 +367,7 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         """Stack, halve and transpose the public weights (module docstring)."""
         if self._lstm_general_serves(request.config):
             return LSTMPackedWeights(config=request.config, version=request.version,
-                                     payload=_lstm_general.pack(request))
+                                     payload=lstm_general.pack(request))
         plan = _plan(request.config)
         return LSTMPackedWeights(config=request.config, version=request.version,
                                  payload=_Packed(plan, _stack(request.config, plan, request.gates)))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._lstm_stack import LSTMStack
-from ._normalization_kernels import NormalizationKernels
-from .contract import GemmRequest, GemmResult
+from .._shared.lstm_stack import LSTMStack
+from .._shared.normalization_kernels import NormalizationKernels
+from ..contract import GemmRequest, GemmResult
 
 __all__ = ["NumpyBackend"]
 

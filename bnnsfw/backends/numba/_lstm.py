@@ -14,10 +14,10 @@ What is compiled, and why:
 - **The large products are BLAS calls made from the compiled loop** (``?gemm`` on strided
   operands, the same SciPy BLAS the rest of the backend uses: two BLAS libraries would each
   keep a spinning thread pool and take the cores from each other). **A step's product**
-  ``U h`` (and backward's ``Uᵀ dz``) is :func:`~._numba_tiles.product` as soon as the
+  ``U h`` (and backward's ``Uᵀ dz``) is :func:`~._tiles.product` as soon as the
   sequences fill a vector (8 in float32, 4 in float64): a tile kept in registers, with no
   packing of ``U`` at each step. With fewer sequences BLAS would pack ``U`` at every call:
-  one sequence takes a tile of one row instead (:func:`~._numba_tiles.row_product`), two
+  one sequence takes a tile of one row instead (:func:`~._tiles.row_product`), two
   to seven dot products of ``U``'s rows (:func:`_narrow_product`).
 - **Time in chunks.** The input projection ``W x_t + b`` is one product per chunk of steps
   (BLAS adding ``W x_t`` to rows filled with ``b``: :func:`_biased_product`), and
@@ -42,7 +42,7 @@ What is compiled, and why:
 - **Steps shared out over threads** (:func:`step_parts`): for several sequences and
   a step product of at least :data:`THREADED_STEP_MIN` multiply-adds, each of Numba's threads
   takes a run of units and computes their four gate rows of ``U h`` with
-  :func:`~._numba_tiles.product` (its rows of ``U`` stay in its cache from step to step),
+  :func:`~._tiles.product` (its rows of ``U`` stay in its cache from step to step),
   then their fused update. Where the sequences take packed rows (:func:`_step_tiles`), a
   thread's product is ``U h + W x_t + b`` at once, over ``[h; x_t]`` with the rows of
   ``[U W]`` packed, and the steps project nothing ahead. One parallel region runs a chunk's
@@ -50,7 +50,7 @@ What is compiled, and why:
   one region per step cost about 1.4 µs a step to start): each step's units are a piece per
   thread, which a thread claims before it runs it (an atomic flag; a thread late to a step
   finds its piece taken by one that came first), and a step begins once a shared count shows
-  every piece of the step before done (:mod:`._numba_progress`). Backward the same
+  every piece of the step before done (:mod:`._progress`). Backward the same
   (:func:`_backward_steps_threads`): a thread's piece makes its units' rows of ``Uᵀ dz`` for
   the step after, then their pass of the step, with ``dz`` taken from two arrays in turn.
   BLAS is held to one thread meanwhile
@@ -59,7 +59,7 @@ What is compiled, and why:
 - **Two layers at the same time** (:func:`forward_layers`, :func:`backward_layers`): with
   the steps on one thread and a second one free, one parallel loop of two iterations runs two
   consecutive layers of a float32 unidirectional stack, one layer counting its progress in a
-  shared counter (:mod:`._numba_progress`) and the other waiting on it. Forward the lower layer
+  shared counter (:mod:`._progress`) and the other waiting on it. Forward the lower layer
   counts its steps of output and the upper one waits for each chunk of them
   (:data:`LAYER_CHUNKS` chunks) before it projects it; backward the upper layer counts the
   steps whose rows of its input gradient it has made (a chunk at a time) and each step of the
@@ -76,7 +76,7 @@ What is compiled, and why:
 Kernels are compiled on first use and cached on disk (``cache=True``; Numba keeps the cache
 beside the module, in the user's cache folder when the package folder is read only, or in
 ``NUMBA_CACHE_DIR``), each entry stamped with the sources of every kernel module
-(:mod:`._numba_cache`).
+(:mod:`._cache`).
 """
 
 from __future__ import annotations
@@ -91,17 +91,17 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from .._threadpool import blas_limit, current_limit
-from ..enums import ActivationFunction as AF
-from . import _numba_cache
-from ._lstm_kernels import LSTMStepPlan, LSTMWeights, repeated
-from ._numba_progress import claim, count_up, publish, wait_for
-from ._numba_stream import LINE_BYTES, prefetch, store_fence, stream_copy
-from ._numba_tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_product, pack_rows,
+from ..._threadpool import blas_limit, current_limit
+from ...enums import ActivationFunction as AF
+from . import _cache
+from .._shared.lstm_kernels import LSTMStepPlan, LSTMWeights, repeated
+from ._progress import claim, count_up, publish, wait_for
+from ._stream import LINE_BYTES, prefetch, store_fence, stream_copy
+from ._tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_product, pack_rows,
                            pack_size, packed_product, packed_rest_product, packs, paired, paired_product,
                            product, row_product, transposed_product, wide_loops)
 
-_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS",
            "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "STREAM_CACHE_MIN", "THREADED_STEP_MIN",
@@ -397,7 +397,7 @@ def _mm(a, trans_a, b, trans_b, c, beta):
 def _narrow_product(a, width, b, c, beta):
     """``c = a[:, :width] @ b + beta·c`` for a ``b`` (width, N) of fewer columns than a vector
     holds, two or more (a step's ``U h`` or ``Uᵀ dz`` for so few sequences; one sequence takes
-    :func:`~._numba_tiles.row_product`): one dot product of runs per element of ``c``, four
+    :func:`~._tiles.row_product`): one dot product of runs per element of ``c``, four
     rows of ``a`` at a time against a column of ``b`` copied to a run. ``a`` is contiguous
     (its rows padded: :func:`wide_rows`), so that each row is a unit-stride run the compiler
     knows; ``beta`` 0 overwrites ``c``, 1 adds to it. BLAS packs ``a`` at every call for such
@@ -496,9 +496,9 @@ def _store_columns(dz, d_gates, r0, r1, first):
     of the chunk's gate gradients ``d_gates`` (4H, chunk·N). Each row's columns are a short run
     in a large array the caches do not hold, so an ordinary store first reads each line from
     memory: when a row of ``dz`` is a whole number of cache lines, the runs are stored past
-    the caches (:func:`._numba_stream.stream_copy`), whole lines that need no read
+    the caches (:func:`._stream.stream_copy`), whole lines that need no read
     (``d_gates`` is line-aligned, :func:`_aligned`). The caller ends the step with
-    :func:`._numba_stream.store_fence` before anything reads them."""
+    :func:`._stream.store_fence` before anything reads them."""
     batch = dz.shape[1]
     if (batch * dz.itemsize) % LINE_BYTES == 0:
         for r in range(r0, r1):
@@ -878,7 +878,7 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
     repeated over the sequences (zeros without them); ``light``: inference without peepholes
     (no cache rows, :func:`_state_run`); ``stream``: the gate rows of the cache block go past
     the caches (:func:`streams`: the pass writes them into rows of the thread's own, then
-    :func:`._numba_stream.stream_copy`). Without an ``operand``, ``U h`` is
+    :func:`._stream.stream_copy`). Without an ``operand``, ``U h`` is
     :func:`paired_product` on the thread's rows of ``u``, which stay in its cache from step to
     step, added to the chunk's ``projection``. With one (``[h; x_t]`` (H + I, N)), ``tiles``
     (4, B, H + I, R) holds each gate's rows of the units' ``[U W]`` packed
@@ -1330,7 +1330,7 @@ def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, 
 @_inline
 def _tile_weight_gradients(gates, x_rows, states, d_wx, d_u, beta):
     """``d_wx`` (rows, I) and ``d_u`` (rows, H) set to ``gates @ x_rows`` and ``gates @ states``
-    (``beta`` 0) or added to (``beta`` 1) with the register tile (:func:`~._numba_tiles.product`),
+    (``beta`` 0) or added to (``beta`` 1) with the register tile (:func:`~._tiles.product`),
     the shared axis in blocks of :data:`TILE_BLOCK`: ``gates`` (rows, w) a run of ``w``
     columns of gate gradients, ``x_rows`` (w, I) their inputs, ``states`` (w, H) the hidden
     state before each column's step."""
@@ -1348,7 +1348,7 @@ def _tile_weight_gradients(gates, x_rows, states, d_wx, d_u, beta):
 def _tile_input_gradient(wx, gates, d_input, input_beta):
     """``d_input`` (w, I) set to ``gatesᵀ wx + input_beta·d_input`` with the register tile:
     ``wx`` (4H, I) the true input weights and ``gates`` (4H, w), both with unit-stride rows,
-    the tile reading ``gates`` by columns (:func:`~._numba_tiles.transposed_product`); the
+    the tile reading ``gates`` by columns (:func:`~._tiles.transposed_product`); the
     shared axis in blocks of :data:`TILE_BLOCK`. On L's chunk shared out over two threads
     (float32, AVX-512) a chunk's products took 3.44–3.64 ms against 3.65–3.82 when the
     gradient was made as its transpose ``Wᵀ gates`` into scratch and copied."""
@@ -1850,7 +1850,7 @@ def wide_rows(a: np.ndarray) -> np.ndarray:
     """``a`` (R, C) as the first C columns of a contiguous (R, C + :data:`ROW_PAD`) array, the
     rest zeros: how the kernels take the step weights ``U`` and ``Uᵀ``.
 
-    The step products (:func:`~._numba_tiles.product`) read six or twelve rows of the weights
+    The step products (:func:`~._tiles.product`) read six or twelve rows of the weights
     side by side. Rows whose length in bytes is a multiple of 4 KiB (``Uᵀ``'s 4H = 1 024
     float32 at H = 256, ``U``'s from H = 1 024) all start at the same offset in a page, so
     their elements fall in one set of the level-1 cache, which holds 8 lines a set, and evict
@@ -1988,7 +1988,7 @@ def _light(w: LSTMWeights, inference: bool) -> bool:
 def _pack_tiles(a, parts, tiles):
     """:func:`_step_tiles`' packing: for each of ``parts`` pieces of the units (:func:`_part`)
     and each gate, the piece's rows of ``a`` (4H, K) in blocks of ``tiles.shape[4]`` rows
-    (:func:`~._numba_tiles.pack_size`; :func:`pack_rows`), the rows left over in the
+    (:func:`~._tiles.pack_size`; :func:`pack_rows`), the rows left over in the
     first columns of one more block (zeros in the others)."""
     h = a.shape[0] // 4
     size = tiles.shape[4]
@@ -2013,7 +2013,7 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
     (:func:`_steps_threads`, whose products then take ``U h + W x`` at once: no projection of
     the input ahead of the steps): (P, 4, B, H + I, R), piece ``p``'s gate ``g`` in ``[p, g]``,
     its rows in whole blocks of ``R`` and the rest in one more (:func:`_pack_tiles`); ``R`` is
-    :func:`~._numba_tiles.pack_size` of the batch (:data:`COLUMN_ROWS` where ``batch``
+    :func:`~._tiles.pack_size` of the batch (:data:`COLUMN_ROWS` where ``batch``
     sequences take the column tile, else the rows of the tile that takes the blocks). Made
     once per packing of the weights, thread count and ``R``, kept in ``w.step_tiles``. An
     empty array (no packed rows) where ``batch`` sequences do not take packed products

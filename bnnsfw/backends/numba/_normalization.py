@@ -11,7 +11,7 @@ identity activation:
   when the mean is large against the spread) and combine the segments exactly; backward
   gathers the sums of ``dy`` in the same pass. One more pass writes the output (or ``dx``).
   Layer norm's rows (``_flat_*``) are a few KiB and take their passes whole; their last pass
-  (:func:`._numba_stream.normalized_row`) takes a ``gamma`` and ``beta`` per column. Large
+  (:func:`._stream.normalized_row`) takes a ``gamma`` and ``beta`` per column. Large
   arrays' outputs are written past the caches (:func:`_streams`). Memory sees about one read
   of each array and one write.
 - **batch statistics** (batch norm): one statistics set per channel ``g`` over ``N`` and ``S``;
@@ -39,19 +39,19 @@ from typing import Callable, Iterator
 import numba
 import numpy as np
 
-from . import _numba_cache
+from . import _cache
 
-from ._numba_stream import affine, normalized_row, normalized_row_backward, store_fence
-from ._numba_tiles import wide_loops
+from ._stream import affine, normalized_row, normalized_row_backward, store_fence
+from ._tiles import wide_loops
 
-_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["serves", "forward", "backward"]
 
 #: Fast-math flags that let LLVM reorder sums (vector reductions) but keep NaN and infinity
 #: meaningful: the loops' ``not squares < limit`` test must see a NaN, and with all flags on
 #: (``fastmath=True`` assumes no NaN) it was folded away.
-#: ``arcp`` stays (the LSTM kernels leave it out: ``_numba_lstm.FAST_MATH``): these kernels
+#: ``arcp`` stays (the LSTM kernels leave it out: ``_lstm.FAST_MATH``): these kernels
 #: divide only in scalar code, per statistics set, so no element's bits depend on whether a
 #: vectorized loop or its scalar remainder computed it.
 _FASTMATH = {"reassoc", "nsz", "arcp", "contract", "afn"}
@@ -400,7 +400,7 @@ def forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, *, epsilon: floa
 
 
 def _streams(out: np.ndarray, arrays: int) -> bool:
-    """True when a row kernel writes ``out`` past the caches (:mod:`._numba_stream`): when the
+    """True when a row kernel writes ``out`` past the caches (:mod:`._stream`): when the
     pass's ``arrays`` arrays of ``out``'s size (``x`` and ``out`` forward, ``x``, ``dy`` and
     ``dx`` backward) fill at least half the last-level cache, so that they do not stay there
     from call to call and each ordinary store first reads its line from memory. Measured on

@@ -2,11 +2,11 @@
 
 Numba stamps each cached kernel with the source of its own module only. A kernel that calls
 compiled code from another module carries that code in its cache entry (each LSTM kernel
-calls the step product of ``_numba_tiles.py``; the normalization kernels call the streaming
-stores of ``_numba_stream.py``), and Numba goes on loading the entry after the other module has
+calls the step product of ``_tiles.py``; the normalization kernels call the streaming
+stores of ``_stream.py``), and Numba goes on loading the entry after the other module has
 changed: in a checkout updated in place, a new step product left the LSTM kernels running the
 old one, with no sign of it but their speed. :func:`install` puts a locator first in Numba's
-list which, for the kernel modules (:data:`KERNEL_MODULES`) alone, keeps the cache folder
+list which, for the modules of the numba package (:data:`KERNEL_MODULES`) alone, keeps the cache folder
 Numba would have chosen (``NUMBA_CACHE_DIR``, else beside the module, else the user's cache
 folder) and adds a digest of all the kernel modules' sources to the stamp: a change to any of
 them recompiles every kernel. Numba's own list of locators (``NUMBA_CACHE_LOCATOR_CLASSES``),
@@ -25,8 +25,19 @@ from numba.core import caching
 
 __all__ = ["KERNEL_MODULES", "install", "sources_digest"]
 
-#: The modules whose compiled functions are cached: their sources make up every kernel's stamp.
-KERNEL_MODULES = tuple(sorted(Path(__file__).resolve().parent.glob("_numba_*.py")))
+#: Every module of the numba backend's package, named one by one: their sources make up every
+#: kernel's stamp. A module added to the package goes here too (a test compares this list with
+#: the package's files), or a change to it would leave kernels that inline its code stale.
+KERNEL_MODULES = tuple(Path(__file__).resolve().parent / name for name in (
+    "__init__.py",
+    "_cache.py",
+    "_cells.py",
+    "_lstm.py",
+    "_normalization.py",
+    "_progress.py",
+    "_stream.py",
+    "_tiles.py",
+))
 
 
 def sources_digest(paths: tuple[Path, ...] = KERNEL_MODULES) -> str:

@@ -1,10 +1,10 @@
 """The reference LSTM for the variants of SPEC §4.1: every formula, one step at a time.
 
-The per-sequence kernels of :mod:`._lstm_kernels` (and the faster kernels of the other
+The per-sequence kernels of :mod:`.lstm_kernels` (and the faster kernels of the other
 backends) serve BNNS's cell. A configuration that uses any variant of SPEC §4.1 (ONNX
 ``clip``, ``cell_clip``, ``projection_clip``, ``input_forget``, a reverse-only direction,
 activations that differ between the directions, a projection, the layer-normalized cell)
-runs here instead, on every backend: :class:`~._lstm_stack.LSTMStack` decides that in one
+runs here instead, on every backend: :class:`~.lstm_stack.LSTMStack` decides that in one
 place, from ``LSTMConfig.variants``. Written for reading rather than speed: batch-major
 ``(N, ·)`` arrays, the gates in the public order i, f, g, o, one NumPy operation per term of
 the math, and backward walking the same terms in reverse. For one layer and direction at
@@ -45,8 +45,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ..activation import Activation
-from .contract import (
+from ...activation import Activation
+from ..contract import (
     LSTMBackwardRequest,
     LSTMConfig,
     LSTMForwardRequest,
@@ -55,7 +55,7 @@ from .contract import (
     LSTMPackRequest,
     Workspace,
 )
-from ._lstm_kernels import repeated
+from .lstm_kernels import repeated
 
 __all__ = ["GeneralLSTM", "GeneralPacked", "GeneralCacheLayout", "GENERAL_CACHE_FORMAT", "record_fields"]
 
@@ -276,7 +276,7 @@ def _peephole_backward(weight: np.ndarray | None, dz: np.ndarray, cell: np.ndarr
 
 
 class GeneralLSTM:
-    """The general kernels, as a mixin of :class:`~._lstm_stack.LSTMStack` (which gives
+    """The general kernels, as a mixin of :class:`~.lstm_stack.LSTMStack` (which gives
     ``_gemm``, the backend's product)."""
 
     def _gemm(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, *, trans_a: bool = False,

@@ -1,16 +1,16 @@
 """A backend with compiled (Numba) kernels, on top of the ``scipy-blas`` backend.
 
-It runs each layer and direction of the LSTM as compiled loops (:mod:`._numba_lstm`: per step
+It runs each layer and direction of the LSTM as compiled loops (:mod:`._lstm`: per step
 one BLAS product and one fused, vectorized pass, forward and backward, or for larger steps
 one parallel region per chunk of steps, whose threads each take a run of units of every
 step; the input projection and the weight gradients one product per chunk of steps; for
 small steps, two layers of a float32 unidirectional stack at the same time) for the cell
 almost every model uses,
 with no, diagonal or full peepholes, over full or variable lengths; the cells with other
-per-element activations as compiled per-sequence loops of their own (:mod:`._numba_cells`); and
+per-element activations as compiled per-sequence loops of their own (:mod:`._cells`); and
 normalization with the
 statistics of the batch and the identity activation with compiled, multithreaded row kernels
-(:mod:`._numba_normalization`; statistics sets too large for their arithmetic go to the
+(:mod:`._normalization`; statistics sets too large for their arithmetic go to the
 reference kernels it inherits). Every other request goes to what ``scipy-blas`` does with it.
 Which implementation serves a request is decided in the section "Which implementation serves a
 request" below, and nowhere else.
@@ -23,11 +23,11 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _numba_cells, _numba_lstm, _numba_normalization
-from ._lstm_kernels import LSTMStepPlan, LSTMWeights
-from ._lstm_stack import (BackwardKernel, CacheViews, CallArguments, DirectionKernels, ForwardKernel, _Packed,
-                          scatter_gradients)
-from .contract import (
+from . import _cells, _lstm, _normalization
+from .._shared.lstm_kernels import LSTMStepPlan, LSTMWeights
+from .._shared.lstm_stack import (BackwardKernel, CacheViews, CallArguments, DirectionKernels, ForwardKernel,
+                                  _Packed, scatter_gradients)
+from ..contract import (
     LSTMGateArrays,
     LSTMPackedWeights,
     LSTMPackRequest,
@@ -37,7 +37,7 @@ from .contract import (
     NormalizationForwardResult,
     Workspace,
 )
-from .scipy_blas import ScipyBlasBackend
+from ..scipy_blas import ScipyBlasBackend
 
 __all__ = ["NumbaBackend"]
 
@@ -49,8 +49,8 @@ def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarra
                       workspace: Workspace, parts: int = 1) -> None:
     """One layer and direction forward, compiled (``DirectionKernels.forward``); ``parts``
     threads share out each step's units when it is above 1."""
-    _numba_lstm.forward(w, layer_input, h0, c0, lengths, steps, hidden, output, h_final, c_final,
-                        reverse=reverse, scratch=workspace, parts=parts)
+    _lstm.forward(w, layer_input, h0, c0, lengths, steps, hidden, output, h_final, c_final,
+                  reverse=reverse, scratch=workspace, parts=parts)
 
 
 def _forward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarray, h0: np.ndarray | None,
@@ -58,7 +58,7 @@ def _forward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarra
                       hidden: np.ndarray | None, output: np.ndarray, h_final: np.ndarray,
                       c_final: np.ndarray, *, reverse: bool, lengths: np.ndarray | None,
                       inactive: Sequence[np.ndarray | None], workspace: Workspace) -> dict:
-    """The arguments of a ``DirectionKernels.forward`` call as :func:`._numba_lstm.forward_layers`
+    """The arguments of a ``DirectionKernels.forward`` call as :func:`._lstm.forward_layers`
     takes them (forward in time only)."""
     assert not reverse, "layers run together forward in time"
     return dict(w=w, x2=layer_input, h0=h0, c0=c0, lengths=lengths, steps=steps, hidden=hidden,
@@ -68,8 +68,8 @@ def _forward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarra
 def _compiled_forward_layers(lower: CallArguments, upper: CallArguments) -> None:
     """Two consecutive layers of a unidirectional stack at the same time, each on one thread
     (``DirectionKernels.layers``)."""
-    _numba_lstm.forward_layers(_forward_keywords(*lower.args, **lower.keywords),
-                               _forward_keywords(*upper.args, **upper.keywords))
+    _lstm.forward_layers(_forward_keywords(*lower.args, **lower.keywords),
+                         _forward_keywords(*upper.args, **upper.keywords))
 
 
 def _backward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
@@ -78,7 +78,7 @@ def _backward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, l
                        d_input: np.ndarray, gates: Sequence[LSTMGateArrays], *, lengths: np.ndarray | None,
                        active: np.ndarray | None, inactive: Sequence[np.ndarray | None],
                        workspace: Workspace) -> dict:
-    """The arguments of a ``DirectionKernels.backward`` call as :func:`._numba_lstm.backward`
+    """The arguments of a ``DirectionKernels.backward`` call as :func:`._lstm.backward`
     takes them, without ``reverse`` and ``parts``."""
     hidden = views.hidden[layer][d]
     assert hidden is not None  # a training cache keeps the states
@@ -88,7 +88,7 @@ def _backward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, l
 
 
 def _scatter(plan: LSTMStepPlan, layer: int, d: int, stacked: tuple, gates: Sequence[LSTMGateArrays]) -> None:
-    """The stacked weight gradients :func:`._numba_lstm.backward` returns, into the public
+    """The stacked weight gradients :func:`._lstm.backward` returns, into the public
     per-gate arrays."""
     d_wx, d_u, d_bias, d_diagonal, d_full_pre, d_full_out = stacked
     h = plan.hidden_size
@@ -112,7 +112,7 @@ def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, l
     """One layer and direction backward, compiled, weight gradients included
     (``DirectionKernels.backward``); ``parts`` threads share out each step and each product
     when it is above 1."""
-    stacked = _numba_lstm.backward(
+    stacked = _lstm.backward(
         **_backward_keywords(plan, w, layer, d, layer_input, views, dy, dh_final, dc_final, dh_initial,
                              dc_initial, d_input, gates, lengths=lengths, active=active, inactive=inactive,
                              workspace=workspace), reverse=d == 1, parts=parts)
@@ -122,8 +122,8 @@ def _compiled_backward(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, l
 def _compiled_backward_layers(upper: CallArguments, lower: CallArguments) -> None:
     """Two consecutive layers of a unidirectional stack backward at the same time, each on one
     thread (``DirectionKernels.layers``)."""
-    stacked = _numba_lstm.backward_layers(_backward_keywords(*upper.args, **upper.keywords),
-                                          _backward_keywords(*lower.args, **lower.keywords))
+    stacked = _lstm.backward_layers(_backward_keywords(*upper.args, **upper.keywords),
+                                    _backward_keywords(*lower.args, **lower.keywords))
     for call, gradients in zip((upper, lower), stacked):
         plan, _, layer, d, *_, gates = call.args  # gates: the last positional argument
         _scatter(plan, layer, d, gradients, gates)
@@ -153,7 +153,7 @@ class NumbaBackend(ScipyBlasBackend):
     # ----------------------------------------------------------------------------------
     def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None, batch: int,
                                 dtype: np.dtype | None = None) -> DirectionKernels:
-        """The compiled kernels for the cells :func:`._numba_lstm.serves` names (the default
+        """The compiled kernels for the cells :func:`._lstm.serves` names (the default
         activations, any peepholes, any lengths); otherwise the per-sequence kernels of
         :meth:`_lstm_sequence_kernels`, with the weight gradients made from their gate
         gradients. Full peepholes keep the steps on the calling thread: their products need
@@ -169,35 +169,35 @@ class NumbaBackend(ScipyBlasBackend):
         following the lower step by step, backward the lower one following the upper. Not in
         float64, which serves checks more than speed: each two-layer kernel compiles the
         one-layer kernel again (15 to 20 s a kernel and dtype, from cold)."""
-        if _numba_lstm.serves(plan):
+        if _lstm.serves(plan):
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
-            parts = 1 if full else _numba_lstm.step_parts(plan.hidden_size, batch)
-            layers = parts == 1 and dtype == np.float32 and _numba_lstm.layers_together()
+            parts = 1 if full else _lstm.step_parts(plan.hidden_size, batch)
+            layers = parts == 1 and dtype == np.float32 and _lstm.layers_together()
             return _compiled_kernels(parts, layers)
         return super()._lstm_direction_kernels(plan, lengths, batch, dtype)
 
     def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
                                batch: int) -> tuple[ForwardKernel, BackwardKernel]:
-        """For the cells :func:`._numba_lstm.serves` leaves (other activations), the compiled
-        per-sequence kernels of :mod:`._numba_cells` (any per-element activations, any
+        """For the cells :func:`._lstm.serves` leaves (other activations), the compiled
+        per-sequence kernels of :mod:`._cells` (any per-element activations, any
         peepholes, any lengths); the weight gradients are then made as for every per-sequence
         kernel."""
-        if _numba_cells.serves(plan):
-            return _numba_cells.forward_sequence, _numba_cells.backward_sequence
+        if _cells.serves(plan):
+            return _cells.forward_sequence, _cells.backward_sequence
         return super()._lstm_sequence_kernels(plan, lengths, batch)
 
     def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
         """``scipy-blas``'s packing; for the cells the compiled kernels serve, with ``U`` and
-        ``Uᵀ`` once more in the wider rows those kernels read (:func:`._numba_lstm.wide_rows`),
+        ``Uᵀ`` once more in the wider rows those kernels read (:func:`._lstm.wide_rows`),
         made once per packing instead of at every call, ``W`` as rows (the backward's input
-        gradient reads them, :func:`._numba_lstm._tile_input_gradient`), and a place for the rows
+        gradient reads them, :func:`._lstm._tile_input_gradient`), and a place for the rows
         of ``[U W]`` packed for the steps shared out over threads
-        (:func:`._numba_lstm._step_tiles`, made when first needed)."""
+        (:func:`._lstm._step_tiles`, made when first needed)."""
         packed = super().lstm_pack_weights(request)
         payload = packed.payload
-        if not isinstance(payload, _Packed) or not _numba_lstm.serves(payload.plan):
+        if not isinstance(payload, _Packed) or not _lstm.serves(payload.plan):
             return packed
-        weights = [[w._replace(u_wide=_numba_lstm.wide_rows(w.u), u_t_wide=_numba_lstm.wide_rows(w.u_t),
+        weights = [[w._replace(u_wide=_lstm.wide_rows(w.u), u_t_wide=_lstm.wide_rows(w.u_t),
                                wx_rows=np.ascontiguousarray(w.wx_t.T), step_tiles={}) for w in row]
                    for row in payload.weights]
         return LSTMPackedWeights(config=packed.config, version=packed.version,
@@ -207,7 +207,7 @@ class NumbaBackend(ScipyBlasBackend):
         """Compiled for the statistics of the batch and the identity activation (not for RMS
         normalization)."""
         r = request
-        compiled = _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        compiled = _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
         if not (r.centered and compiled):
             return super().normalization_forward(request)
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -215,7 +215,7 @@ class NumbaBackend(ScipyBlasBackend):
                                                    batch_statistics=r.batch_statistics,
                                                    activation=r.activation, out=target, sets=sets)
 
-        out, mean, variance = _numba_normalization.forward(
+        out, mean, variance = _normalization.forward(
             r.x, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics, out=r.out,
             threads=r.threads, redo=redo)
         return NormalizationForwardResult(output=out, mean=mean, variance=variance)
@@ -224,7 +224,7 @@ class NumbaBackend(ScipyBlasBackend):
         """Compiled for the statistics of the batch and the identity activation (not for RMS
         normalization)."""
         r = request
-        compiled = _numba_normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        compiled = _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
         if not (r.centered and compiled):
             return super().normalization_backward(request)
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -232,7 +232,7 @@ class NumbaBackend(ScipyBlasBackend):
                 r.x, r.dy, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics,
                 activation=r.activation, output=r.output, out=target, sets=sets)
 
-        dx, d_gamma, d_beta = _numba_normalization.backward(
+        dx, d_gamma, d_beta = _normalization.backward(
             r.x, r.dy, r.gamma, epsilon=r.epsilon, batch_statistics=r.batch_statistics, out=r.out,
             threads=r.threads, redo=redo)
         return NormalizationBackwardResult(input=dx, gamma=d_gamma, beta=d_beta)

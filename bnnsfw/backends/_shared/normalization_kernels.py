@@ -19,7 +19,7 @@ columns), which makes every statistic a row sum.
 
 These are the reference kernels, written for reading: one NumPy operation per step of the
 math. The ``scipy-blas`` backend overrides them with cache-blocked, multithreaded kernels
-(:mod:`bnnsfw.backends._fast_normalization`) that compute the same quantities.
+(:mod:`bnnsfw.backends.scipy_blas._normalization`) that compute the same quantities.
 
 Precision. Everything stays in the input's dtype: no float64 temporaries on the float32
 path. Sums are ``einsum`` row sums and row dot products accumulated in float32; on the
@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .contract import (
+from ..contract import (
     NormalizationBackwardRequest,
     NormalizationBackwardResult,
     NormalizationForwardRequest,
@@ -72,7 +72,7 @@ from .contract import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..activation import Activation
+    from ...activation import Activation
 
 __all__ = ["NormalizationKernels", "reciprocal_std", "reduce_axes"]
 

@@ -6,8 +6,8 @@ of its transpose. So ``C = op(A) @ op(B)`` in row-major is computed as
 ``out`` is written in place (``beta = 1`` accumulates without a temporary).
 
 Besides the product, the backend has its own kernels for the LSTM's default cell
-(:mod:`._fast_lstm`) and blocked, multithreaded normalization kernels
-(:mod:`._fast_normalization`); which implementation serves a request is decided in one
+(:mod:`._lstm`) and blocked, multithreaded normalization kernels
+(:mod:`._normalization`); which implementation serves a request is decided in one
 place, the section "Which implementation serves a request" below. Everything else runs the
 reference kernels it inherits from :class:`~bnnsfw.backends.numpy.NumpyBackend`.
 """
@@ -17,17 +17,17 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas
 
-from . import _fast_lstm
-from ._fast_normalization import BlockedNormalizationKernels
-from ._lstm_kernels import LSTMStepPlan
-from ._lstm_stack import BackwardKernel, ForwardKernel
-from .contract import (
+from . import _lstm
+from ._normalization import BlockedNormalizationKernels
+from .._shared.lstm_kernels import LSTMStepPlan
+from .._shared.lstm_stack import BackwardKernel, ForwardKernel
+from ..contract import (
     NormalizationBackwardRequest,
     NormalizationBackwardResult,
     NormalizationForwardRequest,
     NormalizationForwardResult,
 )
-from .numpy import NumpyBackend
+from ..numpy import NumpyBackend
 
 __all__ = ["ScipyBlasBackend"]
 
@@ -86,8 +86,8 @@ class ScipyBlasBackend(BlockedNormalizationKernels, NumpyBackend):
         reference kernels for every other cell and for variable lengths. (A configuration
         with a SPEC §4.1 variant never gets here: ``_lstm_general_serves`` sends it to the
         general reference kernels first.)"""
-        if _fast_lstm.serves(plan, lengths):
-            return _fast_lstm.forward_sequence, _fast_lstm.backward_sequence
+        if _lstm.serves(plan, lengths):
+            return _lstm.forward_sequence, _lstm.backward_sequence
         return super()._lstm_sequence_kernels(plan, lengths, batch)
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:

@@ -1,11 +1,11 @@
 """Counters compiled loops advance and wait on, across threads.
 
 Two layers of a stack can run at the same time when one follows the other step by step
-(:func:`._numba_lstm.forward_layers`, :func:`._numba_lstm.backward_layers`): the leading
+(:func:`._lstm.forward_layers`, :func:`._lstm.backward_layers`): the leading
 layer's loop writes its results for a step (or a chunk of steps), then :func:`publish`\\ es
 how many steps it has done; the other layer's loop :func:`wait_for`\\ s the steps it is about
 to read. The threads that share out each step of one layer
-(:func:`._numba_lstm._steps_threads`) :func:`claim` its pieces and :func:`count_up` the
+(:func:`._lstm._steps_threads`) :func:`claim` its pieces and :func:`count_up` the
 pieces done, and each waits for the count of the step before.
 
 Numba has no atomic operations on arrays, and a plain store or load may be moved or kept in a
@@ -25,9 +25,9 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from . import _numba_cache
+from . import _cache
 
-_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["claim", "count_up", "publish", "wait_for"]
 

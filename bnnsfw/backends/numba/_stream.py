@@ -34,9 +34,9 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from . import _numba_cache
+from . import _cache
 
-_numba_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
 __all__ = ["LINE_BYTES", "STREAM_MIN", "affine", "normalized_row", "normalized_row_backward", "prefetch",
            "stream_copy", "store_fence"]

@@ -1,7 +1,7 @@
 """Faster LSTM kernels for the default cell, calling BLAS ``?gemm`` directly.
 
 :func:`forward_sequence` and :func:`backward_sequence` have the signatures of the
-reference kernels (:class:`~bnnsfw.backends._lstm_kernels.LSTMKernels`) and serve the cell
+reference kernels (:class:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels`) and serve the cell
 almost every model uses (tanh candidate, sigmoid forget, input and output gates, tanh hidden
 activation, no peepholes) when every sequence runs the whole length; the ``scipy-blas``
 backend decides that in one place (``ScipyBlasBackend._lstm_sequence_kernels``). The
@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.linalg import blas
 
-from ._lstm_kernels import LSTMKernels, LSTMScratch, LSTMStepPlan, LSTMWeights, gather_output
+from .._shared.lstm_kernels import LSTMKernels, LSTMScratch, LSTMStepPlan, LSTMWeights, gather_output
 
 __all__ = ["forward_sequence", "backward_sequence", "serves"]
 

@@ -1,6 +1,6 @@
 """Reference (NumPy) per-sequence kernels of the LSTM, for one layer and one direction.
 
-:class:`bnnsfw.backends._lstm_stack.LSTMStack` runs the stack (the contract's
+:class:`bnnsfw.backends._shared.lstm_stack.LSTMStack` runs the stack (the contract's
 ``lstm_forward`` and ``lstm_backward``) on two kernels per layer and direction:
 :meth:`LSTMKernels.lstm_forward_sequence` (the input projection of every time step, then the
 recurrence) and :meth:`LSTMKernels.lstm_backward_sequence` (the recurrence in reverse,
@@ -42,8 +42,8 @@ from typing import NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from ..activation import Activation
-from ..enums import ActivationFunction as AF
+from ...activation import Activation
+from ...enums import ActivationFunction as AF
 
 __all__ = [
     "LSTMKernels",
