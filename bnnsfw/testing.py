@@ -6,8 +6,10 @@ the variants of SPEC §4.1; normalization: every type including RMS, fused activ
 moving statistics, both phases, the forward's statistics, sizes the fast paths take; fully
 connected: bias, activation, 2-D and 3-D inputs), runs it forward and
 backward on the backend under test and on the reference backend (``numpy``), and compares
-every output and gradient within the contract's tolerance (:data:`TOLERANCE`). It reports
-every disagreement with the configuration that produced it.
+every output and gradient within the contract's tolerance (:data:`TOLERANCE`). BNNS's LSTM
+cell in one layer and one direction is also compared with the readable LSTM
+(the module ``lstm_bptt``), written apart from every backend's kernels, the reference's
+included. It reports every disagreement with the configuration that produced it.
 
 >>> from bnnsfw.testing import check_backend
 >>> report = check_backend("scipy-blas", quick=True)
@@ -24,6 +26,7 @@ import attrs
 import numpy as np
 
 from . import backends
+from . import lstm_bptt as _bptt
 from .activation import Activation
 from .backends.contract import TOLERANCE, GemmRequest
 from .filter import FilterParameters
@@ -226,6 +229,54 @@ def _check_lstm(compare: _Comparison, backend: Any, reference: Any, case: dict[s
     compare.run(where, check)
 
 
+#: The layer's gate and field names (``layer0.forward.<gate>.<field>``) in the readable module's letters.
+_BPTT_LETTERS = {"input_gate": "i", "forget_gate": "f", "candidate_gate": "g", "output_gate": "o",
+                 "input_weights": "W", "hidden_weights": "U", "bias": "b", "cell_weights": "p"}
+
+
+def _lstm_bptt_cases(quick: bool) -> Iterator[dict[str, Any]]:
+    dtypes = (np.float64,) if quick else (np.float32, np.float64)
+    for dtype, peepholes in itertools.product(dtypes, (None, "diagonal")):
+        yield dict(dtype=dtype, peepholes=peepholes)
+
+
+def _check_lstm_bptt(compare: _Comparison, backend: Any, case: dict[str, Any]) -> None:
+    """One layer and direction of BNNS's cell, from initial states and with final-state gradients,
+    against the readable module run in float64 on the layer's own values."""
+    where = "LSTM against the readable module " + _describe(case)
+    dtype = np.dtype(case["dtype"])
+    steps, batch, size_i, size_h = 6, 3, 3, 4
+    params = LSTMParameters.random(input_size=size_i, hidden_size=size_h, peepholes=case["peepholes"],
+                                   seed=5, dtype=dtype)
+    rng = np.random.default_rng(4)
+    x, dy = (rng.standard_normal((steps, batch, size)).astype(dtype) for size in (size_i, size_h))
+    h0, c0, dh, dc = (rng.standard_normal((1, batch, size_h)).astype(dtype) for _ in range(4))
+
+    def check() -> None:
+        with LSTMLayer(params, FilterParameters(backend=backend)) as layer:
+            out = layer.apply(x, h0, c0, training=True)
+            grads = layer.apply_backward(x, dy, h0, c0, dh, dc, training_cache=out.training_cache)
+            weights = _bptt.Weights(W={}, U={}, b={}, p={k: np.zeros(size_h) for k in _bptt.PEEPHOLES})
+            for name, array in layer.parameters().items():
+                gate, field = name.split(".")[2:]
+                getattr(weights, _BPTT_LETTERS[field])[_BPTT_LETTERS[gate]] = array.astype(np.float64)
+        x64, dy64, h64, c64, dh64, dc64 = (a.astype(np.float64) for a in (x, dy, h0[0], c0[0], dh[0], dc[0]))
+        want = _bptt.forward(x64, weights, h64, c64)
+        want_grads = _bptt.backward(dy64, dh64, dc64, want.steps, weights)
+        got = dict(output=out.output, hidden=out.hidden[0], cell=out.cell[0], d_input=grads.input,
+                   d_hidden=grads.hidden[0], d_cell=grads.cell[0])
+        expected = dict(output=want.outputs, hidden=want.h, cell=want.c, d_input=want_grads.x,
+                        d_hidden=want_grads.h0, d_cell=want_grads.c0)
+        for name, gradient in grads.parameters().items():
+            gate, field = name.split(".")[2:]
+            got[f"d_{name}"] = gradient
+            expected[f"d_{name}"] = getattr(want_grads.weights, _BPTT_LETTERS[field])[_BPTT_LETTERS[gate]]
+        for name, value in expected.items():
+            compare.arrays(where, name, got[name], value.astype(dtype))
+
+    compare.run(where, check)
+
+
 _NORMALIZATION_SHAPES = {"small": (3, 4, 3, 5), "large": (4, 8, 40, 40)}
 
 
@@ -373,6 +424,8 @@ def check_backend(backend: Any, *, rtol: float | None = None, atol: float | None
     _check_gemm(compare, candidate, reference)
     for case in _lstm_cases(quick):
         _check_lstm(compare, candidate, reference, case)
+    for case in _lstm_bptt_cases(quick):
+        _check_lstm_bptt(compare, candidate, case)
     for case in _normalization_cases(quick):
         _check_normalization(compare, candidate, reference, case)
     for case in _fully_connected_cases(quick):

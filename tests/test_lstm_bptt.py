@@ -13,6 +13,7 @@ import pytest
 import bnnsfw as bf
 from bnnsfw import lstm_bptt as bptt
 from bnnsfw.backends.contract import TOLERANCE
+from bnnsfw.testing import check_backend
 from gradcheck import assert_gradient_close, numerical_gradient
 
 #: The layer's gate and field names (``layer0.forward.<gate>.<field>``) in the module's letters.
@@ -124,3 +125,15 @@ def test_the_layer_agrees_with_the_readable_module(backend_name, case, dtype):
         assert got.dtype == np.dtype(dtype) and got.shape == expected.shape, name
         np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=f"{backend_name}: {name}")
 
+
+# ------------------------------------------------------------------------------------------
+# The conformance kit compares every backend with the module too.
+# ------------------------------------------------------------------------------------------
+def test_the_kit_checks_the_reference_backend_against_the_module(monkeypatch):
+    """The reference backend agrees with itself, so the kit's comparison with the module is what
+    would catch an error the reference and a backend share: a wrong module must fail it."""
+    assert check_backend("numpy", quick=True).failures == []
+    monkeypatch.setattr(bptt, "tanh", lambda z: np.tanh(1.001 * z))
+    report = check_backend("numpy", quick=True, raise_on_failure=False)
+    assert report.failures
+    assert all(f.startswith("LSTM against the readable module") for f in report.failures), report.failures
