@@ -4,8 +4,8 @@ One layer, one direction, the cell of BNNS (and of ``LSTMLayer``) with its defau
 activations and diagonal peepholes, in plain NumPy: the two activations, the weights, the
 forward pass over the steps, then the backward pass over the same steps in reverse, each
 gradient beside its equation. The notation is that of the LSTM page of the documentation
-(``docs/lstm.md``, sections "Equations" and "Backward"); this file is also the oracle the
-backends' fast kernels are tested against.
+(``docs/lstm.md``, sections "Equations" and "Backward (backpropagation through time)"), which
+explains each line; this file is also the oracle the backends' fast kernels are tested against.
 
 Read ``forward`` first: each line is one equation of the cell. ``backward`` walks the steps
 from the last to the first; at each step it turns δh_t and δc_t into the four gates' δ, adds
