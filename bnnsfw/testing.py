@@ -8,7 +8,7 @@ connected: bias, activation, 2-D and 3-D inputs), runs it forward and
 backward on the backend under test and on the reference backend (``numpy``), and compares
 every output and gradient within the contract's tolerance (:data:`TOLERANCE`). BNNS's LSTM
 cell in one layer and one direction is also compared with the readable LSTM
-(the module ``lstm_bptt``), written apart from every backend's kernels, the reference's
+(:mod:`bnnsfw.backends.numpy.lstm_bptt`), written apart from every backend's kernels, the reference's
 included. It reports every disagreement with the configuration that produced it.
 
 >>> from bnnsfw.testing import check_backend
@@ -26,9 +26,9 @@ import attrs
 import numpy as np
 
 from . import backends
-from . import lstm_bptt as _bptt
 from .activation import Activation
 from .backends.contract import TOLERANCE, GemmRequest
+from .backends.numpy import lstm_bptt as _bptt
 from .filter import FilterParameters
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import LSTMActivations, LSTMLayer, LSTMParameters

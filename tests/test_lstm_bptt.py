@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import bnnsfw as bf
-from bnnsfw import lstm_bptt as bptt
+from bnnsfw.backends.numpy import lstm_bptt as bptt
 from bnnsfw.backends.contract import TOLERANCE
 from bnnsfw.testing import check_backend
 from gradcheck import assert_gradient_close, numerical_gradient
