@@ -42,7 +42,7 @@ that ran the blocks make no difference to a single bit. The block size depends o
 thread count (below); only layer norm's gamma and beta gradients, summed per block, depend
 on it, through the order of their float additions.
 
-What the measurements on a 2-vCPU machine (``docs/performance.md``) said:
+What measurements on a 2-vCPU machine said:
 
 - On one thread, blocks of 2¹⁶ elements (256 KiB of float32) are best: the workspaces and
   the block of each array stay in L2.
