@@ -5,14 +5,14 @@ tensor's dtype, shape and byte range, then the raw bytes: no code runs when it i
 other tools (``safetensors.numpy.load_file``, PyTorch, Rust) read the arrays directly.
 bnnsfw keeps its layer metadata — the same JSON that the ``.npz`` form keeps in its
 ``__meta__`` entry — in the header's ``__metadata__`` under the key ``bnnsfw``, and names the
-tensors ``<layer>/<key>`` as in the ``.npz`` form.
+tensors ``<layer>/<key>`` as in the ``.npz`` form. This module only lays out the arrays and
+that JSON text; what the text says, and reading it, is :mod:`bnnsfw.serialization`'s.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -34,12 +34,12 @@ def is_safetensors(path: str | os.PathLike[str]) -> bool:
     return 2 <= length <= _HEADER_LIMIT and head[8:9] == b"{"
 
 
-def write(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-    """Write ``arrays`` and the layer metadata ``meta`` (JSON-ready) to ``path``."""
+def write(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], metadata: str) -> None:
+    """Write ``arrays`` and the layer metadata (JSON text) to ``path``."""
     from safetensors.numpy import save_file
 
     tensors = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
-    save_file(tensors, os.fspath(path), metadata={_METADATA_KEY: json.dumps(meta)})
+    save_file(tensors, os.fspath(path), metadata={_METADATA_KEY: metadata})
 
 
 class Arrays(Mapping[str, np.ndarray]):
@@ -62,8 +62,8 @@ class Arrays(Mapping[str, np.ndarray]):
         return len(self._arrays)
 
 
-def read(path: str | os.PathLike[str]) -> tuple[Arrays, dict[str, Any]]:
-    """The arrays and the layer metadata of a file :func:`write` wrote.
+def read(path: str | os.PathLike[str]) -> tuple[Arrays, str]:
+    """The arrays and the layer metadata (the JSON text, unread) of a file :func:`write` wrote.
 
     A safetensors file from another tool (without bnnsfw's metadata) is refused, naming
     what is missing.
@@ -80,6 +80,4 @@ def read(path: str | os.PathLike[str]) -> tuple[Arrays, dict[str, Any]]:
     if _METADATA_KEY not in metadata:
         rule = "a file written by save_weights (bnnsfw metadata in the safetensors header)"
         raise InvalidParameterError(must_be(where, rule, f"header metadata keys {sorted(metadata)}"))
-    from .serialization import parse_metadata
-
-    return Arrays(arrays), parse_metadata(where, metadata[_METADATA_KEY])
+    return Arrays(arrays), metadata[_METADATA_KEY]

@@ -152,11 +152,11 @@ def save_weights(path: PathLike | IO[bytes], model: Model) -> None:
                 arrays[f"{name}/{key}"] = value
             else:
                 meta[name][key] = value
-    header = {"format": _FORMAT, "kind": kind, "layers": meta}
+    header = json.dumps({"format": _FORMAT, "kind": kind, "layers": meta})
     if isinstance(path, (str, os.PathLike)) and not weights_path(path).endswith(".npz"):
         _safetensors.write(weights_path(path), arrays, header)
         return
-    arrays["__meta__"] = np.array(json.dumps(header))
+    arrays["__meta__"] = np.array(header)
     np.savez(weights_path(path) if isinstance(path, (str, os.PathLike)) else path, **arrays)
 
 
@@ -339,8 +339,8 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
         raise InvalidParameterError(must_be("load_weights(path)", "a file path or an open binary file",
                                             type(path).__name__))
     if isinstance(source, str) and _safetensors.is_safetensors(source):
-        arrays, meta = _safetensors.read(source)
-        kind, layers = _contents(where, meta)
+        arrays, text = _safetensors.read(source)
+        kind, layers = _contents(where, parse_metadata(where, text))
         dtypes = {key: array.dtype for key, array in arrays.items()}
         loaded = _rebuild(where, layers, arrays, dtypes, filter_parameters)
     else:
