@@ -64,13 +64,6 @@ def test_the_library_never_imports_the_command_line():
     assert "bnnsfw.deprecation" in names and "bnnsfw.serialization" in names
 
 
-def test_deprecation_main_is_still_the_deprecations_command():
-    from bnnsfw import deprecation
-    from bnnsfw.cli import deprecations
-
-    assert deprecation.main is deprecations.main
-
-
 def test_version(capsys):
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out == f"bnnsfw {bnnsfw.__version__}\n"

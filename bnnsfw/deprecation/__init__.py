@@ -22,8 +22,6 @@ deprecations`` command is :mod:`bnnsfw.cli.deprecations`.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .queries import entries, is_deprecated, lookup, warn_deprecated
 from .records import KINDS, PLATFORMS, STATUSES, DeprecationRecord
 from .rendering import markdown_table
@@ -47,15 +45,3 @@ __all__ = [
     "markdown_table",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """``bnnsfw.deprecation.main``, the command line's old home, still runs the command.
-
-    The command line lives in :mod:`bnnsfw.cli.deprecations`; it is imported only when this
-    name is asked for, so the registry never loads the command line.
-    """
-    if name == "main":
-        from ..cli.deprecations import main
-
-        return main
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
