@@ -67,6 +67,7 @@ from ._lstm_parameters import (
     LSTMParameters,
     _array_repr,
 )
+from ._lstm_weights import DIRECTION_NAMES, _copied, _named_layer_arrays, _parameter_arrays, _with_arrays
 
 __all__ = [
     "GATE_FIELDS",
@@ -81,9 +82,6 @@ __all__ = [
     "LSTMLayerNormGradients",
     "LSTMGradients",
 ]
-
-#: How the names of :meth:`LSTMLayer.parameters` call the two directions.
-DIRECTION_NAMES = ("forward", "reverse")
 
 
 # --------------------------------------------------------------------------------------
@@ -242,91 +240,6 @@ class _CacheSize(NamedTuple):
     @property
     def nbytes(self) -> int:
         return HEADER_BYTES + self.payload
-
-
-def _gate_arrays(gate: LSTMGateDescriptor) -> list[np.ndarray]:
-    """Every weight array of a gate, in a fixed order."""
-    arrays = (*gate.input_weights, gate.hidden_weights, gate.cell_weights, gate.bias)
-    return [a for a in arrays if a is not None]
-
-
-def _named_layer_arrays(gates: tuple[Any, Any, Any, Any], projection: Any = None,
-                        layer_norm: Any = None) -> dict[str, np.ndarray]:
-    """Per layer, direction, gate and field, the view of that slice of the stacked arrays.
-
-    Names are ``"layer<l>.<forward|reverse>.<gate>.<field>"`` (field ``input_weights``,
-    ``hidden_weights``, then ``cell_weights`` and ``bias`` where the gate has them); layer 0's
-    input weights are ``(H, I)``, the upper layers' ``(H, D·P)``, the others ``(H, P)`` or
-    ``(H,)``. Then, where the layer has them, ``"layer<l>.<direction>.projection_weights"``
-    ``(P, H)`` and ``"layer<l>.<direction>.layer_norm.<field>"``. ``gates`` (and the others)
-    are the parameters' or the gradients' (the same fields).
-    """
-    size_l, size_d = np.shape(gates[0].hidden_weights)[:2]
-    named: dict[str, np.ndarray] = {}
-    for layer in range(size_l):
-        for direction in range(size_d):
-            prefix = f"layer{layer}.{DIRECTION_NAMES[direction]}"
-            for name, gate in zip(GATE_FIELDS, gates):
-                iw0, iw1 = gate.input_weights
-                iw = iw0[direction] if layer == 0 else iw1[layer - 1, direction]
-                named[f"{prefix}.{name}.input_weights"] = iw
-                named[f"{prefix}.{name}.hidden_weights"] = gate.hidden_weights[layer, direction]
-                for field in ("cell_weights", "bias"):
-                    array = getattr(gate, field)
-                    if array is not None:
-                        named[f"{prefix}.{name}.{field}"] = array[layer, direction]
-            if projection is not None:
-                named[f"{prefix}.projection_weights"] = projection[layer, direction]
-            if layer_norm is not None:
-                for field, array in zip(_LAYER_NORM_FIELDS, layer_norm.arrays):
-                    named[f"{prefix}.layer_norm.{field}"] = array[layer, direction]
-    return named
-
-
-def _parameter_arrays(params: LSTMParameters) -> list[np.ndarray]:
-    """Every weight array of the parameters, in a fixed order: the gates', the projection's
-    and the layer norm's."""
-    arrays = [a for g in params.gates for a in _gate_arrays(g)]
-    if params.projection_weights is not None:
-        arrays.append(params.projection_weights)
-    if params.layer_norm is not None:
-        arrays += params.layer_norm.arrays
-    return arrays
-
-
-def _with_arrays(params: LSTMParameters, make: Any) -> LSTMParameters:
-    """``params`` with every weight array replaced by ``make(array)`` (None stays None)."""
-    def gate(g: LSTMGateDescriptor) -> LSTMGateDescriptor:
-        iw0, iw1 = g.input_weights
-        return LSTMGateDescriptor(input_weights=(make(iw0), make(iw1)), hidden_weights=make(g.hidden_weights),
-                                  cell_weights=make(g.cell_weights), bias=make(g.bias),
-                                  activation=g.activation)
-
-    changes: dict[str, Any] = {name: gate(getattr(params, name)) for name in GATE_FIELDS}
-    if params.projection_weights is not None:
-        changes["projection_weights"] = make(params.projection_weights)
-    if params.layer_norm is not None:
-        changes["layer_norm"] = attrs.evolve(params.layer_norm, **{
-            name: make(getattr(params.layer_norm, name)) for name in _LAYER_NORM_FIELDS})
-    return attrs.evolve(params, **changes)
-
-
-def _copied(parameters: LSTMParameters) -> tuple[LSTMParameters, np.ndarray]:
-    """``parameters`` with copies of every weight array, all views of one flat buffer, which is
-    also returned (the layer compares it as one array when it watches its weights)."""
-    flat = np.empty(sum(a.size for a in _parameter_arrays(parameters)), parameters.dtype)
-    offset = 0
-
-    def copy(a: Any) -> Any:
-        nonlocal offset
-        if a is None:
-            return None
-        view = flat[offset:offset + a.size].reshape(a.shape)
-        np.copyto(view, a)
-        offset += a.size
-        return view
-
-    return _with_arrays(parameters, copy), flat
 
 
 def _configuration(p: LSTMParameters) -> LSTMConfig:
