@@ -2602,7 +2602,7 @@ def test_matches_pytorch(backend_name, rng):
 def test_an_open_layer_keeps_a_bounded_scratch_space(backend_name, monkeypatch, rng):
     """Between calls a layer keeps at most ``RETAINED_BYTES`` of scratch memory, however long
     the sequence it last ran."""
-    from bnnsfw.layers.lstm import _Workspace
+    from bnnsfw.layers._lstm_workspace import _Workspace
 
     monkeypatch.setattr(_Workspace, "RETAINED_BYTES", 1 << 16)
     params = LSTMParameters.random(input_size=8, hidden_size=16, seed=0)
@@ -2617,7 +2617,7 @@ def test_the_workspace_hands_out_the_current_memory_of_each_name(monkeypatch, rn
     """The workspace keeps the typed views it hands out and counts the bytes it holds as
     buffers come and go: after any sequence of requests, growth and trims, a name's array is
     its current buffer (never one it has let go of) and the count is what it holds."""
-    from bnnsfw.layers.lstm import _Workspace
+    from bnnsfw.layers._lstm_workspace import _Workspace
 
     monkeypatch.setattr(_Workspace, "RETAINED_BYTES", 4096)
     monkeypatch.setattr(_Workspace, "KEPT_VIEWS", 16)
@@ -2651,7 +2651,7 @@ def test_numba_scratch_does_not_grow_with_the_sequence_length(monkeypatch, rng):
     scratch memory (the reference kernels' grows with T). One layer: a stack also keeps each
     layer's output for the next, which grows with T on every backend."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
-    from bnnsfw.layers.lstm import _Workspace
+    from bnnsfw.layers._lstm_workspace import _Workspace
 
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 64)
     monkeypatch.setattr(_Workspace, "RETAINED_BYTES", 1 << 40)  # keep everything, to measure it
