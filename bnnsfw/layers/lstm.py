@@ -20,6 +20,12 @@ hands each call to its backend through the contract (:mod:`bnnsfw.backends.contr
 ``lstm_pack_weights`` once (again only when client-pointer weights change),
 ``lstm_forward`` for the whole stack, and ``lstm_backward``, which returns the input, state
 and weight gradients. How the built-in backends compute is in ``docs/lstm.md``.
+
+This module is the layer. Its pieces sit beside it: the parameter objects and their
+validation (``_lstm_parameters.py``), the weight arrays in order and by name
+(``_lstm_weights.py``), the results of ``apply`` and ``apply_backward`` (``_lstm_results.py``),
+the training cache's frame (``_lstm_cache.py``) and the layer's scratch memory
+(``_lstm_workspace.py``); every public name is importable from here.
 """
 
 from __future__ import annotations
@@ -83,9 +89,6 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------
-# The layer.
-# --------------------------------------------------------------------------------------
 class _CacheSize(NamedTuple):
     payload: int
     format: str
