@@ -27,13 +27,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 import numpy as np
 
-from .activation import Activation
-from .enums import ActivationFunction, FilterType, LearningPhase
-from .errors import DTypeError, InvalidParameterError, ShapeError, UnsupportedError, must_be
-from .filter import Filter, FilterParameters
-from .layers.fully_connected import FullyConnectedLayer
-from .layers.lstm import GATE_FIELDS, LSTMActivations, LSTMGateDescriptor, LSTMLayer, LSTMParameters
-from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
+from ..activation import Activation
+from ..enums import ActivationFunction, FilterType, LearningPhase
+from ..errors import DTypeError, InvalidParameterError, ShapeError, UnsupportedError, must_be
+from ..filter import Filter, FilterParameters
+from ..layers.fully_connected import FullyConnectedLayer
+from ..layers.lstm import GATE_FIELDS, LSTMActivations, LSTMGateDescriptor, LSTMLayer, LSTMParameters
+from ..layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
 
 __all__ = ["load", "Session", "NodeArg", "export", "SUPPORTED_OPS", "DEFAULT_OPSET"]
 
