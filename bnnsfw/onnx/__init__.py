@@ -34,28 +34,12 @@ from ..filter import Filter, FilterParameters
 from ..layers.fully_connected import FullyConnectedLayer
 from ..layers.lstm import GATE_FIELDS, LSTMActivations, LSTMGateDescriptor, LSTMLayer, LSTMParameters
 from ..layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
+from ._nodes import _MIN_OPSET, Array, _axis, _Node, _onnx, _unsupported
 
 __all__ = ["load", "Session", "NodeArg", "export", "SUPPORTED_OPS", "DEFAULT_OPSET"]
 
-Array = np.ndarray
-
 #: The opset :func:`export` writes unless told otherwise.
 DEFAULT_OPSET = 21
-_MIN_OPSET = 7  # LSTM and BatchNormalization as they have been since opset 7
-
-
-def _onnx() -> Any:
-    try:
-        import onnx
-    except ImportError:  # pragma: no cover - exercised only without onnx
-        raise UnsupportedError(must_be("bnnsfw.onnx", "used with the onnx package installed "
-                                       "(pip install 'bnnsfw[onnx]')", "no onnx")) from None
-    return onnx
-
-
-def _unsupported(node: "_Node", what: str, value: object) -> UnsupportedError:
-    return UnsupportedError(must_be(f"ONNX node {node.name!r} ({node.op_type}) {what}",
-                                    "something bnnsfw supports", value))
 
 
 # ------------------------------------------------------------------------------------------
@@ -69,35 +53,6 @@ class NodeArg:
     name: str
     shape: list[Any]
     type: str
-
-
-class _Node:
-    """One graph node: its op, attributes (parsed), opset and the names it reads and writes."""
-
-    def __init__(self, proto: Any, index: int, opset: int) -> None:
-        onnx = _onnx()
-        self.proto = proto
-        self.op_type: str = proto.op_type
-        self.name: str = proto.name or f"{proto.op_type}_{index}"
-        self.inputs: list[str] = list(proto.input)
-        self.outputs: list[str] = list(proto.output)
-        self.opset = opset
-        self.attributes: dict[str, Any] = {}
-        for attribute in proto.attribute:
-            if attribute.ref_attr_name:
-                raise _unsupported(self, f"attribute {attribute.name}", "a reference to a function attribute")
-            value = onnx.helper.get_attribute_value(attribute)
-            if attribute.type == onnx.AttributeProto.TENSOR:
-                value = onnx.numpy_helper.to_array(value)
-            elif isinstance(value, bytes):
-                value = value.decode()
-            elif isinstance(value, list) and value and isinstance(value[0], bytes):
-                value = [v.decode() for v in value]
-            self.attributes[attribute.name] = value
-
-    def attr(self, name: str, default: Any = None) -> Any:
-        return self.attributes.get(name, default)
-
 
 #: op type -> (the attributes it understands, the function that runs it). The function takes
 #: the node and its input arrays (``None`` for an omitted optional input) and returns the outputs.
@@ -114,13 +69,6 @@ def _op(*names: str, attributes: Sequence[str] = ()) -> Callable[[_OpFunction], 
         return function
 
     return register
-
-
-def _axis(node: _Node, axis: int, rank: int, name: str = "axis") -> int:
-    if not -rank <= axis < rank:
-        raise InvalidParameterError(must_be(f"ONNX node {node.name!r} ({node.op_type}) {name}",
-                                            f"in [{-rank}, {rank - 1}]", axis))
-    return axis % rank
 
 
 def _ints(value: Any) -> list[int]:
