@@ -295,7 +295,7 @@ def export(model_or_layers: Any, path: str | os.PathLike[str], *,
         different activations on the input, forget and output gates, activations Core ML's
         ``lstm`` or activation operations do not have, batch norm without moving statistics.
     """
-    from .onnx import _layers_of
+    from .onnx._export import _layers_of
 
     ct = _coremltools()
     from coremltools.converters.mil import Builder as mb
