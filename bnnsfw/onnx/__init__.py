@@ -16,6 +16,12 @@ node, the operator and the attribute; nothing is approximated silently.
 after the other, as an ONNX graph that passes ``onnx.checker.check_model(full_check=True)``.
 
 Only the ``onnx`` package is needed (``pip install 'bnnsfw[onnx]'``); ONNX Runtime is not.
+
+The package's modules: ``_session.py`` loads a model and runs its graph, with the NumPy
+operators of ``_operators.py`` and the LSTM and normalization nodes of ``_layer_nodes.py``;
+``_export.py`` writes layers as a graph; ``_nodes.py`` holds what they share (a node as
+bnnsfw reads it, and the import of the optional ``onnx`` package). Every public name is
+importable from here.
 """
 
 from __future__ import annotations
