@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-import bnnsfw
+# The suite runs every call compiled, compiling where it must (bit-for-bit repeatable, and the
+# numba tests test the compiled kernels); the tests of the background compiles set their mode.
+os.environ["BNNSFW_COMPILE"] = "wait"
+
+import bnnsfw  # noqa: E402
 
 BACKENDS = bnnsfw.available_backends()
 

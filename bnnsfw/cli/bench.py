@@ -505,6 +505,9 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
     out = sys.stdout if out is None else out
     import bnnsfw as bf
 
+    # Every row runs compiled from its first call, compiling in this process (and in the
+    # first-call probes it starts) where it must: the figures are the compiled kernels'.
+    os.environ["BNNSFW_COMPILE"] = "wait"
     backend = bf.get_backend(opts.backend).name
     torch_mod = None
     if opts.compare == "torch":

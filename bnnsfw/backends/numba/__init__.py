@@ -23,11 +23,15 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _cells, _lstm, _normalization
+from . import _cells, _lstm, _normalization, _tiers
 from .._shared.lstm_kernels import LSTMStepPlan, LSTMWeights
 from .._shared.lstm_stack import (BackwardKernel, CacheViews, CallArguments, DirectionKernels, ForwardKernel,
                                   _Packed, scatter_gradients)
 from ..contract import (
+    LSTMBackwardRequest,
+    LSTMBackwardResult,
+    LSTMForwardRequest,
+    LSTMForwardResult,
     LSTMGateArrays,
     LSTMPackedWeights,
     LSTMPackRequest,
@@ -39,7 +43,10 @@ from ..contract import (
 )
 from ..scipy_blas import ScipyBlasBackend
 
-__all__ = ["NumbaBackend"]
+__all__ = ["NumbaBackend", "compile_mode", "set_compile_mode"]
+
+compile_mode = _tiers.compile_mode
+set_compile_mode = _tiers.set_compile_mode
 
 def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarray, h0: np.ndarray | None,
                       c0: np.ndarray | None, steps: np.ndarray, pre: np.ndarray | None,
@@ -148,6 +155,10 @@ class NumbaBackend(ScipyBlasBackend):
 
     name = "numba"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._tiers = _tiers.Tiers()
+
     # ----------------------------------------------------------------------------------
     # Which implementation serves a request: decided here and nowhere else.
     # ----------------------------------------------------------------------------------
@@ -169,7 +180,7 @@ class NumbaBackend(ScipyBlasBackend):
         following the lower step by step, backward the lower one following the upper. Not in
         float64, which serves checks more than speed: each two-layer kernel compiles the
         one-layer kernel again (15 to 20 s a kernel and dtype, from cold)."""
-        if _lstm.serves(plan):
+        if _lstm.serves(plan) and _tiers.compiled_now():
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
             parts = 1 if full else _lstm.step_parts(plan.hidden_size, batch)
             layers = parts == 1 and dtype == np.float32 and _lstm.layers_together()
@@ -182,9 +193,29 @@ class NumbaBackend(ScipyBlasBackend):
         per-sequence kernels of :mod:`._cells` (any per-element activations, any
         peepholes, any lengths); the weight gradients are then made as for every per-sequence
         kernel."""
-        if _cells.serves(plan):
+        if _cells.serves(plan) and _tiers.compiled_now():
             return _cells.forward_sequence, _cells.backward_sequence
         return super()._lstm_sequence_kernels(plan, lengths, batch)
+
+    def _compiled_may_serve(self, payload: object) -> bool:
+        """Whether compiled kernels would run an LSTM call with these packed weights."""
+        return isinstance(payload, _Packed) and (_lstm.serves(payload.plan) or _cells.serves(payload.plan))
+
+    def lstm_forward(self, request: LSTMForwardRequest) -> LSTMForwardResult:
+        """Compiled when :class:`._tiers.Tiers` says so for this kind of call, else as
+        ``scipy-blas`` runs it (the same training cache either way)."""
+        if not self._compiled_may_serve(request.weights.payload):
+            return super().lstm_forward(request)
+        with self._tiers.serving("lstm_forward", request):
+            return super().lstm_forward(request)
+
+    def lstm_backward(self, request: LSTMBackwardRequest) -> LSTMBackwardResult:
+        """Compiled when :class:`._tiers.Tiers` says so for this kind of call, else as
+        ``scipy-blas`` runs it."""
+        if not self._compiled_may_serve(request.weights.payload):
+            return super().lstm_backward(request)
+        with self._tiers.serving("lstm_backward", request):
+            return super().lstm_backward(request)
 
     def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
         """``scipy-blas``'s packing; for the cells the compiled kernels serve, with ``U`` and
@@ -207,9 +238,18 @@ class NumbaBackend(ScipyBlasBackend):
         """Compiled for the statistics of the batch and the identity activation (not for RMS
         normalization)."""
         r = request
-        compiled = _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
-        if not (r.centered and compiled):
+        compiled = r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        if not compiled:
             return super().normalization_forward(request)
+        with self._tiers.serving("normalization_forward", request) as compiled:
+            if not compiled:
+                return super().normalization_forward(request)
+            return self._compiled_normalization_forward(request)
+
+    def _compiled_normalization_forward(self, request: NormalizationForwardRequest
+                                        ) -> NormalizationForwardResult:
+        """The compiled normalization forward."""
+        r = request
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return self.normalization_forward_sets(r.x, r.gamma, r.beta, epsilon=r.epsilon,
                                                    batch_statistics=r.batch_statistics,
@@ -224,9 +264,18 @@ class NumbaBackend(ScipyBlasBackend):
         """Compiled for the statistics of the batch and the identity activation (not for RMS
         normalization)."""
         r = request
-        compiled = _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
-        if not (r.centered and compiled):
+        compiled = r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        if not compiled:
             return super().normalization_backward(request)
+        with self._tiers.serving("normalization_backward", request) as compiled:
+            if not compiled:
+                return super().normalization_backward(request)
+            return self._compiled_normalization_backward(request)
+
+    def _compiled_normalization_backward(self, request: NormalizationBackwardRequest
+                                         ) -> NormalizationBackwardResult:
+        """The compiled normalization backward."""
+        r = request
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return self.normalization_backward_sets(
                 r.x, r.dy, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics,

@@ -36,7 +36,9 @@ KERNEL_MODULES = tuple(Path(__file__).resolve().parent / name for name in (
     "_normalization.py",
     "_progress.py",
     "_stream.py",
+    "_tiers.py",
     "_tiles.py",
+    "_worker.py",
 ))
 
 

@@ -1,0 +1,415 @@
+"""When the compiled kernels serve a call: at once, after a compile in the background, or never.
+
+Numba compiles a kernel the first time it is called with a new kind of argument, and the
+LSTM's kernels take tens of seconds to compile from cold. So that no call waits for that,
+:class:`Tiers` decides, once at the start of each top-level call of the backend (one
+``lstm_forward``, ``lstm_backward``, ``normalization_forward`` or ``normalization_backward``),
+whether the compiled kernels serve it; when they do not, the call runs on ``scipy-blas``'s
+kernels, which need no compiler and give the same results within the contract's tolerance,
+and write the same training cache. The compile mode (:func:`compile_mode`) says how:
+
+- ``background`` (the default): a call of a kind whose kernels are not on disk yet runs on
+  ``scipy-blas``'s kernels and asks a separate, fresh Python process to compile them. That
+  process replays the call — the same operation, configuration, shapes, dtypes, memory
+  layouts and read-only flags, on zeros (integer arrays such as sequence lengths keep their
+  values) — with the compiled kernels, which writes them to Numba's disk cache, and then
+  leaves a marker beside that cache. From the next top-level call on, calls of that kind
+  find the marker and run compiled, loading the kernels from disk. The process outlives the
+  one that started it, so a short script leaves the kernels for the next one; compiles take
+  a lock in the cache folder, so two processes compile each kernel once.
+- ``wait``: every call runs compiled, compiling in this process when it must (bit-for-bit
+  repeatable runs; the test suite, ``bnnsfw bench`` and ``bnnsfw compile`` use it).
+- ``off``: nothing is compiled; only kinds of call with a marker run compiled.
+
+The kind of a call (:func:`kind_of`) is everything that decides which kernels it runs and
+with which argument types: the operation, the configuration, and each array's shape, dtype,
+layout and read-only flag, with the thread counts in force.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import io
+import logging
+import os
+import pickle
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import attrs
+import llvmlite.binding
+import numba
+import numpy as np
+from numba.core import config
+
+from ...errors import InvalidParameterError, must_be
+from . import _cache, _lstm
+
+try:
+    import fcntl
+except ImportError:  # Windows: compiles in two processes at once may both run
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["MODES", "compile_mode", "set_compile_mode", "Tiers", "kind_of", "run_jobs"]
+
+_log = logging.getLogger("bnnsfw")
+
+#: The compile modes, the first the default (module docstring).
+MODES = ("background", "wait", "off")
+#: The environment variable that sets the compile mode.
+ENVIRONMENT = "BNNSFW_COMPILE"
+
+_mode: str | None = None
+#: Whether the call under way runs the compiled kernels (True outside any call).
+_compiled: contextvars.ContextVar[bool] = contextvars.ContextVar("bnnsfw_compiled", default=True)
+#: Integer arrays up to this size keep their values in a replayed call (sequence lengths).
+_KEPT_BYTES = 1 << 16
+#: NumPy's C-contiguous, F-contiguous and writeable flags (``ndarray.flags.num``).
+_FLAGS = 0x1 | 0x2 | 0x400
+
+
+def compile_mode() -> str:
+    """The compile mode in force: :func:`set_compile_mode`'s, else ``BNNSFW_COMPILE``'s, else
+    ``"background"``."""
+    mode = _mode if _mode is not None else os.environ.get(ENVIRONMENT, MODES[0])
+    if mode not in MODES:
+        raise InvalidParameterError(must_be(ENVIRONMENT, f"one of {', '.join(MODES)}", mode))
+    return mode
+
+
+def set_compile_mode(mode: str | None) -> None:
+    """Set the compile mode for this process (``None``: back to ``BNNSFW_COMPILE``, else the
+    default)."""
+    global _mode
+    if mode is not None and mode not in MODES:
+        raise InvalidParameterError(must_be("set_compile_mode(mode)", f"one of {', '.join(MODES)} or None",
+                                            mode))
+    _mode = mode
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(kind: type) -> tuple[str, ...]:
+    """The fields of a request class that make up a call's kind, in order."""
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = _FIELDS[kind] = tuple(f.name for f in attrs.fields(kind) if f.name != "workspace")
+    return names
+
+
+def _quick(a: np.ndarray) -> tuple:
+    """An array's shape, dtype and layout and write flags, quickly."""
+    return a.shape, a.dtype, a.flags.num & _FLAGS
+
+
+def compiled_now() -> bool:
+    """Whether the call under way runs the compiled kernels."""
+    return _compiled.get()
+
+
+# --------------------------------------------------------------------------------------
+# The kind of a call.
+# --------------------------------------------------------------------------------------
+def _array_kind(a: np.ndarray) -> tuple:
+    layout = "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "A"
+    return a.shape, a.dtype.str, layout, a.flags.writeable
+
+
+def _kind(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return _array_kind(value)
+    if value is None or isinstance(value, (bool, int, float, str, np.dtype, np.generic)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_kind(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _kind(v)) for k, v in sorted(value.items(), key=lambda item: repr(item[0])))
+    if attrs.has(type(value)):
+        return (type(value).__qualname__,
+                tuple(_kind(getattr(value, f.name)) for f in attrs.fields(type(value))))
+    return type(value).__qualname__  # a workspace, packed weights: made by the backend alike
+
+
+def kind_of(operation: str, request: Any) -> str:
+    """A digest of what decides the kernels a call runs and their argument types (module
+    docstring): the operation, every field of ``request`` but its contents, the thread
+    counts, and the kernels' sources (:func:`._cache.sources_digest`)."""
+    fields = {f.name: getattr(request, f.name) for f in attrs.fields(type(request))}
+    fields.pop("weights", None)  # packed by this backend from the configuration, which is here
+    fields.pop("workspace", None)
+    described = (operation, _kind(fields), numba.get_num_threads(), _cache._kernels_digest(),
+                 numba.__version__, _cpu_name(), sys.version_info[:2])
+    return hashlib.sha256(repr(described).encode()).hexdigest()[:32]
+
+
+def _cpu_name() -> str:
+    return str(getattr(config, "CPU_NAME", None) or llvmlite.binding.get_host_cpu_name())
+
+
+# --------------------------------------------------------------------------------------
+# A call as a job: its arrays as descriptions, rebuilt as zeros in the worker.
+# --------------------------------------------------------------------------------------
+def _zeros(shape: tuple[int, ...], dtype: str, layout: str, writeable: bool,
+           values: bytes | None) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` with ``layout`` (``"A"``: neither C nor F
+    contiguous), ``values`` or zeros, read-only unless ``writeable``."""
+    dt = np.dtype(dtype)
+    if values is not None:
+        a = np.frombuffer(values, dtype=dt).reshape(shape).copy()
+    elif layout == "A":
+        base = np.zeros(tuple(2 * n for n in shape), dt)
+        a = base[tuple(slice(None, None, 2) for _ in shape)]
+    else:
+        a = np.zeros(shape, dt, order="F" if layout == "F" else "C")
+    if not writeable:
+        a.setflags(write=False)
+    return a
+
+
+class _Workspace:
+    """The worker's scratch memory (the contract's ``Workspace``), kept for one job."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[tuple, np.ndarray] = {}
+
+    def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        key = (name, tuple(shape), np.dtype(dtype))
+        if key not in self._arrays:
+            self._arrays[key] = np.empty(shape, dtype)
+        return self._arrays[key]
+
+    def bytes(self, name: str, nbytes: int) -> np.ndarray:
+        return self.array(name, (nbytes,), np.dtype(np.uint8))
+
+
+class _JobPickler(pickle.Pickler):
+    """Pickles a request with every array as its description (integer arrays up to
+    :data:`_KEPT_BYTES` with their values) and the workspace as a fresh one."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            shape, dtype, layout, writeable = _array_kind(obj)
+            keep = obj.dtype.kind in "iub" and obj.nbytes <= _KEPT_BYTES and obj.dtype != np.uint8
+            values = np.ascontiguousarray(obj).tobytes() if keep else None
+            return _zeros, (shape, dtype, layout, writeable, values)
+        if hasattr(obj, "array") and hasattr(obj, "bytes") and not isinstance(obj, type):
+            return _Workspace, ()
+        return NotImplemented
+
+
+def job_bytes(operation: str, request: Any) -> bytes:
+    """``request`` for ``operation`` as :func:`run_jobs` replays it."""
+    buffer = io.BytesIO()
+    _JobPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump((operation, request))
+    return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------------------
+# The worker: replays jobs with the compiled kernels and leaves their markers.
+# --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder``'s compile lock, held while compiling and saving;
+    nothing when the folder cannot take one (read-only)."""
+    try:
+        if fcntl is None:
+            raise OSError("no file locks here")
+        handle = open(folder / "compile.lock", "a+b")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write_marker(marker: Path, text: str) -> None:
+    partial = marker.with_name(f"{marker.name}.{os.getpid()}.partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, marker)
+
+
+def run_jobs(backend: Any, paths: list[Path]) -> int:
+    """Replay each job file's call on ``backend`` (the numba backend) with the compiled kernels
+    (compile mode ``wait``), then write its marker (or ``<marker>.failed`` with the error);
+    the number that failed."""
+    set_compile_mode("wait")
+    failures = 0
+    for path in paths:
+        with open(path, "rb") as fh:
+            marker, threads, job = pickle.load(fh)
+        marker = Path(marker)
+        try:
+            if marker.exists():
+                continue
+            numba.set_num_threads(threads)
+            with _locked(marker.parent):
+                operation, request = pickle.loads(job)
+                getattr(backend, operation)(request)
+            _write_marker(marker, f"{operation}\n")
+        except Exception as exc:  # recorded for the process that asked; it keeps to scipy-blas
+            failures += 1
+            with contextlib.suppress(OSError):
+                _write_marker(marker.with_name(marker.name + ".failed"), f"{type(exc).__name__}: {exc}\n")
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return failures
+
+
+# --------------------------------------------------------------------------------------
+# The decision, at the start of each top-level call.
+# --------------------------------------------------------------------------------------
+def ready_folder() -> Path:
+    """Where the markers live: a folder beside the compiled kernels' disk cache."""
+    cache: Any = getattr(_lstm._recur, "_cache")
+    return Path(cache._cache_path) / "bnnsfw-ready"
+
+
+class Tiers:
+    """Which kinds of call run compiled in this process, and the background compiles asked
+    for the others (module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: set[str] = set()
+        self._failed: set[str] = set()
+        self._queued: dict[str, bytes] = {}
+        self._worker: subprocess.Popen | None = None
+        self._running: list[str] = []
+        self._said = False
+        self._kinds: dict[tuple, tuple[tuple, str]] = {}
+
+    def folder(self) -> Path:
+        return ready_folder()
+
+    def marker(self, kind: str) -> Path:
+        return self.folder() / kind
+
+    def _kind(self, operation: str, request: Any) -> str:
+        """:func:`kind_of` the call, remembered by a key that is quick to make (a few
+        microseconds): each array's shape, dtype and layout and write flags, the identity of
+        everything else (for packed weights, of their configuration: they are packed anew
+        whenever the weights change)."""
+        key: list[Any] = [operation, numba.get_num_threads()]
+        objects: list[Any] = []
+        for name in _fields(type(request)):
+            value = getattr(request, name)
+            if name == "weights":
+                value = value.config
+            elif name == "gradients":
+                value = (value.input, value.hidden, value.cell)
+            if isinstance(value, np.ndarray):
+                key.append(_quick(value))
+            elif value is None or isinstance(value, (bool, int, float, str)):
+                key.append(value)
+            elif isinstance(value, tuple) and all(v is None or isinstance(v, np.ndarray) for v in value):
+                key.append(tuple(None if v is None else _quick(v) for v in value))
+            else:
+                key.append(id(value))
+                objects.append(value)
+        found = self._kinds.get(tuple(key))
+        if found is not None and all(a is b for a, b in zip(found[0], objects)):
+            return found[1]
+        kind = kind_of(operation, request)
+        if len(self._kinds) >= 256:
+            self._kinds.clear()
+        self._kinds[tuple(key)] = (tuple(objects), kind)
+        return kind
+
+    @contextlib.contextmanager
+    def serving(self, operation: str, request: Any) -> Iterator[bool]:
+        """Within the block the call runs compiled or not (:func:`compiled_now`), as
+        :meth:`decide` says; the block's value is that decision."""
+        token = _compiled.set(self.decide(operation, request))
+        try:
+            yield _compiled.get()
+        finally:
+            _compiled.reset(token)
+
+    def decide(self, operation: str, request: Any) -> bool:
+        """Whether this call runs compiled: always in ``wait`` mode, else when its kind has a
+        marker; in ``background`` mode, a compile asked for when it has none."""
+        mode = compile_mode()
+        if mode == "wait":
+            return True
+        kind = self._kind(operation, request)
+        if kind in self._ready:
+            return True
+        with self._lock:
+            self._poll()
+            if self.marker(kind).exists():
+                self._ready.add(kind)
+                return True
+            if mode == "background" and kind not in self._failed and kind not in self._queued \
+                    and kind not in self._running:
+                self._queued[kind] = job_bytes(operation, request)
+                self._start()
+        return False
+
+    def poll(self) -> bool:
+        """Whether a background compile is still under way (or waiting to start)."""
+        with self._lock:
+            self._poll()
+            return self._worker is not None or bool(self._queued)
+
+    def _poll(self) -> None:
+        """Collect a finished worker's results and start the next (the lock is held)."""
+        if self._worker is not None and self._worker.poll() is not None:
+            for kind in self._running:
+                if self.marker(kind).exists():
+                    self._ready.add(kind)
+                else:
+                    self._failed.add(kind)
+                    failed = self.marker(kind).with_name(kind + ".failed")
+                    reason = failed.read_text(encoding="utf-8").strip() if failed.exists() else \
+                        f"the compiling process exited with status {self._worker.returncode}"
+                    _log.warning("compiling the numba kernels in the background failed (%s); these calls "
+                                 "keep running on scipy-blas's kernels", reason)
+            self._worker, self._running = None, []
+        self._start()
+
+    def _start(self) -> None:
+        """Start a worker for the queued jobs unless one runs (the lock is held)."""
+        if self._worker is not None or not self._queued:
+            return
+        folder = self.folder()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            paths = []
+            for kind, job in self._queued.items():
+                handle, name = tempfile.mkstemp(prefix="job-", suffix=".pickle", dir=folder)
+                with os.fdopen(handle, "wb") as fh:
+                    pickle.dump((str(self.marker(kind)), numba.get_num_threads(), job), fh)
+                paths.append(name)
+        except OSError as exc:
+            _log.warning("cannot compile the numba kernels in the background (%s); calls run on "
+                         "scipy-blas's kernels (BNNSFW_COMPILE=wait compiles in this process)", exc)
+            self._failed.update(self._queued)
+            self._queued.clear()
+            return
+        # A fresh interpreter, not a fork (a fork would inherit this process's threads and
+        # locks), in a session of its own, so that it finishes when this process exits first.
+        self._worker = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from bnnsfw.backends.numba._worker import main; "
+             "sys.exit(main(sys.argv[1:]))", *paths], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=platform.system() != "Windows", close_fds=True)
+        self._running = list(self._queued)
+        self._queued.clear()
+        if not self._said:
+            self._said = True
+            _log.info("compiling the numba kernels in a background process (folder %s); calls run on "
+                      "scipy-blas's kernels until they are ready", folder)
+
+
