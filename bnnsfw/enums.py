@@ -32,6 +32,8 @@ __all__ = [
     "LayerFlags",
     "NDArrayFlags",
     "LearningPhase",
+    "APPLE_CONSTANTS",
+    "apple_name",
 ]
 
 
@@ -203,3 +205,110 @@ class LearningPhase(_Parse, enum.IntEnum):
 
     training = 0
     inference = 1
+
+# ------------------------------------------------------------------ Apple's names ------
+# Apple's constant names, spelled as bnns_constants.h spells them, as aliases of the members,
+# so that code ported from C reads the same (``bnnsfw.bnns`` exports them). BNNSLearningPhase
+# has none: the C functions take a ``bool training``.
+
+# DataType
+BNNSDataTypeFloat16 = DataType.float16
+BNNSDataTypeFloat32 = DataType.float32
+BNNSDataTypeBFloat16 = DataType.bfloat16
+BNNSDataTypeInt8 = DataType.int8
+BNNSDataTypeInt32 = DataType.int32
+BNNSDataTypeUInt8 = DataType.uint8
+# DataLayout
+BNNSDataLayoutVector = DataLayout.vector
+BNNSDataLayout1DLastMajor = DataLayout.last_major_1d
+BNNSDataLayout1DFirstMajor = DataLayout.first_major_1d
+BNNSDataLayoutRowMajorMatrix = DataLayout.row_major_matrix
+BNNSDataLayoutColumnMajorMatrix = DataLayout.column_major_matrix
+BNNSDataLayout2DLastMajor = DataLayout.last_major_2d
+BNNSDataLayout2DFirstMajor = DataLayout.first_major_2d
+BNNSDataLayoutImageCHW = DataLayout.image_chw
+BNNSDataLayoutSNE = DataLayout.sne
+BNNSDataLayoutNSE = DataLayout.nse
+BNNSDataLayout3DLastMajor = DataLayout.last_major_3d
+BNNSDataLayout3DFirstMajor = DataLayout.first_major_3d
+BNNSDataLayout4DLastMajor = DataLayout.last_major_4d
+BNNSDataLayout4DFirstMajor = DataLayout.first_major_4d
+# ActivationFunction
+BNNSActivationFunctionIdentity = ActivationFunction.identity
+BNNSActivationFunctionRectifiedLinear = ActivationFunction.relu
+BNNSActivationFunctionLeakyRectifiedLinear = ActivationFunction.leaky_relu
+BNNSActivationFunctionSigmoid = ActivationFunction.sigmoid
+BNNSActivationFunctionTanh = ActivationFunction.tanh
+BNNSActivationFunctionScaledTanh = ActivationFunction.scaled_tanh
+BNNSActivationFunctionAbs = ActivationFunction.abs
+BNNSActivationFunctionLinear = ActivationFunction.linear
+BNNSActivationFunctionClamp = ActivationFunction.clamp
+BNNSActivationFunctionIntegerLinearSaturate = ActivationFunction.integer_linear_saturate
+BNNSActivationFunctionIntegerLinearSaturatePerChannel = ActivationFunction.integer_linear_saturate_per_channel
+BNNSActivationFunctionSoftmax = ActivationFunction.softmax
+BNNSActivationFunctionGELUApproximation = ActivationFunction.gelu_approximation
+BNNSActivationFunctionGumbel = ActivationFunction.gumbel
+BNNSActivationFunctionGumbelMax = ActivationFunction.gumbel_max
+BNNSActivationFunctionHardSigmoid = ActivationFunction.hard_sigmoid
+BNNSActivationFunctionSoftplus = ActivationFunction.softplus
+BNNSActivationFunctionSoftsign = ActivationFunction.softsign
+BNNSActivationFunctionELU = ActivationFunction.elu
+BNNSActivationFunctionClampedLeakyRectifiedLinear = ActivationFunction.clamped_leaky_relu
+BNNSActivationFunctionLinearWithBias = ActivationFunction.linear_with_bias
+BNNSActivationFunctionLogSoftmax = ActivationFunction.log_softmax
+BNNSActivationFunctionLogSigmoid = ActivationFunction.log_sigmoid
+BNNSActivationFunctionSELU = ActivationFunction.selu
+BNNSActivationFunctionCELU = ActivationFunction.celu
+BNNSActivationFunctionHardShrink = ActivationFunction.hard_shrink
+BNNSActivationFunctionSoftShrink = ActivationFunction.soft_shrink
+BNNSActivationFunctionTanhShrink = ActivationFunction.tanh_shrink
+BNNSActivationFunctionThreshold = ActivationFunction.threshold
+BNNSActivationFunctionPReLUPerChannel = ActivationFunction.prelu_per_channel
+BNNSActivationFunctionHardSwish = ActivationFunction.hard_swish
+BNNSActivationFunctionGELUApproximation2 = ActivationFunction.hard_swish
+BNNSActivationFunctionSiLU = ActivationFunction.silu
+BNNSActivationFunctionReLU6 = ActivationFunction.relu6
+BNNSActivationFunctionErf = ActivationFunction.erf
+BNNSActivationFunctionGELU = ActivationFunction.gelu
+BNNSActivationFunctionGELUApproximationSigmoid = ActivationFunction.gelu_approximation_sigmoid
+# FilterType
+BNNSConvolution = FilterType.convolution
+BNNSFullyConnected = FilterType.fully_connected
+BNNSBatchNorm = FilterType.batch_norm
+BNNSInstanceNorm = FilterType.instance_norm
+BNNSLayerNorm = FilterType.layer_norm
+BNNSGroupNorm = FilterType.group_norm
+BNNSTransposedConvolution = FilterType.transposed_convolution
+BNNSQuantization = FilterType.quantization
+BNNSArithmetic = FilterType.arithmetic
+# LayerFlags
+BNNSLayerFlagsLSTMBidirectional = LayerFlags.lstm_bidirectional
+BNNSLayerFlagsLSTMDefaultActivations = LayerFlags.lstm_default_activations
+# NDArrayFlags
+BNNSNDArrayFlagBackpropSet = NDArrayFlags.backprop_set
+BNNSNDArrayFlagBackpropAccumulate = NDArrayFlags.backprop_accumulate
+
+
+#: Every alias above, by name, in the header's order.
+APPLE_CONSTANTS: dict[str, enum.Enum] = {
+    name: value for name, value in list(globals().items()) if name.startswith("BNNS")}
+
+# One name per member (the first, where the header gives two: BNNSActivationFunctionHardSwish
+# before its alias BNNSActivationFunctionGELUApproximation2), keyed by class and value: an
+# IntEnum member equals the members of other enums with its number.
+_APPLE_NAMES: dict[tuple[type, int], str] = {}
+for _name, _member in APPLE_CONSTANTS.items():
+    _APPLE_NAMES.setdefault((type(_member), _member.value), _name)
+del _name, _member
+
+
+def apple_name(kind: type[enum.Enum], value: object) -> str:
+    """Apple's name of ``value``, a ``kind`` member or its raw number (``BNNSDataLayoutSNE``);
+    a number that names no member is written as it is (hexadecimal from 16 on)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        number = int(value)
+        name = _APPLE_NAMES.get((kind, number))
+        if name is not None:
+            return name
+        return f"{number:#x}" if number >= 16 else str(number)
+    return repr(value)

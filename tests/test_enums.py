@@ -1,3 +1,5 @@
+import enum
+
 import numpy as np
 import pytest
 
@@ -56,3 +58,42 @@ def test_elementwise_classification():
     not_elementwise = {9, 10, 11, 13, 14, 21, 29}
     for f in bf.ActivationFunction:
         assert f.is_elementwise == (int(f) not in not_elementwise)
+
+
+#: A sample of Apple's constants with the values bnns_constants.h gives them.
+APPLE_VALUES = {
+    "BNNSDataTypeFloat16": 0x10010, "BNNSDataTypeFloat32": 0x10020, "BNNSDataTypeBFloat16": 0x18010,
+    "BNNSDataTypeInt8": 0x20008, "BNNSDataTypeInt32": 0x20020, "BNNSDataTypeUInt8": 0x40008,
+    "BNNSDataLayoutVector": 0x10000, "BNNSDataLayout1DLastMajor": 0x18000,
+    "BNNSDataLayoutRowMajorMatrix": 0x20000, "BNNSDataLayoutColumnMajorMatrix": 0x20001,
+    "BNNSDataLayout2DLastMajor": 0x28000, "BNNSDataLayoutImageCHW": 0x30000, "BNNSDataLayoutSNE": 0x30001,
+    "BNNSDataLayoutNSE": 0x30002, "BNNSDataLayout3DFirstMajor": 0x38001, "BNNSDataLayout4DLastMajor": 0x48000,
+    "BNNSActivationFunctionIdentity": 0, "BNNSActivationFunctionRectifiedLinear": 1,
+    "BNNSActivationFunctionSigmoid": 3, "BNNSActivationFunctionTanh": 4,
+    "BNNSActivationFunctionGELUApproximation2": 30, "BNNSActivationFunctionHardSwish": 30,
+    "BNNSActivationFunctionSiLU": 31, "BNNSActivationFunctionGELU": 34,
+    "BNNSBatchNorm": 2, "BNNSGroupNorm": 5, "BNNSArithmetic": 8,
+    "BNNSLayerFlagsLSTMBidirectional": 0x1, "BNNSLayerFlagsLSTMDefaultActivations": 0x2,
+    "BNNSNDArrayFlagBackpropSet": 0, "BNNSNDArrayFlagBackpropAccumulate": 1,
+}
+
+
+def test_apples_constant_names_are_the_members():
+    from bnnsfw import bnns, enums
+
+    for name, value in APPLE_VALUES.items():
+        member = getattr(bnns, name)
+        assert isinstance(member, enum.Enum) and member == value, name
+        assert name in bnns.__all__ and getattr(bf, name) is member  # reachable from the package too
+    assert bnns.BNNSDataLayoutSNE is bf.DataLayout.sne and bnns.BNNSDataTypeFloat32 is bf.DataType.float32
+    assert bnns.BNNSLayerFlagsLSTMBidirectional is bf.LayerFlags.lstm_bidirectional
+    # every member has its name, and every name exported by bnnsfw.bnns is a member's
+    for kind in (bf.DataType, bf.DataLayout, bf.ActivationFunction, bf.FilterType, bf.NDArrayFlags):
+        for member in kind:
+            assert enums.apple_name(kind, member).startswith("BNNS"), member
+    for name, member in enums.APPLE_CONSTANTS.items():
+        assert getattr(bnns, name) is member and name in bnns.__all__
+    assert enums.apple_name(bf.DataLayout, 0x30001) == "BNNSDataLayoutSNE"
+    assert enums.apple_name(bf.ActivationFunction, 30) == "BNNSActivationFunctionHardSwish"
+    assert enums.apple_name(bf.DataType, 0) == "0" and enums.apple_name(bf.DataType, 0x20010) == "0x20010"
+    assert enums.apple_name(bf.DataType, 2) != enums.apple_name(bf.FilterType, 2)  # equal numbers apart
