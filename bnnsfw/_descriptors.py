@@ -9,15 +9,79 @@ at its boundary.
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple, Sequence, Tuple, Union, overload
+from typing import Any, Iterable, Literal, NamedTuple, Sequence, Tuple, Union, overload
 
 import numpy as np
 
 from ._validation import dtype_text
-from .enums import DataLayout, DataType
+from .enums import DataLayout, DataType, apple_name
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
 MAX_RANK = 8
+SIZE_MAX = 2**64 - 1  # the largest size_t
+UINT32_MAX = 2**32 - 1
+
+#: The fields of a ``BNNSNDArrayDescriptor``; any object that has them is taken for one.
+FIELDS = ("flags", "layout", "size", "stride", "data", "data_type")
+
+
+class Named(str):
+    """A value's name in a message, shown as it is (``got 0.``, ``got BNNSDataLayoutSNE.``)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def integer(where: str, value: object, *, minimum: int = 0, maximum: int = SIZE_MAX) -> int:
+    """A C integer field or argument (``size_t`` unless ``maximum`` says otherwise): an ``int``
+    (or NumPy integer, not a bool) in range."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidParameterError(must_be(where, f"an integer >= {minimum}", value))
+    number = int(value)
+    if number < minimum or number > maximum:
+        rule = f"an integer >= {minimum}" if maximum == SIZE_MAX and number < minimum else \
+            f"an integer in [{minimum}, {maximum}]"
+        raise InvalidParameterError(must_be(where, rule, number))
+    return number
+
+
+def real(where: str, value: object) -> float:
+    """A C ``float`` field, any value (a field the configuration does not read): a real number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidParameterError(must_be(where, "a number", value))
+    return float(value)
+
+
+def finite(where: str, value: object) -> float:
+    """A C ``float`` field that a call reads: a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(value)):
+        raise InvalidParameterError(must_be(where, "a finite number", value))
+    return float(value)
+
+
+def eight(where: str, values: object, rank: int = MAX_RANK) -> tuple[int, ...]:
+    """The first ``rank`` entries of ``size[8]`` or ``stride[8]`` (``size_t``), the entries
+    missing from a shorter sequence being 0; the entries past ``rank`` are not read."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise InvalidParameterError(must_be(where, "a sequence of at most 8 integers >= 0", values))
+    items = tuple(values)
+    if len(items) > MAX_RANK:
+        raise InvalidParameterError(must_be(where, "a sequence of at most 8 integers >= 0", items))
+    items += (0,) * (MAX_RANK - len(items))
+    return tuple(integer(f"{where}[{i}]", v) for i, v in enumerate(items[:rank]))
+
+
+def descriptor(where: str, desc: object) -> Any:
+    """``desc`` when it is a ``BNNSNDArrayDescriptor`` (has its six fields), else refused."""
+    if not all(hasattr(desc, field) for field in FIELDS):
+        raise InvalidParameterError(must_be(where, "a BNNSNDArrayDescriptor", type(desc).__name__))
+    return desc
+
+
+def flags_of(where: str, desc: object) -> int:
+    """The descriptor's ``flags`` (``BNNSNDArrayFlags``, a ``uint32_t``)."""
+    return integer(f"{where}.flags", getattr(desc, "flags"), maximum=UINT32_MAX)
 
 
 class Batch(NamedTuple):
@@ -39,13 +103,44 @@ _LAST_MAJOR = {
 }
 
 
-def layout_of(where: str, value: object) -> DataLayout:
-    layout = DataLayout.parse(value, f"{where}.layout")
+_LAYOUT_NAMES = ", ".join(apple_name(DataLayout, m) for m in sorted(_LAST_MAJOR))
+
+
+def layout_of(where: str, desc: object) -> DataLayout:
+    """The descriptor's ``layout``, one of those the C-style API reads."""
+    value = getattr(desc, "layout")
+    layout = _member(DataLayout, value)
     if layout not in _LAST_MAJOR:
-        supported = ", ".join(sorted(m.name for m in _LAST_MAJOR))
-        raise InvalidParameterError(must_be(f"{where}.layout", f"one of the supported layouts ({supported})",
-                                            layout.name))
+        raise InvalidParameterError(must_be(f"{where}.layout", f"one of the layouts the C-style API reads "
+                                            f"({_LAYOUT_NAMES})", Named(apple_name(DataLayout, value))))
     return layout
+
+
+def data_type_of(where: str, desc: object, data_types: Sequence[DataType]) -> DataType:
+    """The descriptor's ``data_type``, one of ``data_types`` (the types taken where it is read)."""
+    value = getattr(desc, "data_type")
+    data_type = _member(DataType, value)
+    if data_type not in data_types:
+        names = " or ".join(apple_name(DataType, t) for t in data_types)
+        raise DTypeError(must_be(f"{where}.data_type", names, Named(apple_name(DataType, value))))
+    return data_type
+
+
+def _member(kind: Any, value: object) -> Any:
+    """The ``kind`` member that ``value`` is, or names, or numbers; ``None`` for any other value."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        try:
+            return kind.parse(value)
+        except InvalidParameterError:
+            return None
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        try:
+            return kind(int(value))
+        except ValueError:
+            return None
+    return None
 
 
 def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
@@ -115,20 +210,15 @@ def _strided(where: str, desc: object, expected_shape: Sequence[int] | None, *, 
     Every size and stride is checked against the extent of the caller's buffer before the
     view is made: no layout reaches memory outside it, and none makes two elements alias.
     """
-    if not all(hasattr(desc, field) for field in ("flags", "layout", "size", "stride", "data", "data_type")):
-        raise InvalidParameterError(must_be(where, "a BNNSNDArrayDescriptor", type(desc).__name__))
+    descriptor(where, desc)
     data = getattr(desc, "data")
-    if data is None:
+    if data is None:  # absent: nothing else of it is read
         return None
-    layout = layout_of(where, getattr(desc, "layout"))
-    data_type = DataType.parse(getattr(desc, "data_type"), f"{where}.data_type")
-    if data_type not in data_types:
-        names = " or ".join(f"DataType.{t.name}" for t in data_types)
-        raise DTypeError(must_be(f"{where}.data_type", f"{names} (the types the C-style API takes here)",
-                                 data_type.name))
+    layout = layout_of(where, desc)
+    data_type = data_type_of(where, desc, data_types)
     dtype = data_type.numpy_dtype
     rank = layout.rank
-    sizes = [int(s) for s in getattr(desc, "size")[:rank]]
+    sizes = list(eight(f"{where}.size", getattr(desc, "size"), rank))
     if all(s == 0 for s in sizes):
         if expected_shape is None:
             raise ShapeError(must_be(f"{where}.size", "set (non-zero)", tuple(sizes)))
@@ -141,9 +231,7 @@ def _strided(where: str, desc: object, expected_shape: Sequence[int] | None, *, 
             sizes = [numpy_shape[0], numpy_shape[1]]
         else:
             sizes = list(reversed(numpy_shape))
-    if any(s < 0 for s in sizes):
-        raise ShapeError(must_be(f"{where}.size", "non-negative", tuple(sizes)))
-    strides = [int(s) for s in getattr(desc, "stride")[:rank]]
+    strides = list(eight(f"{where}.stride", getattr(desc, "stride"), rank))
     if all(s == 0 for s in strides):
         strides = list(contiguous_strides(sizes))
     elif any(s <= 0 for s in strides):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Any, Callable, Iterable, ParamSpec, TypeVar
+from typing import Any, Callable, ParamSpec, TypeVar
 
 import attrs
 import numpy as np
@@ -25,7 +25,7 @@ from . import _descriptors as nd
 from ._validation import overlap, same_elements
 from .activation import Activation
 from .deprecation import warn_deprecated
-from .enums import ActivationFunction, DataLayout, DataType, FilterType, LayerFlags, NDArrayFlags
+from .enums import ActivationFunction, DataLayout, DataType, FilterType, LayerFlags, NDArrayFlags, apple_name
 from .enums import (  # Apple's constant names
     BNNSDataTypeFloat16,
     BNNSDataTypeFloat32,
@@ -240,82 +240,35 @@ def _deprecated_struct(cls: type[_T]) -> type[_T]:
     return cls
 
 
-_SIZE_MAX = 2**64 - 1  # the largest size_t
+_integer, _finite, _real = nd.integer, nd.finite, nd.real
 
 
-def _integer(where: str, value: object, *, minimum: int = 0, maximum: int = _SIZE_MAX) -> int:
-    """A C integer field or argument (``size_t`` unless ``maximum`` says otherwise): an ``int``
-    (or NumPy integer, not a bool) in range."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidParameterError(must_be(where, f"an integer >= {minimum}", value))
-    number = int(value)
-    if number < minimum or number > maximum:
-        rule = f"an integer >= {minimum}" if maximum == _SIZE_MAX and number < minimum else \
-            f"an integer in [{minimum}, {maximum}]"
-        raise InvalidParameterError(must_be(where, rule, number))
-    return number
+# attrs converters. A structure holds what the caller wrote, as a C structure does: the fields
+# are checked where a call reads them, under the name of the argument that holds them (a
+# zero-filled descriptor can exist, and is absent wherever BNNS does not read it). The
+# converters only normalise the values they understand: an enum's name or number to its member,
+# a short size list to its eight entries.
+def _layout(value: object) -> object:
+    return _lenient_member(DataLayout, value)
 
 
-def _number(where: str, value: object) -> float:
-    """A C ``float`` field: a finite real number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidParameterError(must_be(where, "a finite number", value))
-    number = float(value)
-    if not math.isfinite(number):
-        raise InvalidParameterError(must_be(where, "a finite number", value))
-    return number
+def _data_type(value: object) -> object:
+    return _lenient_member(DataType, value)
 
 
-def _eight(where: str, values: object) -> tuple[int, ...]:
-    """``size[8]`` or ``stride[8]`` (``size_t``): up to 8 integers >= 0, padded with zeros."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise InvalidParameterError(must_be(where, "a sequence of at most 8 integers >= 0", values))
-    items = tuple(values)
-    if len(items) > nd.MAX_RANK:
-        raise InvalidParameterError(must_be(where, "a sequence of at most 8 integers >= 0", items))
-    numbers = tuple(_integer(f"{where}[{i}]", v) for i, v in enumerate(items))
-    return numbers + (0,) * (nd.MAX_RANK - len(numbers))
+def _function(value: object) -> object:
+    return _lenient_member(ActivationFunction, value)
 
 
-# attrs converters (named functions, so that type checkers see the fields' types).
-def _flags(value: object) -> int:
-    return _integer("BNNSNDArrayDescriptor.flags", value, maximum=2**32 - 1)
+def _lenient_member(kind: Any, value: object) -> object:
+    member = nd._member(kind, value)
+    return value if member is None else member
 
 
-def _layout(value: object) -> DataLayout:
-    return DataLayout.parse(value, "BNNSNDArrayDescriptor.layout")
-
-
-def _sizes(value: object) -> tuple[int, ...]:
-    return _eight("BNNSNDArrayDescriptor.size", value)
-
-
-def _strides(value: object) -> tuple[int, ...]:
-    return _eight("BNNSNDArrayDescriptor.stride", value)
-
-
-def _data_type(value: object) -> DataType:
-    return DataType.parse(value, "BNNSNDArrayDescriptor.data_type")
-
-
-def _activation_function(value: object) -> ActivationFunction:
-    return ActivationFunction.parse(value, "BNNSActivation.function")
-
-
-def _alpha(value: object) -> float:
-    return _number("BNNSActivation.alpha", value)
-
-
-def _beta(value: object) -> float:
-    return _number("BNNSActivation.beta", value)
-
-
-def _filter_flags(value: object) -> int:
-    return _integer("BNNSFilterParameters.flags", value, maximum=2**32 - 1)
-
-
-def _n_threads(value: object) -> int:
-    return _integer("BNNSFilterParameters.n_threads", value)
+def _eight_entries(value: object) -> object:
+    if isinstance(value, (tuple, list)) and len(value) <= nd.MAX_RANK:
+        return tuple(value) + (0,) * (nd.MAX_RANK - len(value))
+    return value
 
 
 # ------------------------------------------------------------------ structures ---------
@@ -326,15 +279,18 @@ class BNNSNDArrayDescriptor:
     """``BNNSNDArrayDescriptor``: an n-dimensional array, sizes and strides fastest first.
 
     ``data`` is a NumPy array or any writable buffer holding elements of ``data_type``, or
-    ``None``. Strides are in elements; all-zero strides mean contiguous.
+    ``None``. Strides are in elements; all-zero strides mean contiguous. The fields hold what
+    the caller wrote (``BNNSNDArrayDescriptor(layout=0, data_type=0)`` is a zero-filled
+    descriptor): a call checks the fields it reads, naming the argument, and takes a
+    descriptor without data as absent wherever BNNS does.
     """
 
-    flags: int = attrs.field(default=0, converter=_flags)
-    layout: DataLayout = attrs.field(default=DataLayout.vector, converter=_layout)
-    size: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_sizes)
-    stride: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_strides)
+    flags: int = 0
+    layout: DataLayout | int = attrs.field(default=DataLayout.vector, converter=_layout)
+    size: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_eight_entries)
+    stride: tuple[int, ...] = attrs.field(default=(0,) * 8, converter=_eight_entries)
     data: Any = None
-    data_type: DataType = attrs.field(default=DataType.float32, converter=_data_type)
+    data_type: DataType | int = attrs.field(default=DataType.float32, converter=_data_type)
 
     @classmethod
     def from_array(cls, array: np.ndarray, layout: DataLayout | int | str | None = None, *,
@@ -368,29 +324,46 @@ class BNNSNDArrayDescriptor:
 
 @attrs.define
 class BNNSActivation:
-    """``BNNSActivation``: function, alpha and beta."""
+    """``BNNSActivation``: function, alpha and beta (all zero: the identity)."""
 
-    function: ActivationFunction = attrs.field(default=ActivationFunction.identity,
-                                               converter=_activation_function)
-    alpha: float = attrs.field(default=0.0, converter=_alpha)
-    beta: float = attrs.field(default=0.0, converter=_beta)
+    function: ActivationFunction | int = attrs.field(default=ActivationFunction.identity, converter=_function)
+    alpha: float = 0.0
+    beta: float = 0.0
 
-    def to_activation(self) -> Activation:
-        return Activation(self.function, self.alpha, self.beta)
+    def to_activation(self, where: str = "activation") -> Activation:
+        """The :class:`~bnnsfw.Activation` this structure describes (its fields checked, named
+        after ``where``)."""
+        function = nd._member(ActivationFunction, self.function)
+        if function is None:
+            raise InvalidParameterError(must_be(f"{where}.function", "a BNNSActivationFunction value",
+                                                self.function))
+        if not function.is_elementwise:
+            raise InvalidParameterError(must_be(
+                f"{where}.function", "a per-element activation (not softmax, log-softmax, PReLU, integer "
+                "or random ones)", nd.Named(apple_name(ActivationFunction, function))))
+        alpha = _finite(f"{where}.alpha", self.alpha)
+        beta = _finite(f"{where}.beta", self.beta)
+        if function is ActivationFunction.celu and alpha == 0.0:
+            raise InvalidParameterError(must_be(f"{where}.alpha", "non-zero for BNNSActivationFunctionCELU",
+                                                alpha))
+        return Activation(function, alpha, beta)
 
 
 @attrs.define
 class BNNSFilterParameters:
-    """``BNNSFilterParameters``: flags (``BNNSFlagsUseClientPtr``) and thread count."""
+    """``BNNSFilterParameters``: flags (``BNNSFlagsUseClientPtr``) and thread count (all zero:
+    the defaults). ``alloc_memory`` and ``free_memory`` are not called: bnnsfw's memory is
+    NumPy's."""
 
-    flags: int = attrs.field(default=0, converter=_filter_flags)
-    n_threads: int = attrs.field(default=0, converter=_n_threads)
+    flags: int = 0
+    n_threads: int = 0
     alloc_memory: Any = None
     free_memory: Any = None
 
-    def to_filter_parameters(self) -> FilterParameters:
-        return FilterParameters(n_threads=self.n_threads,
-                                use_client_pointer=bool(self.flags & BNNSFlagsUseClientPtr))
+    def to_filter_parameters(self, where: str = "filter_params") -> FilterParameters:
+        flags = _integer(f"{where}.flags", self.flags, maximum=nd.UINT32_MAX)
+        n_threads = _integer(f"{where}.n_threads", self.n_threads)
+        return FilterParameters(n_threads=n_threads, use_client_pointer=bool(flags & BNNSFlagsUseClientPtr))
 
 
 def _filter_parameters(fp: BNNSFilterParameters | None) -> FilterParameters:
@@ -408,7 +381,7 @@ def _activation(where: str, value: BNNSActivation | Activation | None) -> Activa
     if isinstance(value, Activation):
         return value
     if isinstance(value, BNNSActivation):
-        return value.to_activation()
+        return value.to_activation(where)
     raise InvalidParameterError(must_be(where, "a BNNSActivation", type(value).__name__))
 
 
@@ -511,19 +484,43 @@ def _descriptor(where: str, desc: BNNSNDArrayDescriptor | None) -> BNNSNDArrayDe
 
 
 def _descriptor_shape(where: str, desc: BNNSNDArrayDescriptor) -> tuple[int, ...]:
-    layout = nd.layout_of(where, desc.layout)
-    sizes = desc.size[: layout.rank]
-    if any(s <= 0 for s in sizes):
-        raise ShapeError(must_be(f"{where}.size", f"{layout.rank} positive sizes for layout {layout.name}",
-                                 tuple(sizes)))
-    strides = desc.stride[: layout.rank]
+    """The NumPy shape that a shape descriptor (``i_desc``, ``o_desc``) describes, its layout,
+    sizes, strides and data type checked: BNNS reads them all."""
+    layout = nd.layout_of(where, desc)
+    nd.data_type_of(where, desc, (DataType.float32,))
+    sizes = nd.eight(f"{where}.size", desc.size, layout.rank)
+    if any(s == 0 for s in sizes):
+        raise ShapeError(must_be(f"{where}.size", f"{layout.rank} sizes > 0 for "
+                                 f"{apple_name(DataLayout, layout)}", sizes))
+    strides = nd.eight(f"{where}.stride", desc.stride, layout.rank)
     if any(strides):
         if not all(strides):
             raise InvalidParameterError(must_be(f"{where}.stride", "all positive, or all 0 for contiguous",
-                                                tuple(strides)))
+                                                strides))
         nd.check_layout(where, sizes, strides)
     shape = tuple(reversed(sizes))
     return shape[::-1] if layout is DataLayout.column_major_matrix else shape
+
+
+def _optional(where: str, desc: object) -> BNNSNDArrayDescriptor | None:
+    """A descriptor that may be absent: ``None`` or one without data (a zero-filled one)."""
+    if desc is None:
+        return None
+    if not isinstance(desc, BNNSNDArrayDescriptor):
+        raise InvalidParameterError(must_be(where, "a BNNSNDArrayDescriptor or None", type(desc).__name__))
+    return None if desc.data is None else desc
+
+
+def _finite_array(where: str, value: np.ndarray | None, *, non_negative: bool = False) -> np.ndarray | None:
+    """Weights and statistics are finite (and a variance >= 0), as the layer requires."""
+    if value is not None and value.size:
+        if not np.isfinite(value).all():
+            raise InvalidParameterError(must_be(f"{where}.data", "finite (no NaN or infinity)",
+                                                nd.Named("data with non-finite values")))
+        if non_negative and (value < 0).any():
+            raise InvalidParameterError(must_be(f"{where}.data", ">= 0 everywhere (a variance)",
+                                                nd.Named("data with negative values")))
+    return value
 
 
 @_entry_point(failure=None)
@@ -532,54 +529,100 @@ def BNNSFilterCreateLayerNormalization(
     layer_params: BNNSLayerParametersNormalization,
     filter_params: BNNSFilterParameters | None = None,
 ) -> BNNSFilter | None:
-    """Create a batch, instance, layer or group normalization filter (``None`` on failure)."""
+    """Create a batch, instance, layer or group normalization filter (``None`` on failure).
+
+    Each field is read as BNNS reads it for ``normType``: ``num_groups`` for group norm only,
+    ``normalization_axis`` for layer norm only, the moving statistics (and ``momentum``, which
+    updates them) for batch and instance norm only. A field that is not read may hold anything
+    of its C type, 0 in particular; a descriptor without data is absent (beta 0, gamma 1, no
+    moving statistics).
+    """
     from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
 
     kind = FilterType.parse(normType, "normType")
     if kind not in _NORMALIZATION_TYPES:
         raise InvalidParameterError(must_be("normType",
-                                            "batch_norm, instance_norm, layer_norm or group_norm",
-                                            kind.name))
+                                            "BNNSBatchNorm, BNNSInstanceNorm, BNNSLayerNorm or BNNSGroupNorm",
+                                            nd.Named(apple_name(FilterType, kind))))
     p = layer_params
     if not isinstance(p, BNNSLayerParametersNormalization):
         raise InvalidParameterError(must_be("layer_params", "a BNNSLayerParametersNormalization",
                                             type(p).__name__))
-    i_desc = _descriptor("layer_params.i_desc", p.i_desc)
-    shape = _descriptor_shape("layer_params.i_desc", i_desc)
-    o_desc = _descriptor("layer_params.o_desc", p.o_desc)
-    out_shape = _descriptor_shape("layer_params.o_desc", o_desc)
+    where = "layer_params"
+    i_desc = _descriptor(f"{where}.i_desc", p.i_desc)
+    shape = _descriptor_shape(f"{where}.i_desc", i_desc)
+    o_desc = _descriptor(f"{where}.o_desc", p.o_desc)
+    out_shape = _descriptor_shape(f"{where}.o_desc", o_desc)
     if out_shape != shape:
-        raise ShapeError(must_be("layer_params.o_desc.size", f"the input's sizes {tuple(reversed(shape))}",
+        raise ShapeError(must_be(f"{where}.o_desc.size", f"the input's sizes {tuple(reversed(shape))}",
                                  tuple(reversed(out_shape))))
     channels = shape[0]
     name = _NORMALIZATION_TYPES[kind]
-    momentum = _number("layer_params.momentum", p.momentum)
-    epsilon = _number("layer_params.epsilon", p.epsilon)
-    groups = _integer("layer_params.num_groups", p.num_groups, minimum=1)
-    axis = _integer("layer_params.normalization_axis", p.normalization_axis)
+    tracked = name in ("batch", "instance")  # the only kinds with moving statistics (and momentum)
+    epsilon = _finite(f"{where}.epsilon", p.epsilon)
+    if epsilon < 0:
+        raise InvalidParameterError(must_be(f"{where}.epsilon", ">= 0", epsilon))
+    if name == "group":
+        groups = _integer(f"{where}.num_groups", p.num_groups, minimum=1)
+        if channels % groups:
+            raise InvalidParameterError(must_be(
+                f"{where}.num_groups", f"a divisor of the {channels} channels ({where}.i_desc.size"
+                f"[{0 if i_desc.layout is DataLayout.column_major_matrix else len(shape) - 1}])", groups))
+    else:
+        _integer(f"{where}.num_groups", p.num_groups)
     if name == "layer":
-        weights_shape: tuple[int, ...] = shape[axis:] if 0 <= axis < len(shape) else shape
+        axis = _integer(f"{where}.normalization_axis", p.normalization_axis)
+        if axis >= len(shape):
+            raise InvalidParameterError(must_be(f"{where}.normalization_axis",
+                                                f"in [0, {len(shape) - 1}] for a rank-{len(shape)} input",
+                                                axis))
+        weights_shape: tuple[int, ...] = shape[axis:]
     else:
+        _integer(f"{where}.normalization_axis", p.normalization_axis)
         weights_shape = (channels,)
-    gamma = nd.read("layer_params.gamma_desc", p.gamma_desc, weights_shape, required=False)
-    beta = nd.read("layer_params.beta_desc", p.beta_desc, weights_shape, required=False)
-    moving_mean = nd.read("layer_params.moving_mean_desc", p.moving_mean_desc, (channels,), required=False)
-    moving_var = nd.read("layer_params.moving_variance_desc", p.moving_variance_desc, (channels,),
-                         required=False)
-    if name == "batch":
-        ntype = NormalizationType.batch(moving_mean=moving_mean, moving_variance=moving_var)
-    elif name == "instance":
-        ntype = NormalizationType.instance(moving_mean=moving_mean, moving_variance=moving_var)
-    elif name == "layer":
-        ntype = NormalizationType.layer(normalization_axis=axis)
+    activation = _activation(f"{where}.activation", p.activation)
+    gamma = _finite_array(f"{where}.gamma_desc", nd.read(
+        f"{where}.gamma_desc", _optional(f"{where}.gamma_desc", p.gamma_desc), weights_shape, required=False))
+    beta = _finite_array(f"{where}.beta_desc", nd.read(
+        f"{where}.beta_desc", _optional(f"{where}.beta_desc", p.beta_desc), weights_shape, required=False))
+    moving = {field: _optional(f"{where}.{field}", getattr(p, field))
+              for field in ("moving_mean_desc", "moving_variance_desc")}
+    moving_descs: tuple[BNNSNDArrayDescriptor | None, BNNSNDArrayDescriptor | None] = (None, None)
+    params_type: Any
+    momentum = 0.0
+    if tracked:
+        mean_desc, var_desc = moving["moving_mean_desc"], moving["moving_variance_desc"]
+        if (mean_desc is None) != (var_desc is None):
+            given, missing = ("moving_mean_desc", "moving_variance_desc") if var_desc is None else \
+                ("moving_variance_desc", "moving_mean_desc")
+            raise InvalidParameterError(must_be(
+                f"{where}.{missing}.data", f"set when {where}.{given}.data is (BNNS tracks both or neither)",
+                None))
+        if mean_desc is not None:  # momentum updates the moving statistics: read only with them
+            momentum = _finite(f"{where}.momentum", p.momentum)
+            if not 0.0 <= momentum <= 1.0:
+                raise InvalidParameterError(must_be(f"{where}.momentum", "in [0, 1]", momentum))
+        else:
+            _real(f"{where}.momentum", p.momentum)
+        moving_mean = _finite_array(f"{where}.moving_mean_desc", nd.read(
+            f"{where}.moving_mean_desc", mean_desc, (channels,), required=False))
+        moving_var = _finite_array(f"{where}.moving_variance_desc", nd.read(
+            f"{where}.moving_variance_desc", var_desc, (channels,), required=False), non_negative=True)
+        make = NormalizationType.batch if name == "batch" else NormalizationType.instance
+        params_type = make(moving_mean=moving_mean, moving_variance=moving_var)
+        moving_descs = (mean_desc, var_desc)
     else:
-        ntype = NormalizationType.group(group_count=groups)
+        _real(f"{where}.momentum", p.momentum)
+        if name == "layer":
+            params_type = NormalizationType.layer(normalization_axis=axis)
+        else:
+            params_type = NormalizationType.group(group_count=groups)
     params = NormalizationParameters(
-        type=ntype, input_shape=shape, gamma=gamma, beta=beta, momentum=momentum, epsilon=epsilon,
-        activation=_activation("layer_params.activation", p.activation), dtype=np.float32,
+        type=params_type, input_shape=shape, gamma=gamma, beta=beta, momentum=momentum,
+        epsilon=epsilon, activation=activation, dtype=np.float32,
     )
     layer = NormalizationLayer(params, _filter_parameters(filter_params))
-    return BNNSFilter(layer, i_desc, o_desc, (p.moving_mean_desc, p.moving_variance_desc))
+    return BNNSFilter(layer, i_desc, o_desc, moving_descs)
 
 
 def _check_filter(value: object) -> BNNSFilter:
@@ -593,8 +636,11 @@ def _batch_desc(template: BNNSNDArrayDescriptor, data: object) -> BNNSNDArrayDes
     return attrs.evolve(template, data=data)
 
 
-def _accumulates(desc: BNNSNDArrayDescriptor | None) -> bool:
-    return desc is not None and bool(int(desc.flags) & NDArrayFlags.backprop_accumulate)
+def _accumulates(where: str, desc: BNNSNDArrayDescriptor | None) -> bool:
+    """Whether a delta descriptor's ``flags`` ask to add to its data (read only for a delta with data)."""
+    if desc is None or desc.data is None:
+        return False
+    return bool(nd.flags_of(where, desc) & NDArrayFlags.backprop_accumulate)
 
 
 def _sample(where: str, template: BNNSNDArrayDescriptor, value: object) -> BNNSNDArrayDescriptor | None:
@@ -719,8 +765,10 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     delta_batch = _batch("batch_size", n, out_delta_stride, "out_delta_stride")
     dx_desc = _sample("in_delta", f.i_desc, in_delta)
     dy_desc = _sample("out_delta", f.o_desc, out_delta)
-    if dy_desc is None or dy_desc.data is None:
+    if dy_desc is None:
         raise InvalidParameterError(must_be("out_delta", "a BNNSNDArrayDescriptor with data (dy)", None))
+    if dy_desc.data is None:
+        raise InvalidParameterError(must_be("out_delta.data", "set (dy: BNNS requires it)", None))
     y_desc = None if out is None else _batch_desc(f.o_desc, out)
     affine = f.layer.layer_parameters.affine_shape
     parameters = {"beta_delta": beta_delta, "gamma_delta": gamma_delta}
@@ -737,10 +785,10 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     dy = nd.read("out_delta", dy_desc, shape, batch=delta_batch)
     y = nd.read("out", y_desc, shape, required=False, batch=out_batch)
     grads = f.layer.apply_backward(f.last_input, dy, output=y, phase=f.last_phase)
-    nd.write("in_delta", dx_desc, grads.input, accumulate=_accumulates(dx_desc), batch=in_batch)
+    nd.write("in_delta", dx_desc, grads.input, accumulate=_accumulates("in_delta", dx_desc), batch=in_batch)
     for name, value in (("beta_delta", grads.beta), ("gamma_delta", grads.gamma)):
         desc = parameters[name]
-        nd.write(name, desc, value, accumulate=_accumulates(desc))
+        nd.write(name, desc, value, accumulate=_accumulates(name, desc))
     return 0
 
 
@@ -762,15 +810,13 @@ class _LSTMCall:
     input_data: BNNSNDArrayDescriptor  # layer_params.input_descriptor.data_desc, checked to be there
 
 
-def _lstm_sizes(p: BNNSLayerParametersLSTM,
-                where: str = "layer_params") -> tuple[int, int, int, int, int, int]:
-    """I, H, N, L, T and D of a ``BNNSLayerParametersLSTM``, its fields checked for their C types."""
+_LSTM_SIZES = ("input_size", "hidden_size", "batch_size", "num_layers", "seq_len")
+
+
+def _lstm_structure(where: str, p: object) -> BNNSLayerParametersLSTM:
+    """``p`` when it is a ``BNNSLayerParametersLSTM`` whose members have their C types."""
     if not isinstance(p, BNNSLayerParametersLSTM):
         raise InvalidParameterError(must_be(where, "a BNNSLayerParametersLSTM", type(p).__name__))
-    values = [_integer(f"{where}.{field}", getattr(p, field), minimum=1)
-              for field in ("input_size", "hidden_size", "batch_size", "num_layers", "seq_len")]
-    flags = _integer(f"{where}.lstm_flags", p.lstm_flags, maximum=2**32 - 1)
-    _number(f"{where}.dropout", p.dropout)
     if p.sequence_descriptor is not None and not isinstance(p.sequence_descriptor, BNNSNDArrayDescriptor):
         raise InvalidParameterError(must_be(f"{where}.sequence_descriptor", "a BNNSNDArrayDescriptor or None",
                                             type(p.sequence_descriptor).__name__))
@@ -786,23 +832,70 @@ def _lstm_sizes(p: BNNSLayerParametersLSTM,
             if desc is not None and not isinstance(desc, BNNSNDArrayDescriptor):
                 rule = "a BNNSNDArrayDescriptor or None"
                 raise InvalidParameterError(must_be(f"{where}.{name}.{field}", rule, type(desc).__name__))
+    return p
+
+
+def _lstm_sizes(p: BNNSLayerParametersLSTM,
+                where: str = "layer_params") -> tuple[int, int, int, int, int, int]:
+    """I, H, N, L, T and D of a ``BNNSLayerParametersLSTM``, its fields checked for their C types
+    (``dropout`` is read only between stacked layers: with one layer any C float is taken)."""
+    _lstm_structure(where, p)
+    values = [_integer(f"{where}.{field}", getattr(p, field), minimum=1) for field in _LSTM_SIZES]
+    flags = _integer(f"{where}.lstm_flags", p.lstm_flags, maximum=nd.UINT32_MAX)
+    _dropout(where, p, values[3])
     d = 2 if flags & LayerFlags.lstm_bidirectional else 1
     i, h, n, layers, t = values
     return i, h, n, layers, t, d
 
 
+def _dropout(where: str, p: BNNSLayerParametersLSTM, layers: int) -> float:
+    """The dropout between stacked layers; Apple: ignored when ``num_layers == 1``."""
+    if layers == 1:
+        _real(f"{where}.dropout", p.dropout)
+        return 0.0
+    dropout = _finite(f"{where}.dropout", p.dropout)
+    if not 0.0 <= dropout < 1.0:
+        raise InvalidParameterError(must_be(f"{where}.dropout", "in [0, 1)", dropout))
+    return dropout
+
+
+def _delta_sizes(p: BNNSLayerParametersLSTM, dp: object, sizes: tuple[int, ...]) -> BNNSLayerParametersLSTM:
+    """The delta structure's sizes: 0 (zero-filled: the forward's) or the forward's own. Its
+    ``lstm_flags``, dropout, sequence descriptor and activations are not read: the configuration
+    is ``layer_params``'s."""
+    where = "layer_delta_params"
+    dp = _lstm_structure(where, dp)
+    for field, size in zip(_LSTM_SIZES, sizes):
+        value = _integer(f"{where}.{field}", getattr(dp, field))
+        if value not in (0, size):
+            raise InvalidParameterError(must_be(f"{where}.{field}", f"0 or layer_params.{field} ({size})",
+                                                value))
+    _integer(f"{where}.lstm_flags", dp.lstm_flags, maximum=nd.UINT32_MAX)
+    _real(f"{where}.dropout", dp.dropout)
+    return dp
+
+
+def _activation_type(where: str, value: object) -> None:
+    """An activation that is not read (default activations): of its C type only."""
+    if value is not None and not isinstance(value, (BNNSActivation, Activation)):
+        raise InvalidParameterError(must_be(where, "a BNNSActivation", type(value).__name__))
+
+
 def _gate(where: str, g: BNNSLSTMGateDescriptor | None, i: int, h: int, layers: int, d: int,
           default_activations: bool) -> Any:
+    """A gate's weights, read as BNNS reads them: ``iw_desc[1]`` only with stacked layers, the
+    peephole and bias descriptors when they have data, the activation unless the default
+    activations are asked for (a zero-filled ``BNNSActivation`` is the identity, as in BNNS)."""
     from .layers.lstm import LSTMGateDescriptor
 
     if not isinstance(g, BNNSLSTMGateDescriptor):
         raise InvalidParameterError(must_be(where, "a BNNSLSTMGateDescriptor", type(g).__name__))
-    if len(g.iw_desc) != 2:
+    if not isinstance(g.iw_desc, (tuple, list)) or len(g.iw_desc) != 2:
         raise InvalidParameterError(must_be(f"{where}.iw_desc", "a pair of descriptors", g.iw_desc))
     first, rest = g.iw_desc
-    iw1 = None
     if layers > 1:
-        iw1 = nd.read(f"{where}.iw_desc[1]", rest, (layers - 1, d, h, d * h), required=False)
+        upper = (layers - 1, d, h, d * h)
+        iw1 = nd.read(f"{where}.iw_desc[1]", _optional(f"{where}.iw_desc[1]", rest), upper, required=False)
         if iw1 is None and i == d * h:  # every layer's input weights in iw_desc[0]
             both = nd.read(f"{where}.iw_desc[0]", first, (layers, d, h, i))
             iw0, iw1 = both[0], both[1:]
@@ -810,31 +903,41 @@ def _gate(where: str, g: BNNSLSTMGateDescriptor | None, i: int, h: int, layers: 
             raise InvalidParameterError(must_be(f"{where}.iw_desc[1].data", "set when num_layers > 1", None))
         else:
             iw0 = nd.read(f"{where}.iw_desc[0]", first, (d, h, i))
-    else:
-        iw0 = nd.read(f"{where}.iw_desc[0]", first, (d, h, i))
+    else:  # iw_desc[1] is not read
+        _optional(f"{where}.iw_desc[1]", rest)
+        iw0, iw1 = nd.read(f"{where}.iw_desc[0]", first, (d, h, i)), None
     hw = nd.read(f"{where}.hw_desc", g.hw_desc, (layers, d, h, h))
     cw = None
-    if g.cw_desc is not None and g.cw_desc.data is not None:
+    cw_desc = _optional(f"{where}.cw_desc", g.cw_desc)
+    if cw_desc is not None:
         # Full (L, D, H, H) peephole matrices, or ONNX-style diagonal ones (L, D, H): told
         # apart by the element count; sizes left 0 mean the full matrices BNNS describes.
-        count = int(np.prod(g.cw_desc.size[: nd.layout_of(f"{where}.cw_desc", g.cw_desc.layout).rank]))
+        rank = nd.layout_of(f"{where}.cw_desc", cw_desc).rank
+        count = math.prod(nd.eight(f"{where}.cw_desc.size", cw_desc.size, rank))
         diagonal = count == layers * d * h
-        cw = nd.read(f"{where}.cw_desc", g.cw_desc, (layers, d, h) if diagonal else (layers, d, h, h))
-    bias = nd.read(f"{where}.b_desc", g.b_desc, (layers, d, h), required=False)
-    activation = None if default_activations or g.activation is None else _activation(
-        f"{where}.activation", g.activation)
+        cw = nd.read(f"{where}.cw_desc", cw_desc, (layers, d, h) if diagonal else (layers, d, h, h))
+    bias = nd.read(f"{where}.b_desc", _optional(f"{where}.b_desc", g.b_desc), (layers, d, h), required=False)
+    for name, value in (("iw_desc[0]", iw0), ("iw_desc[1]", iw1), ("hw_desc", hw), ("cw_desc", cw),
+                        ("b_desc", bias)):
+        _finite_array(f"{where}.{name}", value)
+    if default_activations:
+        _activation_type(f"{where}.activation", g.activation)
+        activation = None
+    else:
+        activation = None if g.activation is None else _activation(f"{where}.activation", g.activation)
     return LSTMGateDescriptor(input_weights=(iw0, iw1), hidden_weights=hw, cell_weights=cw, bias=bias,
                               activation=activation)
 
 
 def _sequence_lengths(p: BNNSLayerParametersLSTM, n: int, t: int) -> np.ndarray | None:
-    desc = p.sequence_descriptor
-    if desc is None or desc.data is None:
+    """Per-sequence lengths from the batch size of each step (no data: every sequence full)."""
+    where = "layer_params.sequence_descriptor"
+    desc = _optional(where, p.sequence_descriptor)
+    if desc is None:
         return None
-    sizes = nd.read("layer_params.sequence_descriptor", desc, (t,),
-                    data_types=(DataType.int32, DataType.float32)).astype(np.int64)
+    sizes = nd.read(where, desc, (t,), data_types=(DataType.int32, DataType.float32)).astype(np.int64)
     if sizes[0] != n or np.any(sizes < 1) or np.any(np.diff(sizes) > 0):
-        raise InvalidParameterError(must_be("layer_params.sequence_descriptor.data",
+        raise InvalidParameterError(must_be(f"{where}.data",
                                             f"non-increasing batch sizes per step in [1, {n}], "
                                             f"starting at {n}", sizes.tolist()))
     return (sizes[None, :] > np.arange(n)[:, None]).sum(axis=1)
@@ -847,18 +950,23 @@ def _lstm(p: BNNSLayerParametersLSTM, filter_params: BNNSFilterParameters | None
     default_activations = bool(int(p.lstm_flags) & LayerFlags.lstm_default_activations)
     gates = {name: _gate(f"layer_params.{name}", getattr(p, name), i, h, layers, d, default_activations)
              for name in GATE_FIELDS}
-    hidden_activation = (Activation.tanh() if default_activations or p.hidden_activation is None
-                         else _activation("layer_params.hidden_activation", p.hidden_activation))
-    if p.input_descriptor is None or p.input_descriptor.data_desc is None:
-        raise InvalidParameterError(must_be("layer_params.input_descriptor.data_desc", "a descriptor", None))
-    input_data = p.input_descriptor.data_desc
-    layout = nd.layout_of("layer_params.input_descriptor.data_desc", input_data.layout)
+    if default_activations:
+        _activation_type("layer_params.hidden_activation", p.hidden_activation)
+        hidden_activation = Activation.tanh()
+    else:
+        hidden_activation = (Activation.tanh() if p.hidden_activation is None
+                             else _activation("layer_params.hidden_activation", p.hidden_activation))
+    where = "layer_params.input_descriptor.data_desc"
+    input_data = None if p.input_descriptor is None else _optional(where, p.input_descriptor.data_desc)
+    if input_data is None:
+        raise InvalidParameterError(must_be(f"{where}.data", "set (x: BNNS requires it)", None))
+    layout = nd.layout_of(where, input_data)
     if layout not in (DataLayout.sne, DataLayout.nse):
-        raise InvalidParameterError(must_be("layer_params.input_descriptor.data_desc.layout", "SNE or NSE",
-                                            layout.name))
+        raise InvalidParameterError(must_be(f"{where}.layout", "BNNSDataLayoutSNE or BNNSDataLayoutNSE",
+                                            nd.Named(apple_name(DataLayout, layout))))
     params = LSTMParameters(
         input_size=i, hidden_size=h, num_layers=layers, bidirectional=d == 2,
-        batch_first=layout is DataLayout.nse, dropout=float(p.dropout), **gates,
+        batch_first=layout is DataLayout.nse, dropout=_dropout("layer_params", p, layers), **gates,
         hidden_activation=hidden_activation, default_activations=default_activations, dtype=np.float32,
     )
     layer = LSTMLayer(params, _filter_parameters(filter_params))
@@ -869,15 +977,21 @@ def _sequence_shape(batch_first: bool, t: int, n: int, width: int) -> tuple[int,
     return (n, t, width) if batch_first else (t, n, width)
 
 
+def _sequence_layout(where: str, desc: BNNSNDArrayDescriptor) -> DataLayout:
+    """A sequence descriptor's layout: SNE or NSE."""
+    layout = nd.layout_of(where, desc)
+    if layout not in (DataLayout.sne, DataLayout.nse):
+        raise InvalidParameterError(must_be(f"{where}.layout", "BNNSDataLayoutSNE or BNNSDataLayoutNSE",
+                                            nd.Named(apple_name(DataLayout, layout))))
+    return layout
+
+
 def _in_layout(where: str, desc: BNNSNDArrayDescriptor | None, value: np.ndarray,
                batch_first: bool) -> np.ndarray | None:
     """(T, N, W) or (N, T, W) data in the layout of an SNE or NSE descriptor (None without data)."""
     if desc is None or desc.data is None:
         return None
-    layout = nd.layout_of(where, desc.layout)
-    if layout not in (DataLayout.sne, DataLayout.nse):
-        raise InvalidParameterError(must_be(f"{where}.layout", "SNE or NSE", layout.name))
-    if (layout is DataLayout.nse) != batch_first:
+    if (_sequence_layout(where, desc) is DataLayout.nse) != batch_first:
         value = np.ascontiguousarray(value.swapaxes(0, 1))
     return value
 
@@ -890,7 +1004,8 @@ class _Writes:
         self.pending: list[tuple[str, BNNSNDArrayDescriptor, np.ndarray]] = []
 
     def add(self, where: str, desc: BNNSNDArrayDescriptor | None, value: np.ndarray | None) -> None:
-        if desc is None or value is None or desc.data is None:
+        desc = _optional(where, desc)
+        if desc is None or value is None:
             return
         self.memory.add("out", where, nd.region(where, desc, value.shape))
         self.pending.append((where, desc, value))
@@ -898,7 +1013,7 @@ class _Writes:
     def write(self) -> None:
         self.memory.check()
         for where, desc, value in self.pending:
-            nd.write(where, desc, value, accumulate=_accumulates(desc))
+            nd.write(where, desc, value, accumulate=_accumulates(where, desc))
 
 
 def _read_sequence(where: str, desc: BNNSNDArrayDescriptor | None, batch_first: bool, t: int, n: int,
@@ -907,10 +1022,7 @@ def _read_sequence(where: str, desc: BNNSNDArrayDescriptor | None, batch_first: 
         if required:
             raise InvalidParameterError(must_be(f"{where}.data", "set", None))
         return None
-    layout = nd.layout_of(where, desc.layout)
-    if layout not in (DataLayout.sne, DataLayout.nse):
-        raise InvalidParameterError(must_be(f"{where}.layout", "SNE or NSE", layout.name))
-    own = layout is DataLayout.nse
+    own = _sequence_layout(where, desc) is DataLayout.nse
     value = nd.read(where, desc, _sequence_shape(own, t, n, width))
     if own != batch_first:
         value = np.ascontiguousarray(value.swapaxes(0, 1))
@@ -928,7 +1040,7 @@ def _sequence_region(where: str, desc: BNNSNDArrayDescriptor | None, t: int, n: 
                      width: int) -> np.ndarray | None:
     if desc is None or desc.data is None:
         return None
-    own = nd.layout_of(where, desc.layout) is DataLayout.nse
+    own = _sequence_layout(where, desc) is DataLayout.nse
     return nd.region(where, desc, _sequence_shape(own, t, n, width))
 
 
@@ -1019,16 +1131,10 @@ def BNNSDirectApplyLSTMBatchBackward(
 
     Without a training cache the forward is recomputed, as BNNS does.
     """
-    p, dp = layer_params, layer_delta_params
-    sizes = _lstm_sizes(p)
-    delta_sizes = _lstm_sizes(dp, "layer_delta_params")
-    for field, size, delta_size in zip(("input_size", "hidden_size", "batch_size", "num_layers", "seq_len"),
-                                       sizes, delta_sizes):
-        if size != delta_size:
-            raise InvalidParameterError(must_be(f"layer_delta_params.{field}",
-                                                f"layer_params.{field} ({size})", delta_size))
-    call = _lstm(p, filter_params)
+    p = layer_params
     i, h, n, layers, t, d = _lstm_sizes(p)
+    dp = _delta_sizes(p, layer_delta_params, (i, h, n, layers, t))
+    call = _lstm(p, filter_params)
     try:
         x = _read_sequence("layer_params.input_descriptor.data_desc", call.input_data,
                            call.batch_first, t, n, i, required=True)
@@ -1066,6 +1172,8 @@ def BNNSDirectApplyLSTMBatchBackward(
                 rule = "a BNNSLSTMGateDescriptor or None"
                 raise InvalidParameterError(must_be(where, rule, type(gd).__name__))
             iw0, iw1 = g.input_weights
+            if not isinstance(gd.iw_desc, (tuple, list)) or len(gd.iw_desc) != 2:
+                raise InvalidParameterError(must_be(f"{where}.iw_desc", "a pair of descriptors", gd.iw_desc))
             first, rest = gd.iw_desc
             if layers > 1 and (rest is None or rest.data is None) and i == d * h and first is not None \
                     and first.data is not None:

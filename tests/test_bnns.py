@@ -101,7 +101,8 @@ def test_normalization_failures_return_none_or_minus_one_with_reason(caplog):
     params = bnns.BNNSLayerParametersNormalization(
         i_desc=Desc.shape_only(shape, "image_chw"), o_desc=Desc.shape_only(shape, "image_chw"), num_groups=4)
     assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.group_norm, params, None) is None
-    assert "group_count" in caplog.text and "divisible" in caplog.text
+    assert ("layer_params.num_groups must be a divisor of the 6 channels (layer_params.i_desc.size[2]); "
+            "got 4") in caplog.text
     caplog.clear()
     params.num_groups = 3
     params.o_desc = Desc.shape_only((6, 2, 3), "image_chw")
@@ -111,7 +112,7 @@ def test_normalization_failures_return_none_or_minus_one_with_reason(caplog):
     params.o_desc = Desc.shape_only(shape, "image_chw")
     params.gamma_desc = Desc(layout="vector", size=(6,), data=np.ones(6, np.int8), data_type="int8")
     assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.group_norm, params, None) is None
-    assert "gamma_desc.data_type must be DataType.float32" in caplog.text
+    assert "gamma_desc.data_type must be BNNSDataTypeFloat32; got BNNSDataTypeInt8" in caplog.text
     params.gamma_desc = None
     params.i_desc = None
     assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.group_norm, params, None) is None
@@ -290,7 +291,7 @@ def test_lstm_failures_log_the_reason(caplog, rng):
     lp.input_gate.hw_desc = Desc(layout="last_major_4d", size=(2, 2, 1, 1), data=np.zeros(4, np.int8),
                                  data_type="int8")
     assert bnns.BNNSComputeLSTMTrainingCacheCapacity(lp) == -1
-    assert "data_type must be DataType.float32" in caplog.text
+    assert "data_type must be BNNSDataTypeFloat32; got BNNSDataTypeInt8" in caplog.text
     caplog.clear()
     lp.input_gate.hw_desc = desc(p.input_gate.hidden_weights)
     lp.sequence_descriptor = Desc(layout="vector", size=(t,), data=np.array([1, 2, 2], np.int32),
@@ -303,3 +304,27 @@ def test_deprecated_names_reachable_from_the_package_warn_when_called():
     with pytest.warns(DeprecationWarning, match="BNNSComputeLSTMTrainingCacheCapacity") as record:
         assert bf.BNNSComputeLSTMTrainingCacheCapacity(None) == -1
     assert record[0].filename.endswith("test_bnns.py")
+
+
+def test_a_descriptors_fields_are_named_after_the_argument(caplog):
+    """A negative stride (or any field a C structure could not hold) is reported with the
+    argument that holds the descriptor, where the call reads it."""
+    caplog.set_level(logging.ERROR, logger="bnnsfw")
+    shape = (2, 1, 3)
+    gamma = Desc(layout="vector", size=(2,), stride=(-1,), data=np.ones(2, F32))
+    params = bnns.BNNSLayerParametersNormalization(
+        i_desc=Desc.shape_only(shape, "image_chw"), o_desc=Desc.shape_only(shape, "image_chw"),
+        gamma_desc=gamma)
+    assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.batch_norm, params, None) is None
+    assert "layer_params.gamma_desc.stride[0] must be an integer >= 0; got -1." in caplog.text
+    caplog.clear()
+    params.gamma_desc = Desc(layout="vector", size=(2, -5), data=np.ones(2, F32))  # size[1]: not read
+    assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.batch_norm, params, None) is not None
+    params.gamma_desc = None
+    params.activation = bnns.BNNSActivation(function=99)
+    assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.batch_norm, params, None) is None
+    assert "layer_params.activation.function must be a BNNSActivationFunction value; got 99." in caplog.text
+    params.activation = None
+    filter_params = bnns.BNNSFilterParameters(n_threads=-2)
+    assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.batch_norm, params, filter_params) is None
+    assert "filter_params.n_threads must be an integer >= 0; got -2." in caplog.text

@@ -70,12 +70,12 @@ def test_buffers_other_than_arrays():
         (Desc(layout="vector", size=(5,), data=np.zeros(4, np.float32)), bf.ShapeError,
          "at least 5 elements"),
         (Desc(layout="vector", size=(4,), data=np.zeros(4, np.int8), data_type="int8"), bf.DTypeError,
-         "d.data_type must be DataType.float32"),
+         "d.data_type must be BNNSDataTypeFloat32; got BNNSDataTypeInt8"),
         (Desc(layout="vector", size=(4,), data=np.zeros(4, np.float64)), bf.DTypeError,
          "d.data must be an array of float32"),
         (Desc(layout="first_major_3d", size=(1, 1, 4), data=np.zeros(4, np.float32)),
          bf.InvalidParameterError,
-         "d.layout must be one of the supported layouts"),
+         "d.layout must be one of the layouts the C-style API reads .*; got BNNSDataLayout3DFirstMajor"),
         (Desc(layout="vector", size=(3,), data=np.zeros(4, np.float32)), bf.ShapeError,
          "describing 4 elements"),
         (Desc(layout="row_major_matrix", size=(2, 2), stride=(0, 2), data=np.zeros(4, np.float32)),
@@ -99,26 +99,37 @@ def test_read_only_target_is_refused():
 
 
 def test_too_many_sizes():
-    with pytest.raises(bf.InvalidParameterError, match="at most 8 integers"):
-        Desc(size=tuple(range(9)))
+    with pytest.raises(bf.InvalidParameterError, match=r"d.size must be a sequence of at most 8 integers"):
+        nd.read("d", Desc(size=tuple(range(9)), data=np.zeros(4, np.float32)), (4,))
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("size", "abc", r"BNNSNDArrayDescriptor.size must be a sequence of at most 8 integers >= 0; got 'abc'"),
-    ("size", (4, -1), r"BNNSNDArrayDescriptor.size\[1\] must be an integer >= 0; got -1"),
-    ("stride", (1.5,), r"BNNSNDArrayDescriptor.stride\[0\] must be an integer >= 0; got 1.5"),
-    ("flags", "x", r"BNNSNDArrayDescriptor.flags must be an integer >= 0; got 'x'"),
-    ("layout", "diagonal", r"BNNSNDArrayDescriptor.layout must be one of"),
-    ("data_type", 3.0, r"BNNSNDArrayDescriptor.data_type must be a DataType member"),
+    ("size", "abc", r"d.size must be a sequence of at most 8 integers >= 0; got 'abc'"),
+    ("size", (-4, 9), r"d.size\[0\] must be an integer >= 0; got -4"),
+    ("stride", (1.5,), r"d.stride\[0\] must be an integer >= 0; got 1.5"),
+    ("stride", (-1,), r"d.stride\[0\] must be an integer >= 0; got -1"),
+    ("layout", "diagonal", r"d.layout must be one of the layouts .*; got 'diagonal'"),
+    ("layout", 0, r"d.layout must be one of the layouts .*; got 0\."),
+    ("data_type", 3.0, r"d.data_type must be BNNSDataTypeFloat32; got 3.0"),
+    ("data_type", 0, r"d.data_type must be BNNSDataTypeFloat32; got 0\."),
 ])
-def test_descriptor_fields_are_validated(field, value, message):
-    """Apple declares the fields as integers (``size_t`` sizes and strides): other values are
-    refused when the descriptor is made or changed, naming the field."""
-    with pytest.raises(bf.InvalidParameterError, match=message):
-        Desc(**{field: value})
-    d = Desc()
-    with pytest.raises(bf.InvalidParameterError, match=message):
-        setattr(d, field, value)
+def test_descriptor_fields_are_checked_where_read(field, value, message):
+    """A descriptor holds what the caller wrote, as a C structure does (a zero-filled one can
+    exist); the fields are checked where a call reads them, under the argument's name."""
+    d = Desc(layout="vector", size=(4,), data=np.zeros(4, np.float32))
+    setattr(d, field, value)
+    with pytest.raises(bf.BNNSError, match=message):
+        nd.read("d", d, (4,))
+    assert nd.read("d", Desc(**{field: value}), (4,), required=False) is None  # no data: not read
+
+
+def test_an_all_zero_descriptor_exists_and_is_absent():
+    zero = Desc(flags=0, layout=0, size=(0,) * 8, stride=(0,) * 8, data=None, data_type=0)
+    assert zero.layout == 0 and zero.data_type == 0
+    assert nd.read("d", zero, (4,), required=False) is None
+    assert not nd.write("d", zero, np.ones(4, np.float32))
+    with pytest.raises(bf.InvalidParameterError, match=r"d.data must be set; got None"):
+        nd.read("d", zero, (4,))
 
 
 # Property: writing through any positive-stride descriptor then reading back gives the
