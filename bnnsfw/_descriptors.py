@@ -143,6 +143,14 @@ def _member(kind: Any, value: object) -> Any:
     return None
 
 
+def bnns_sizes(layout: DataLayout, shape: Sequence[int]) -> tuple[int, ...]:
+    """A NumPy shape as ``layout`` lists its sizes: fastest first (a column-major matrix lists
+    its rows first, as its shape does)."""
+    if layout is DataLayout.column_major_matrix and len(shape) == 2:
+        return (int(shape[0]), int(shape[1]))
+    return tuple(int(s) for s in reversed(shape))
+
+
 def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     """Element strides of a dense array whose sizes are listed fastest first."""
     strides, step = [], 1
@@ -162,7 +170,7 @@ def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
         if data.dtype != dtype:
             raise DTypeError(must_be(f"{where}.data",
                                      f"an array of {dtype.name} (the descriptor's data_type)",
-                                     dtype_text(data.dtype)))
+                                     Named(dtype_text(data.dtype))))
         if not (data.flags.c_contiguous or data.flags.f_contiguous):
             raise InvalidParameterError(must_be(f"{where}.data",
                                                 "a contiguous array (describe strides in the "
@@ -222,15 +230,11 @@ def _strided(where: str, desc: object, expected_shape: Sequence[int] | None, *, 
     if all(s == 0 for s in sizes):
         if expected_shape is None:
             raise ShapeError(must_be(f"{where}.size", "set (non-zero)", tuple(sizes)))
-        numpy_shape = tuple(int(s) for s in expected_shape)
-        if len(numpy_shape) != rank:
-            raise ShapeError(must_be(f"{where}.size",
-                                     f"set explicitly: a {layout.name} layout has rank {rank} "
-                                     f"but the data has shape {numpy_shape}", tuple(sizes)))
-        if layout is DataLayout.column_major_matrix:
-            sizes = [numpy_shape[0], numpy_shape[1]]
-        else:
-            sizes = list(reversed(numpy_shape))
+        if len(expected_shape) != rank:
+            raise ShapeError(must_be(
+                f"{where}.size", f"set: sizes of 0 take {bnns_sizes(layout, expected_shape)}, fastest first, "
+                f"which {apple_name(DataLayout, layout)} (rank {rank}) cannot hold", tuple(sizes)))
+        sizes = list(bnns_sizes(layout, expected_shape))
     strides = list(eight(f"{where}.stride", getattr(desc, "stride"), rank))
     if all(s == 0 for s in strides):
         strides = list(contiguous_strides(sizes))
@@ -297,8 +301,10 @@ def view(where: str, desc: object, expected_shape: Sequence[int] | None = None, 
     sample = arr.shape[len(lead):]
     if expected_shape is not None and tuple(sample) != tuple(expected_shape):
         if math.prod(sample) != math.prod(expected_shape):
-            raise ShapeError(must_be(f"{where}.size", f"describing {math.prod(expected_shape)} elements, "
-                                     f"shaped {tuple(expected_shape)}", sizes))
+            layout = _member(DataLayout, getattr(desc, "layout"))
+            raise ShapeError(must_be(
+                f"{where}.size", f"{bnns_sizes(layout, expected_shape)}, fastest first (or the same "
+                f"{math.prod(expected_shape)} elements in another rank)", sizes))
         if writable:
             return _ShapedWrite(arr, (*lead, *expected_shape))
         arr = arr.reshape((*lead, *expected_shape))

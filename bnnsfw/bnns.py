@@ -13,10 +13,11 @@ Every function delegates to the object API (:class:`bnnsfw.NormalizationLayer`,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
-from typing import Any, Callable, ParamSpec, TypeVar
+from typing import Any, Callable, Iterator, ParamSpec, TypeVar
 
 import attrs
 import numpy as np
@@ -643,6 +644,17 @@ def _accumulates(where: str, desc: BNNSNDArrayDescriptor | None) -> bool:
     return bool(nd.flags_of(where, desc) & NDArrayFlags.backprop_accumulate)
 
 
+def _pointer(where: str, value: object) -> None:
+    """A ``void *`` argument: a NumPy array, any other buffer, or ``None``."""
+    if value is None or isinstance(value, np.ndarray):
+        return
+    try:
+        memoryview(value)  # type: ignore[arg-type]  # any object: memoryview() is the check
+    except TypeError:
+        raise InvalidParameterError(must_be(where, "a NumPy array, a buffer or None",
+                                            type(value).__name__)) from None
+
+
 def _sample(where: str, template: BNNSNDArrayDescriptor, value: object) -> BNNSNDArrayDescriptor | None:
     """One sample of a batch argument as a descriptor: the caller's own (Apple declares
     ``BNNSNDArrayDescriptor *`` for the deltas), or a bare buffer laid out as ``template``
@@ -769,7 +781,14 @@ def BNNSNormalizationFilterApplyBackwardBatch(
         raise InvalidParameterError(must_be("out_delta", "a BNNSNDArrayDescriptor with data (dy)", None))
     if dy_desc.data is None:
         raise InvalidParameterError(must_be("out_delta.data", "set (dy: BNNS requires it)", None))
-    y_desc = None if out is None else _batch_desc(f.o_desc, out)
+    activation = f.layer.layer_parameters.activation
+    # Apple: "out is ignored if activation is BNNSActivationFunctionIdentity"; otherwise required.
+    _pointer("out", out)
+    y_desc = None if out is None or activation.is_identity else _batch_desc(f.o_desc, out)
+    if y_desc is None and not activation.is_identity:
+        raise InvalidParameterError(must_be(
+            "out", "the forward output, laid out as layer_params.o_desc (the fused "
+            f"{apple_name(ActivationFunction, activation.function)} needs it)", None))
     affine = f.layer.layer_parameters.affine_shape
     parameters = {"beta_delta": beta_delta, "gamma_delta": gamma_delta}
     for name, desc in parameters.items():
@@ -1055,8 +1074,10 @@ def _data_regions(memory: _Memory, kind: str, where: str, data: BNNSLSTMDataDesc
         memory.add(kind, f"{where}.{field}", nd.region(f"{where}.{field}", getattr(data, field), states))
 
 
-def _cache_view(training_cache_ptr: object, capacity: object) -> np.ndarray | None:
-    """The first ``capacity`` bytes of the caller's cache buffer (Apple: ``void *`` and ``size_t``)."""
+def _cache_view(call: _LSTMCall, training_cache_ptr: object, capacity: object, n: int,
+                t: int) -> np.ndarray | None:
+    """The first ``capacity`` bytes of the caller's cache buffer (Apple: ``void *`` and ``size_t``),
+    at least the bytes ``BNNSComputeLSTMTrainingCacheCapacity`` gives for these sizes."""
     capacity = _integer("training_cache_capacity", capacity)
     if training_cache_ptr is None:
         return None
@@ -1069,7 +1090,31 @@ def _cache_view(training_cache_ptr: object, capacity: object) -> np.ndarray | No
         raise InvalidParameterError(must_be("training_cache_capacity",
                                             f"at most the buffer's {buffer.nbytes} bytes",
                                             capacity))
+    required = int(call.layer.training_cache_capacity(batch_size=n, seq_len=t))
+    if capacity < required:
+        raise InvalidParameterError(must_be(
+            "training_cache_capacity", f"at least {required} bytes (BNNSComputeLSTMTrainingCacheCapacity "
+            "of these layer_params)", capacity))
     return np.frombuffer(buffer, dtype=np.uint8)[:capacity] if capacity else np.empty(0, np.uint8)
+
+
+#: How the object API names what the C-style calls hand it: its errors are reported with the C
+#: argument (the checks before it cover the rest in the caller's words).
+_C_ARGUMENTS = (("LSTMLayer.apply(training_cache)", "training_cache_ptr"),
+                ("LSTMLayer.apply_backward(training_cache)", "training_cache_ptr"))
+
+
+@contextlib.contextmanager
+def _in_c_terms() -> Iterator[None]:
+    """Re-raise an object-API error whose subject is a C argument under the argument's name."""
+    try:
+        yield
+    except BNNSError as exc:
+        text = str(exc)
+        for words, argument in _C_ARGUMENTS:
+            if text.startswith(words + " "):
+                raise type(exc)(argument + text[len(words):]) from exc
+        raise
 
 
 @_entry_point(failure=-1)
@@ -1095,7 +1140,7 @@ def BNNSDirectApplyLSTMBatchTrainingCaching(
     i, h, n, layers, t, d = _lstm_sizes(p)
     try:
         states = (layers * d, n, h)
-        cache = _cache_view(training_cache_ptr, training_cache_capacity)
+        cache = _cache_view(call, training_cache_ptr, training_cache_capacity, n, t)
         memory = _Memory()
         _data_regions(memory, "in", "layer_params.input_descriptor", p.input_descriptor, t, n, i, states)
         _data_regions(memory, "out", "layer_params.output_descriptor", p.output_descriptor, t, n, d * h,
@@ -1106,8 +1151,9 @@ def BNNSDirectApplyLSTMBatchTrainingCaching(
                            call.batch_first, t, n, i, required=True)
         h0 = _state("layer_params.input_descriptor", p.input_descriptor, "hidden_desc", states)
         c0 = _state("layer_params.input_descriptor", p.input_descriptor, "cell_state_desc", states)
-        result = call.layer.apply(x, hidden=h0, cell=c0, sequence_lengths=call.sequence_lengths,
-                                  training=cache is not None, training_cache=cache)
+        with _in_c_terms():
+            result = call.layer.apply(x, hidden=h0, cell=c0, sequence_lengths=call.sequence_lengths,
+                                      training=cache is not None, training_cache=cache)
         out = p.output_descriptor
         if out is not None:
             where = "layer_params.output_descriptor"
@@ -1148,9 +1194,11 @@ def BNNSDirectApplyLSTMBatchBackward(
                                 call.batch_first, t, n, d * h, required=False)
             dht = _state("layer_delta_params.output_descriptor", dout, "hidden_desc", states)
             dct = _state("layer_delta_params.output_descriptor", dout, "cell_state_desc", states)
-        cache = _cache_view(training_cache_ptr, training_cache_capacity)
-        grads = call.layer.apply_backward(x, dy, hidden=h0, cell=c0, hidden_gradient=dht, cell_gradient=dct,
-                                          sequence_lengths=call.sequence_lengths, training_cache=cache)
+        cache = _cache_view(call, training_cache_ptr, training_cache_capacity, n, t)
+        with _in_c_terms():
+            grads = call.layer.apply_backward(x, dy, hidden=h0, cell=c0, hidden_gradient=dht,
+                                              cell_gradient=dct, sequence_lengths=call.sequence_lengths,
+                                              training_cache=cache)
         memory = _Memory()
         _data_regions(memory, "in", "layer_params.input_descriptor", p.input_descriptor, t, n, i, states)
         _data_regions(memory, "in", "layer_delta_params.output_descriptor", dout, t, n, d * h, states)

@@ -277,11 +277,11 @@ def test_lstm_failures_log_the_reason(caplog, rng):
     capacity = bnns.BNNSComputeLSTMTrainingCacheCapacity(lp)
     small = np.zeros(capacity - 1, np.uint8)
     assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, small, capacity - 1) == -1
-    assert "training_cache" in caplog.text
+    assert f"training_cache_capacity must be at least {capacity} bytes" in caplog.text
     caplog.clear()
     lp.hidden_size = 3                                  # weights no longer match
     assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, None, 0) == -1
-    assert "must be of shape" in caplog.text or "describing" in caplog.text
+    assert "iw_desc[0].size must be (2, 3, 1), fastest first" in caplog.text
     caplog.clear()
     lp.hidden_size = 2
     lp.input_gate.hw_desc = None                        # a required descriptor missing
@@ -328,3 +328,52 @@ def test_a_descriptors_fields_are_named_after_the_argument(caplog):
     filter_params = bnns.BNNSFilterParameters(n_threads=-2)
     assert bnns.BNNSFilterCreateLayerNormalization(bf.FilterType.batch_norm, params, filter_params) is None
     assert "filter_params.n_threads must be an integer >= 0; got -2." in caplog.text
+
+
+def test_messages_speak_of_the_c_call(caplog, rng):
+    """Sizes fastest first, as the caller wrote them, on both sides of a message; the C
+    argument's name, not the object API's."""
+    caplog.set_level(logging.ERROR, logger="bnnsfw")
+    t, n, i, h = 2, 1, 4, 6
+    p = LSTMParameters.random(input_size=i, hidden_size=h, seed=0)
+    x = rng.standard_normal((t, n, i)).astype(F32)
+    lp = lstm_params(p, n, t, desc(x, "sne"), desc(np.zeros((t, n, h), F32), "sne"))
+    lp.hidden_size = 7
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, None, 0) == -1
+    assert ("layer_params.input_gate.iw_desc[0].size must be (4, 7, 1), fastest first (or the same 28 "
+            "elements in another rank); got (4, 6, 1).") in caplog.text
+    caplog.clear()
+    lp.hidden_size = h
+    capacity = bnns.BNNSComputeLSTMTrainingCacheCapacity(lp)
+    cache = np.zeros(capacity, np.uint8)
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, cache, 0) == -1
+    assert (f"training_cache_capacity must be at least {capacity} bytes "
+            "(BNNSComputeLSTMTrainingCacheCapacity of these layer_params); got 0.") in caplog.text
+    assert "LSTMLayer" not in caplog.text
+    caplog.clear()
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, cache, capacity) == 0
+    lp.input_descriptor.data_desc = desc(x + 1, "sne")  # the backward of another x
+    assert bnns.BNNSDirectApplyLSTMBatchBackward(lp, lp, None, cache, capacity) == -1
+    assert "training_cache_ptr must be the cache of the forward of this x" in caplog.text
+    assert "LSTMLayer" not in caplog.text
+
+
+def test_normalization_backward_reads_out_only_with_an_activation(caplog, rng):
+    caplog.set_level(logging.ERROR, logger="bnnsfw")
+    shape = (2, 3)
+    x = rng.standard_normal((2, *shape)).astype(F32)
+    for function, needs_out in (("identity", False), ("tanh", True)):
+        sample = Desc.shape_only(shape, "row_major_matrix")
+        params = bnns.BNNSLayerParametersNormalization(i_desc=sample, o_desc=sample,
+                                                       activation=bnns.BNNSActivation(function=function))
+        f = bnns.BNNSFilterCreateLayerNormalization(bnns.BNNSLayerNorm, params, None)
+        y = np.zeros(x.size, F32)
+        assert bnns.BNNSNormalizationFilterApplyBatch(f, 2, x.ravel(), 0, y, 0, True) == 0
+        dy = np.ones(x.size, F32)
+        result = bnns.BNNSNormalizationFilterApplyBackwardBatch(f, 2, None, 0, None, 0, dy, 0, None, None)
+        assert result == (-1 if needs_out else 0)
+        # Apple: "out is ignored if activation is BNNSActivationFunctionIdentity"
+        out = y if needs_out else np.zeros(1, np.float64)  # not read: of its C type (a buffer) only
+        assert bnns.BNNSNormalizationFilterApplyBackwardBatch(f, 2, None, 0, out, 0, dy, 0, None, None) == 0
+    assert ("out must be the forward output, laid out as layer_params.o_desc (the fused "
+            "BNNSActivationFunctionTanh needs it); got None.") in caplog.text

@@ -77,7 +77,7 @@ def test_buffers_other_than_arrays():
          bf.InvalidParameterError,
          "d.layout must be one of the layouts the C-style API reads .*; got BNNSDataLayout3DFirstMajor"),
         (Desc(layout="vector", size=(3,), data=np.zeros(4, np.float32)), bf.ShapeError,
-         "describing 4 elements"),
+         r"d.size must be \(4,\), fastest first \(or the same 4 elements in another rank\); got \(3,\)"),
         (Desc(layout="row_major_matrix", size=(2, 2), stride=(0, 2), data=np.zeros(4, np.float32)),
          bf.InvalidParameterError,
          "all positive"),
