@@ -954,7 +954,11 @@ def _sequence_lengths(p: BNNSLayerParametersLSTM, n: int, t: int) -> np.ndarray 
     desc = _optional(where, p.sequence_descriptor)
     if desc is None:
         return None
-    sizes = nd.read(where, desc, (t,), data_types=(DataType.int32, DataType.float32)).astype(np.int64)
+    values = nd.read(where, desc, (t,), data_types=(DataType.int32, DataType.float32))
+    if values.dtype.kind == "f" and not (np.isfinite(values).all() and (values == np.round(values)).all()):
+        raise InvalidParameterError(must_be(f"{where}.data", "whole numbers (batch sizes, which Apple "
+                                            "declares unsigned integers)", values.tolist()))
+    sizes = values.astype(np.int64)
     if sizes[0] != n or np.any(sizes < 1) or np.any(np.diff(sizes) > 0):
         raise InvalidParameterError(must_be(f"{where}.data",
                                             f"non-increasing batch sizes per step in [1, {n}], "

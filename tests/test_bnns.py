@@ -377,3 +377,17 @@ def test_normalization_backward_reads_out_only_with_an_activation(caplog, rng):
         assert bnns.BNNSNormalizationFilterApplyBackwardBatch(f, 2, None, 0, out, 0, dy, 0, None, None) == 0
     assert ("out must be the forward output, laid out as layer_params.o_desc (the fused "
             "BNNSActivationFunctionTanh needs it); got None.") in caplog.text
+
+
+@pytest.mark.parametrize("values", [[3, 2.5, 1], [3, 3, np.nan], [3, np.inf, 1], [3, 2, 0.999]])
+def test_fractional_batch_sizes_in_a_float32_sequence_descriptor_are_refused(values, caplog, rng):
+    caplog.set_level(logging.ERROR, logger="bnnsfw")
+    t, n, i, h = 3, 3, 2, 2
+    p = LSTMParameters.random(input_size=i, hidden_size=h, seed=0)
+    x = rng.standard_normal((t, n, i)).astype(F32)
+    lp = lstm_params(p, n, t, desc(x, "sne"), desc(np.zeros((t, n, h), F32), "sne"))
+    lp.sequence_descriptor = Desc(layout="vector", size=(t,), data=np.array(values, F32), data_type="float32")
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, None, 0) == -1
+    assert "layer_params.sequence_descriptor.data must be whole numbers" in caplog.text
+    lp.sequence_descriptor.data = np.array([3, 2, 1], F32)  # whole numbers in float32: taken
+    assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, None, 0) == 0
