@@ -13,6 +13,7 @@ from typing import Any, Iterable, Literal, NamedTuple, Sequence, Tuple, Union, o
 
 import numpy as np
 
+from . import _bfloat16 as _bf16
 from ._validation import dtype_text
 from .enums import DataLayout, DataType, apple_name
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
@@ -160,17 +161,28 @@ def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
-    """The descriptor's data as a flat 1-D array of ``dtype`` sharing its memory.
+def storage(data_type: DataType) -> np.dtype:
+    """The NumPy dtype of a data type's elements as they are read and written here: its own,
+    or for BFloat16 the ``uint16`` bits (DataType has no uint16 of its own to be confused with)."""
+    return _bf16.STORAGE if data_type is DataType.bfloat16 else data_type.numpy_dtype
+
+
+def _flat(where: str, data: object, data_type: DataType) -> np.ndarray:
+    """The descriptor's data as a flat 1-D array of its elements, sharing its memory.
 
     Only the caller's own elements are reachable through it: every layout is checked
     against its size before a view is made.
     """
+    dtype = storage(data_type)
+    bfloat16 = data_type is DataType.bfloat16
     if isinstance(data, np.ndarray):
+        if bfloat16 and _bf16.is_bfloat16(data.dtype):
+            data = data.view(dtype)  # ml_dtypes.bfloat16: read through its bits
         if data.dtype != dtype:
-            raise DTypeError(must_be(f"{where}.data",
-                                     f"an array of {dtype.name} (the descriptor's data_type)",
-                                     Named(dtype_text(data.dtype))))
+            rule = ("an array of ml_dtypes.bfloat16, or of uint16 holding the bits (the descriptor's "
+                    "data_type is BNNSDataTypeBFloat16)" if bfloat16 else
+                    f"an array of {dtype.name} (the descriptor's data_type)")
+            raise DTypeError(must_be(f"{where}.data", rule, Named(dtype_text(data.dtype))))
         if not (data.flags.c_contiguous or data.flags.f_contiguous):
             raise InvalidParameterError(must_be(f"{where}.data",
                                                 "a contiguous array (describe strides in the "
@@ -187,8 +199,9 @@ def _flat(where: str, data: object, dtype: np.dtype) -> np.ndarray:
         raise InvalidParameterError(must_be(f"{where}.data", "a C-contiguous buffer",
                                             f"a non-contiguous {type(data).__name__}")) from None
     if raw.size % dtype.itemsize:
-        raise InvalidParameterError(must_be(f"{where}.data", f"a whole number of {dtype.name} elements",
-                                            f"{raw.size} bytes"))
+        name = "bfloat16" if bfloat16 else dtype.name
+        raise InvalidParameterError(must_be(f"{where}.data", f"a whole number of {name} elements "
+                                            f"({dtype.itemsize} bytes each)", f"{raw.size} bytes"))
     return raw.view(dtype)
 
 
@@ -224,7 +237,7 @@ def _strided(where: str, desc: object, expected_shape: Sequence[int] | None, *, 
         return None
     layout = layout_of(where, desc)
     data_type = data_type_of(where, desc, data_types)
-    dtype = data_type.numpy_dtype
+    dtype = storage(data_type)
     rank = layout.rank
     sizes = list(eight(f"{where}.size", getattr(desc, "size"), rank))
     if all(s == 0 for s in sizes):
@@ -242,7 +255,7 @@ def _strided(where: str, desc: object, expected_shape: Sequence[int] | None, *, 
         raise InvalidParameterError(must_be(f"{where}.stride", "all positive, or all 0 for contiguous",
                                             tuple(strides)))
     check_layout(where, sizes, strides)
-    flat = _flat(where, data, dtype)
+    flat = _flat(where, data, data_type)
     if writable and not flat.flags.writeable:
         raise InvalidParameterError(must_be(f"{where}.data", "writable", "a read-only buffer"))
     shape, step = list(reversed(sizes)), list(reversed(strides))
@@ -352,23 +365,32 @@ def read(where: str, desc: object, expected_shape: Sequence[int] | None, *, requ
         if required:
             raise InvalidParameterError(must_be(f"{where}.data", "set", None))
         return None
+    if arr.dtype == _bf16.STORAGE:  # BFloat16 bits: their float32 values (exact)
+        return np.ascontiguousarray(_bf16.to_float32(arr))
     return np.array(arr, copy=True, order="C")
 
 
 def write(where: str, desc: object, value: np.ndarray, *, accumulate: bool = False,
-          batch: BatchArg = None) -> bool:
-    """Store ``value`` into ``desc``'s data (add to it with ``accumulate``); False if no data."""
+          data_types: Sequence[DataType] = (DataType.float32,), batch: BatchArg = None) -> bool:
+    """Store ``value`` into ``desc``'s data (add to it with ``accumulate``); False if no data.
+
+    Into BFloat16 data, ``value`` (float32) is rounded once: accumulating reads the data,
+    adds in float32 and rounds the sum.
+    """
     if desc is None:
         return False
     shape = value.shape[1:] if batch is not None else value.shape
-    target = view(where, desc, shape, writable=True, batch=batch)
+    target = view(where, desc, shape, writable=True, data_types=data_types, batch=batch)
     if target is None:
         return False
     if isinstance(target, _ShapedWrite):
         dest, src = target.target, value.reshape(target.target.shape)
     else:
         dest, src = target, value
-    if accumulate:
+    if dest.dtype == _bf16.STORAGE:
+        total = _bf16.to_float32(dest) + src.astype(np.float32, copy=False) if accumulate else src
+        dest[...] = _bf16.from_float32(total)
+    elif accumulate:
         dest += src
     else:
         dest[...] = src

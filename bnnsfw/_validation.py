@@ -45,6 +45,19 @@ _NOT_REAL = {"c": "complex numbers", "U": "text", "S": "bytes", "O": "objects th
              "M": "dates", "m": "time spans", "V": "structured data"}
 
 
+def added_dtype(dtype: np.dtype) -> bool:
+    """A dtype that a package adds to NumPy (``ml_dtypes.bfloat16``, its float8 and int4
+    types…): kind ``'V'`` like structured data, but without fields and not a plain void."""
+    return dtype.kind == "V" and dtype.names is None and dtype.type is not np.void
+
+
+def _converted_rule(rule: str, given: np.dtype, dtype: np.dtype) -> str:
+    """``rule``, pointing at the conversion when ``given`` is a type bnnsfw does not compute in."""
+    if added_dtype(given):
+        return f"{rule}; convert {given.name} data with .astype(np.{dtype.name})"
+    return rule
+
+
 def real_array(where: str, value: object, dtype: np.dtype, *, copy: bool = False,
                rule: str | None = None) -> np.ndarray:
     """``value`` as an array of ``dtype``, refusing what does not hold real numbers.
@@ -61,6 +74,8 @@ def real_array(where: str, value: object, dtype: np.dtype, *, copy: bool = False
     except (TypeError, ValueError):
         what = f"a ragged or unreadable {type(value).__name__}"
         raise InvalidParameterError(must_be(where, rule, what)) from None
+    if added_dtype(raw.dtype):
+        raise DTypeError(must_be(where, _converted_rule(rule, raw.dtype, dtype), raw.dtype.name))
     if raw.dtype.kind not in "biuf":
         what = _NOT_REAL.get(raw.dtype.kind, dtype_text(raw.dtype))
         error = DTypeError if isinstance(value, np.ndarray) else InvalidParameterError
@@ -93,10 +108,11 @@ def as_input(
         raise InvalidParameterError(must_be(where, f"an array of {dtype.name}",
                                             f"a ragged or unreadable {type(value).__name__}")) from None
     if array.dtype != dtype:
-        given = _NOT_REAL.get(array.dtype.kind, dtype_text(array.dtype))
+        given = array.dtype.name if added_dtype(array.dtype) else _NOT_REAL.get(array.dtype.kind,
+                                                                                   dtype_text(array.dtype))
         if not isinstance(value, np.ndarray):
             given += f" from {type(value).__name__}"
-        rule = f"a {dtype.name} array (the layer's dtype)"
+        rule = _converted_rule(f"a {dtype.name} array (the layer's dtype)", array.dtype, dtype)
         raise DTypeError(must_be(where, rule, given))
     if shape is not None and not shape_matches(array.shape, shape):
         expected = shape_text or format_shape(shape)
@@ -112,7 +128,8 @@ def as_output(where: str, value: np.ndarray | None, dtype: np.dtype,
     if not isinstance(value, np.ndarray):
         raise InvalidParameterError(must_be(where, "a NumPy array", type(value).__name__))
     if value.dtype != dtype:
-        raise DTypeError(must_be(where, f"a {dtype.name} array", dtype_text(value.dtype)))
+        rule = _converted_rule(f"a {dtype.name} array", value.dtype, dtype)
+        raise DTypeError(must_be(where, rule, dtype_text(value.dtype)))
     if tuple(value.shape) != tuple(shape):
         raise ShapeError(must_be(where, f"of shape {tuple(shape)}", describe(value)))
     if not value.flags.writeable:

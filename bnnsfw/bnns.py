@@ -295,10 +295,12 @@ class BNNSNDArrayDescriptor:
 
     @classmethod
     def from_array(cls, array: np.ndarray, layout: DataLayout | int | str | None = None, *,
-                   flags: int = 0) -> "BNNSNDArrayDescriptor":
+                   flags: int = 0, data_type: DataType | int | str | None = None) -> "BNNSNDArrayDescriptor":
         """Describe a C-contiguous NumPy array (sizes are its shape reversed).
 
         The default layout follows the rank: vector, row-major matrix, 3-D and 4-D last-major.
+        The data type is the array's (``ml_dtypes.bfloat16`` is ``BNNSDataTypeBFloat16``);
+        ``data_type`` names it for an array of raw bits (``uint16`` holding BFloat16).
         """
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise InvalidParameterError(must_be("BNNSNDArrayDescriptor.from_array(array)",
@@ -314,8 +316,9 @@ class BNNSNDArrayDescriptor:
             raise InvalidParameterError(must_be("BNNSNDArrayDescriptor.from_array(layout)",
                                                 "row-major for a C-contiguous array (describe "
                                                 "np.asfortranarray data by hand)", chosen.name))
-        return cls(flags=flags, layout=chosen, size=sizes, data=array,
-                   data_type=DataType.from_numpy(array.dtype))
+        kind = DataType.from_numpy(array.dtype) if data_type is None else DataType.parse(
+            data_type, "BNNSNDArrayDescriptor.from_array(data_type)")
+        return cls(flags=flags, layout=chosen, size=sizes, data=array, data_type=kind)
 
     @classmethod
     def shape_only(cls, shape: tuple[int, ...], layout: DataLayout | int | str) -> "BNNSNDArrayDescriptor":
@@ -644,6 +647,11 @@ def _accumulates(where: str, desc: BNNSNDArrayDescriptor | None) -> bool:
     return bool(nd.flags_of(where, desc) & NDArrayFlags.backprop_accumulate)
 
 
+#: The types Apple declares for the deltas of BNNSNormalizationFilterApplyBackwardBatch: "must be
+#: in BNNSDataTypeFloat32 or BNNSDataTypeBFloat16" (bnns.h), each delta on its own.
+_DELTA_TYPES = (DataType.float32, DataType.bfloat16)
+
+
 def _pointer(where: str, value: object) -> None:
     """A ``void *`` argument: a NumPy array, any other buffer, or ``None``."""
     if value is None or isinstance(value, np.ndarray):
@@ -761,7 +769,11 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     ``NDArrayFlags.backprop_accumulate`` is added to, otherwise overwritten; ``None`` (or
     ``data=None``) is "not computed". A bare buffer for ``in_delta`` or ``out_delta`` is taken
     as laid out like the filter's ``i_desc`` / ``o_desc``; ``out`` (the forward output, Apple's
-    ``const void *``) is a buffer laid out like ``o_desc``.
+    ``const void *``) is a buffer laid out like ``o_desc``, read only with a fused activation.
+
+    Each delta is ``BNNSDataTypeFloat32`` or ``BNNSDataTypeBFloat16``, as Apple's header
+    declares: BFloat16 data (an ``ml_dtypes.bfloat16`` array or ``uint16`` bits) is widened,
+    the arithmetic is float32's, and each result is rounded once to nearest even.
     """
     f = _check_filter(filter)
     f.layer.check_open("apply_backward")
@@ -794,20 +806,23 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     for name, desc in parameters.items():
         if desc is not None and not isinstance(desc, BNNSNDArrayDescriptor):
             raise InvalidParameterError(must_be(name, "a BNNSNDArrayDescriptor or None", type(desc).__name__))
+    deltas = _DELTA_TYPES  # Apple: each delta "must be in BNNSDataTypeFloat32 or BNNSDataTypeBFloat16"
     memory = _Memory()
-    memory.add("in", "out_delta", nd.region("out_delta", dy_desc, shape, batch=delta_batch))
+    memory.add("in", "out_delta",
+               nd.region("out_delta", dy_desc, shape, data_types=deltas, batch=delta_batch))
     memory.add("in", "out", nd.region("out", y_desc, shape, batch=out_batch))
-    memory.add("out", "in_delta", nd.region("in_delta", dx_desc, shape, batch=in_batch))
+    memory.add("out", "in_delta", nd.region("in_delta", dx_desc, shape, data_types=deltas, batch=in_batch))
     for name, desc in parameters.items():
-        memory.add("out", name, nd.region(name, desc, affine))
+        memory.add("out", name, nd.region(name, desc, affine, data_types=deltas))
     memory.check()
-    dy = nd.read("out_delta", dy_desc, shape, batch=delta_batch)
+    dy = nd.read("out_delta", dy_desc, shape, data_types=deltas, batch=delta_batch)
     y = nd.read("out", y_desc, shape, required=False, batch=out_batch)
     grads = f.layer.apply_backward(f.last_input, dy, output=y, phase=f.last_phase)
-    nd.write("in_delta", dx_desc, grads.input, accumulate=_accumulates("in_delta", dx_desc), batch=in_batch)
+    nd.write("in_delta", dx_desc, grads.input, accumulate=_accumulates("in_delta", dx_desc),
+             data_types=deltas, batch=in_batch)
     for name, value in (("beta_delta", grads.beta), ("gamma_delta", grads.gamma)):
         desc = parameters[name]
-        nd.write(name, desc, value, accumulate=_accumulates(name, desc))
+        nd.write(name, desc, value, accumulate=_accumulates(name, desc), data_types=deltas)
     return 0
 
 

@@ -221,7 +221,7 @@ NORMALIZATION_TABLE += [
     ("BNNSNDArrayDescriptor", "in_delta (backward)", "in_delta.stride", VALUE),
     ("BNNSNDArrayDescriptor", "in_delta (backward)", "in_delta.data", ABSENT),
     ("BNNSNDArrayDescriptor", "in_delta (backward)", "in_delta.data_type",
-     TYPE_ZERO.format("in_delta", "")),
+     TYPE_ZERO.format("in_delta", " or BNNSDataTypeBFloat16")),
     ("BNNSNDArrayDescriptor", "out_delta (backward)", "out_delta.data",
      r"out_delta\.data must be set \(dy: BNNS requires it\); got None\."),
     ("BNNSNDArrayDescriptor", "beta_delta (backward)", "beta_delta", ABSENT),
