@@ -99,7 +99,7 @@ from .enums import (  # Apple's constant names
     BNNSNDArrayFlagBackpropSet,
     BNNSNDArrayFlagBackpropAccumulate,
 )
-from .errors import BNNSError, InvalidParameterError, ShapeError, must_be
+from .errors import BNNSError, FilterClosedError, InvalidParameterError, ShapeError, must_be
 from .filter import FilterParameters
 from .layers.lstm import GATE_FIELDS
 
@@ -636,6 +636,16 @@ def _check_filter(value: object) -> BNNSFilter:
     return value
 
 
+def _check_open(f: BNNSFilter, function: str) -> None:
+    """A destroyed filter is refused in the C call's words."""
+    try:
+        f.layer.check_open("apply")
+    except FilterClosedError:
+        raise FilterClosedError(f"filter was passed to {function}() after close() (BNNSFilterDestroy); "
+                                "create a new filter with BNNSFilterCreateLayerNormalization to compute "
+                                "again.") from None
+
+
 def _batch_desc(template: BNNSNDArrayDescriptor, data: object) -> BNNSNDArrayDescriptor:
     return attrs.evolve(template, data=data)
 
@@ -722,7 +732,7 @@ def BNNSNormalizationFilterApplyBatch(
     filter's ``i_desc`` and ``o_desc``; ``out`` may be ``in_`` itself (in place).
     """
     f = _check_filter(filter)
-    f.layer.check_open("apply")
+    _check_open(f, "BNNSNormalizationFilterApplyBatch")
     shape = f.layer.input_shape
     in_batch = _batch("batch_size", batch_size, in_stride, "in_stride")
     out_batch = _batch("batch_size", batch_size, out_stride, "out_stride")
@@ -776,7 +786,7 @@ def BNNSNormalizationFilterApplyBackwardBatch(
     the arithmetic is float32's, and each result is rounded once to nearest even.
     """
     f = _check_filter(filter)
-    f.layer.check_open("apply_backward")
+    _check_open(f, "BNNSNormalizationFilterApplyBackwardBatch")
     shape = f.layer.input_shape
     n = _integer("batch_size", batch_size, minimum=1)
     if f.last_input is None:

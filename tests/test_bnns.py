@@ -391,3 +391,15 @@ def test_fractional_batch_sizes_in_a_float32_sequence_descriptor_are_refused(val
     assert "layer_params.sequence_descriptor.data must be whole numbers" in caplog.text
     lp.sequence_descriptor.data = np.array([3, 2, 1], F32)  # whole numbers in float32: taken
     assert bnns.BNNSDirectApplyLSTMBatchTrainingCaching(lp, None, None, 0) == 0
+
+
+def test_a_destroyed_filter_is_refused_in_the_c_calls_words(caplog):
+    caplog.set_level(logging.ERROR, logger="bnnsfw")
+    sample = Desc.shape_only((2, 3), "row_major_matrix")
+    f = bnns.BNNSFilterCreateLayerNormalization(
+        bnns.BNNSLayerNorm, bnns.BNNSLayerParametersNormalization(i_desc=sample, o_desc=sample), None)
+    bnns.BNNSFilterDestroy(f)
+    assert bnns.BNNSNormalizationFilterApplyBatch(f, 1, np.ones(6, F32), 0, np.zeros(6, F32), 0, False) == -1
+    assert ("filter was passed to BNNSNormalizationFilterApplyBatch() after close() (BNNSFilterDestroy); "
+            "create a new filter") in caplog.text
+    assert "NormalizationLayer" not in caplog.text
