@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import bnnsfw as bf
+from bnnsfw.backends._shared import compiling
 from bnnsfw.backends.contract import TOLERANCE
 
 pytestmark = pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -27,7 +28,7 @@ def tiers(monkeypatch, tmp_path):
     from bnnsfw.backends.numba import _tiers
 
     monkeypatch.setattr(_tiers, "ready_folder", lambda: tmp_path / "ready")
-    monkeypatch.setattr(_tiers, "_mode", "background")
+    monkeypatch.setattr(compiling, "_mode", "background")
     monkeypatch.setattr(bf.backends.get_backend("numba"), "_tiers", _tiers.Tiers())  # nothing ready yet
     return _tiers
 
@@ -64,9 +65,9 @@ def _close(a, b, dtype) -> None:
 
 
 def test_the_mode_comes_from_the_environment_or_from_python(monkeypatch):
-    from bnnsfw.backends.numba import _tiers, compile_mode, set_compile_mode
+    from bnnsfw.backends import compile_mode, set_compile_mode
 
-    monkeypatch.setattr(_tiers, "_mode", None)
+    monkeypatch.setattr(compiling, "_mode", None)
     monkeypatch.setenv("BNNSFW_COMPILE", "off")
     assert compile_mode() == "off"
     monkeypatch.delenv("BNNSFW_COMPILE")
@@ -93,7 +94,7 @@ def _requests(monkeypatch, x, lengths=None):
         return original(self, operation, request)
 
     monkeypatch.setattr(_tiers.Tiers, "decide", spy)
-    monkeypatch.setattr(_tiers, "_mode", "off")
+    monkeypatch.setattr(compiling, "_mode", "off")
     params = bf.LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, seed=0, dtype=x.dtype)
     layer = bf.LSTMLayer(params, bf.FilterParameters(backend="numba"))
     out = layer.apply(x, training=True, sequence_lengths=lengths)
@@ -208,7 +209,7 @@ def test_calls_run_without_the_compiler_until_the_background_compile_is_done(tie
 
 
 def test_off_never_compiles(tiers, compiled_calls, monkeypatch, rng):
-    monkeypatch.setattr(tiers, "_mode", "off")
+    monkeypatch.setattr(compiling, "_mode", "off")
     params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=2, dtype=np.float64)
     layer = bf.LSTMLayer(params, bf.FilterParameters(backend="numba"))
     reference = bf.LSTMLayer(params, bf.FilterParameters(backend="numpy"))
@@ -237,6 +238,7 @@ def test_a_job_that_fails_leaves_the_reason(tmp_path):
 
 _SHORT_SCRIPT = """
 import sys
+from pathlib import Path
 import numpy as np
 import bnnsfw as bf
 from bnnsfw.backends.numba import _tiers

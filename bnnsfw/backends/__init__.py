@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Union, cast
 
 from ..errors import BackendError, InvalidParameterError, UnknownBackendError, must_be
 from . import contract
+from ._shared.compiling import compile_mode, set_compile_mode
 from .contract import Backend, check_contract
 from .numpy import NumpyBackend
 
@@ -35,6 +36,8 @@ __all__ = [
     "available_backends",
     "use_backend",
     "current_backend",
+    "compile_mode",
+    "set_compile_mode",
 ]
 
 ENTRY_POINT_GROUP = "bnnsfw.backends"

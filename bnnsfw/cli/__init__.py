@@ -2,8 +2,8 @@
 
 ``bnnsfw`` alone prints the version, the backends and a one-line health check; the
 subcommands run the main jobs, one module each: :mod:`bnnsfw.cli.demo`,
-:mod:`bnnsfw.cli.bench` and :mod:`bnnsfw.cli.deprecations`. The library never imports
-this package.
+:mod:`bnnsfw.cli.bench`, :mod:`bnnsfw.cli.compile` and :mod:`bnnsfw.cli.deprecations`. The
+library never imports this package.
 """
 
 from __future__ import annotations
@@ -39,6 +39,18 @@ def _health() -> tuple[bool, str]:
     return True, f"health: ok (a matrix product agrees with NumPy on {', '.join(names)})"
 
 
+def _compiled_kernels() -> str:
+    """Whether this process would find compiled kernels ready, and where."""
+    from .. import backends
+
+    status = getattr(backends.get_backend("numba"), "compile_status")()
+    where = f"{status.cache}, CPU {status.cpu}; compile mode {status.mode}"
+    if status.ready:
+        return f"compiled kernels: {status.ready} kinds of call ready ({where})"
+    return (f"compiled kernels: none ready yet ({where}): first calls run on scipy-blas's kernels while "
+            "they compile (bnnsfw compile builds them ahead)")
+
+
 def _info() -> int:
     import bnnsfw
 
@@ -49,7 +61,10 @@ def _info() -> int:
     print(f"backends: {', '.join(backends.available_backends())} (auto -> {auto})")
     ok, line = _health()
     print(line)
-    print("commands: bnnsfw demo | bnnsfw bench | bnnsfw deprecations  (bnnsfw COMMAND --help)")
+    if "numba" in backends.available_backends():
+        print(_compiled_kernels())
+    print("commands: bnnsfw demo | bnnsfw bench | bnnsfw compile | bnnsfw deprecations  "
+          "(bnnsfw COMMAND --help)")
     return 0 if ok else 1
 
 
@@ -59,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bnnsfw", description="BNNS layers (LSTM, normalization) in NumPy and SciPy."
     )
-    parser.add_argument("command", nargs="?", choices=["demo", "bench", "deprecations"],
+    parser.add_argument("command", nargs="?", choices=["demo", "bench", "compile", "deprecations"],
                         help="what to run; without one, print version, backends and a health check")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     if not args:
@@ -85,5 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(rest)
+    if command == "compile":
+        from .compile import main as compile_main
+
+        return compile_main(rest)
     parser.parse_args(args)  # reports the unknown command and exits with status 2
     return 2

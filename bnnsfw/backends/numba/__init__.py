@@ -43,10 +43,11 @@ from ..contract import (
 )
 from ..scipy_blas import ScipyBlasBackend
 
-__all__ = ["NumbaBackend", "compile_mode", "set_compile_mode"]
+__all__ = ["NumbaBackend", "CompileStatus", "compile_mode", "set_compile_mode"]
 
 compile_mode = _tiers.compile_mode
 set_compile_mode = _tiers.set_compile_mode
+CompileStatus = _tiers.CompileStatus
 
 def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarray, h0: np.ndarray | None,
                       c0: np.ndarray | None, steps: np.ndarray, pre: np.ndarray | None,
@@ -196,6 +197,11 @@ class NumbaBackend(ScipyBlasBackend):
         if _cells.serves(plan) and _tiers.compiled_now():
             return _cells.forward_sequence, _cells.backward_sequence
         return super()._lstm_sequence_kernels(plan, lengths, batch)
+
+    def compile_status(self) -> _tiers.CompileStatus:
+        """Where the compiled kernels are, how many kinds of call have them ready, for which CPU,
+        and whether a background compile is under way (``docs/performance.md``)."""
+        return self._tiers.status()
 
     def _compiled_may_serve(self, payload: object) -> bool:
         """Whether compiled kernels would run an LSTM call with these packed weights."""

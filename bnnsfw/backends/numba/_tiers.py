@@ -49,7 +49,7 @@ import numba
 import numpy as np
 from numba.core import config
 
-from ...errors import InvalidParameterError, must_be
+from .._shared.compiling import compile_mode, set_compile_mode
 from . import _cache, _lstm
 
 try:
@@ -57,41 +57,16 @@ try:
 except ImportError:  # Windows: compiles in two processes at once may both run
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["MODES", "compile_mode", "set_compile_mode", "Tiers", "kind_of", "run_jobs"]
+__all__ = ["CompileStatus", "Tiers", "kind_of", "run_jobs"]
 
 _log = logging.getLogger("bnnsfw")
 
-#: The compile modes, the first the default (module docstring).
-MODES = ("background", "wait", "off")
-#: The environment variable that sets the compile mode.
-ENVIRONMENT = "BNNSFW_COMPILE"
-
-_mode: str | None = None
 #: Whether the call under way runs the compiled kernels (True outside any call).
 _compiled: contextvars.ContextVar[bool] = contextvars.ContextVar("bnnsfw_compiled", default=True)
 #: Integer arrays up to this size keep their values in a replayed call (sequence lengths).
 _KEPT_BYTES = 1 << 16
 #: NumPy's C-contiguous, F-contiguous and writeable flags (``ndarray.flags.num``).
 _FLAGS = 0x1 | 0x2 | 0x400
-
-
-def compile_mode() -> str:
-    """The compile mode in force: :func:`set_compile_mode`'s, else ``BNNSFW_COMPILE``'s, else
-    ``"background"``."""
-    mode = _mode if _mode is not None else os.environ.get(ENVIRONMENT, MODES[0])
-    if mode not in MODES:
-        raise InvalidParameterError(must_be(ENVIRONMENT, f"one of {', '.join(MODES)}", mode))
-    return mode
-
-
-def set_compile_mode(mode: str | None) -> None:
-    """Set the compile mode for this process (``None``: back to ``BNNSFW_COMPILE``, else the
-    default)."""
-    global _mode
-    if mode is not None and mode not in MODES:
-        raise InvalidParameterError(must_be("set_compile_mode(mode)", f"one of {', '.join(MODES)} or None",
-                                            mode))
-    _mode = mode
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -277,6 +252,25 @@ def ready_folder() -> Path:
     return Path(cache._cache_path) / "bnnsfw-ready"
 
 
+@attrs.frozen(kw_only=True)
+class CompileStatus:
+    """The compiled kernels as a process finds them (:meth:`NumbaBackend.compile_status`)."""
+
+    #: The mode in force: ``background``, ``wait`` or ``off``.
+    mode: str
+    #: Numba's cache folder for the kernels, and the folder of the markers beside it.
+    cache: Path
+    markers: Path
+    #: How many kinds of call have their kernels ready, and why any failed to compile.
+    ready: int
+    failed: tuple[str, ...]
+    #: Whether a background compile of this process is under way or waiting to start.
+    pending: bool
+    #: The CPU the kernels are compiled for (another CPU compiles its own) and Numba's version.
+    cpu: str
+    numba_version: str
+
+
 class Tiers:
     """Which kinds of call run compiled in this process, and the background compiles asked
     for the others (module docstring)."""
@@ -357,6 +351,16 @@ class Tiers:
                 self._queued[kind] = job_bytes(operation, request)
                 self._start()
         return False
+
+    def status(self) -> CompileStatus:
+        """What :class:`CompileStatus` says, now."""
+        folder = self.folder()
+        ready = len(list(folder.glob("?" * 32))) if folder.exists() else 0
+        failed = tuple(p.read_text(encoding="utf-8").strip() for p in sorted(folder.glob("*.failed"))) \
+            if folder.exists() else ()
+        return CompileStatus(mode=compile_mode(), cache=folder.parent, markers=folder, ready=ready,
+                             failed=failed, pending=self.poll(), cpu=_cpu_name(),
+                             numba_version=numba.__version__)
 
     def poll(self) -> bool:
         """Whether a background compile is still under way (or waiting to start)."""
