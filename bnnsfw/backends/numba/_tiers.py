@@ -405,10 +405,15 @@ class Tiers:
             return
         # A fresh interpreter, not a fork (a fork would inherit this process's threads and
         # locks), in a session of its own, so that it finishes when this process exits first.
+        # It imports this very copy of bnnsfw, wherever this process found it.
+        package_parent = str(Path(__file__).resolve().parents[3])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (package_parent, os.environ.get("PYTHONPATH")) if p))
         self._worker = subprocess.Popen(
             [sys.executable, "-c", "import sys; from bnnsfw.backends.numba._worker import main; "
              "sys.exit(main(sys.argv[1:]))", *paths], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=platform.system() != "Windows", close_fds=True)
+            stderr=subprocess.DEVNULL, env=env, start_new_session=platform.system() != "Windows",
+            close_fds=True)
         self._running = list(self._queued)
         self._queued.clear()
         if not self._said:
