@@ -220,6 +220,11 @@ class SoftmaxCrossEntropy:
                     "(convert integer one-hot arrays with .astype)", array.dtype.name))
             raise ShapeError(must_be(where, expected, describe(array)))
         if kind == "f":
+            if array.shape == label_shape:  # labels by their shape: it is the dtype that is wrong
+                raise DTypeError(must_be(
+                    where, f"of an integer dtype for labels of shape {label_shape} (convert class indices "
+                    f"with .astype(np.int64); probability targets have the shape {full_shape})",
+                    array.dtype.name))
             if not isinstance(value, np.ndarray):
                 array = array.astype(z.dtype)
             if array.shape != full_shape:

@@ -211,6 +211,21 @@ def test_cross_entropy_errors():
         ce.apply(np.zeros((2, 3), np.float16), np.array([0, 1]))
 
 
+
+@pytest.mark.parametrize("labels", [np.array([0.0, 2.0]), np.array([0, 2], np.float32), [0.0, 2.0]],
+                         ids=["float64", "float32", "list of floats"])
+def test_float_labels_are_refused_for_their_dtype_not_their_shape(labels):
+    """Labels of the right shape but a float dtype: the message names the dtype."""
+    match = (r"SoftmaxCrossEntropy.apply\(target\) must be of an integer dtype for labels of shape \(2,\) "
+             r"\(convert class indices with .astype\(np.int64\); probability targets have the shape "
+             r"\(2, 3\)\); got 'float(64|32)'\.")
+    for dtype in (np.float64, np.float32):
+        with pytest.raises(bf.DTypeError, match=match):
+            SoftmaxCrossEntropy().apply(np.zeros((2, 3), dtype), labels)
+    # A float target of neither shape is still a shape error.
+    with pytest.raises(bf.ShapeError, match=r"must be of shape \(2,\) \(integer labels\)"):
+        SoftmaxCrossEntropy().apply(np.zeros((2, 3)), np.zeros(3))
+
 def test_plain_sequences_as_targets():
     logits = np.array([[0.0, 1.0], [2.0, 0.0]], dtype=np.float32)
     a = SoftmaxCrossEntropy().apply(logits, [1, 0])
