@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import re
 import warnings
 
 import attrs
@@ -400,6 +401,67 @@ def test_session_interface_is_onnx_runtimes(rng, tmp_path):
     with pytest.raises(bf.InvalidParameterError, match="layer"):
         session.layer("nope")
 
+
+
+def _with_external_data(model, folder, location, data):
+    """``model`` written to ``folder/fc.onnx`` with its first initializer's bytes in ``location``
+    (relative to ``folder``), holding ``data``; returns the path and the tensor's name."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model)
+    tensor = proto.graph.initializer[0]
+    raw = onnx.numpy_helper.to_array(tensor).tobytes()
+    onnx.external_data_helper.set_external_data(tensor, location, offset=0, length=len(raw))
+    tensor.data_location = TensorProto.EXTERNAL
+    tensor.ClearField("raw_data")
+    if data is not None:
+        (folder / location).parent.mkdir(parents=True, exist_ok=True)
+        (folder / location).write_bytes(data(raw))
+    (folder / "fc.onnx").write_bytes(proto.SerializeToString())
+    return folder / "fc.onnx", tensor.name
+
+
+def test_external_data_is_read_from_the_models_folder_only(rng, tmp_path):
+    """A tensor's external data is read when it is a file inside the model's folder; a location
+    outside it (``../``, an absolute path, a link out) is refused by bnnsfw, naming the tensor and
+    the location, and so is external data where there is no folder (bytes, a ModelProto)."""
+    layer = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=3, output_size=2, seed=0))
+    model = bo.export(layer, tmp_path / "plain.onnx")
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for location in ("fc.data", "weights/fc.data", "weights/../fc.data"):
+        path, name = _with_external_data(model, folder, location, lambda raw: raw)
+        (y,) = bo.load(path).run(None, {"input": x})
+        np.testing.assert_allclose(y, layer.apply(x), rtol=1e-6)
+        (y,) = bo.load(str(path)).run(None, {"input": x})
+        np.testing.assert_allclose(y, layer.apply(x), rtol=1e-6)
+
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"\0" * 64)           # a real file: the location is refused, not missing
+    (folder / "link.data").symlink_to(outside)
+    for location in ("../outside.bin", str(outside), "weights/../../outside.bin", "link.data", ""):
+        path, name = _with_external_data(model, folder, location, None)
+        where = re.escape(f"bnnsfw.onnx.load({str(path)!r}): ONNX tensor {name!r} external data must be a "
+                          f"file inside the model's folder {str(folder.resolve())!r}; got {location!r}.")
+        with pytest.raises(bf.InvalidParameterError, match=f"^{where}$"):
+            bo.load(path)
+    path, name = _with_external_data(model, folder, "missing.data", None)
+    missing = rf"ONNX tensor {name!r} external data must be readable from '.*missing\.data'"
+    with pytest.raises(bf.InvalidParameterError, match=missing):
+        bo.load(path)
+    path, name = _with_external_data(model, folder, "short.data", lambda raw: raw[:4])
+    with pytest.raises(bf.InvalidParameterError, match=r"external data must be readable from '.*short\.data' "
+                                                      r"\(offset and length within the file\)"):
+        bo.load(path)
+
+    path, name = _with_external_data(model, folder, "../outside.bin", None)
+    proto = onnx.load(path, load_external_data=False)
+    for source in (proto, proto.SerializeToString()):
+        match = (rf"^bnnsfw\.onnx\.load\(model\): ONNX tensor {name!r} external data must be held in the "
+                 r"model \(a model given as bytes or an onnx\.ModelProto has no folder .*; "
+                 r"got '\.\./outside\.bin'\.$")
+        with pytest.raises(bf.InvalidParameterError, match=match):
+            bo.load(source)
 
 # ------------------------------------------------------------------------------------------
 # Export: the checker, bnnsfw's own loader and ONNX Runtime.

@@ -18,7 +18,8 @@ after the other, as an ONNX graph that passes ``onnx.checker.check_model(full_ch
 Only the ``onnx`` package is needed (``pip install 'bnnsfw[onnx]'``); ONNX Runtime is not.
 
 The package's modules: ``_session.py`` loads a model and runs its graph, with the NumPy
-operators of ``_operators.py`` and the LSTM and normalization nodes of ``_layer_nodes.py``;
+operators of ``_operators.py`` and the LSTM and normalization nodes of ``_layer_nodes.py``,
+reading tensors kept in files beside the model with ``_external_data.py``;
 ``_export.py`` writes layers as a graph; ``_nodes.py`` holds what they share (a node as
 bnnsfw reads it, and the import of the optional ``onnx`` package). Every public name is
 importable from here.

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import DTypeError, InvalidParameterError, ShapeError, UnsupportedError, must_be
 from ..filter import Filter, FilterParameters
+from ._external_data import load_external_data
 from ._layer_nodes import _LAYER_OPS, _LayerNode, _LSTMNode, _NormNode
 from ._nodes import _MIN_OPSET, Array, _Node, _onnx, _unsupported
 from ._operators import _OPS
@@ -247,17 +248,25 @@ def load(model: Any, *, filter_parameters: FilterParameters | None = None) -> Se
     ------
     UnsupportedError
         Naming the node, operator and attribute of the first thing bnnsfw cannot run.
+    InvalidParameterError
+        For a tensor whose external data is not a file inside the model's folder (or that
+        cannot be read from there), naming the tensor and the location; a model given as
+        bytes or a ``ModelProto`` has no folder, so its tensors must hold their data.
     """
     onnx = _onnx()
+    folder = None
     if isinstance(model, (str, os.PathLike)):
-        proto = onnx.load(os.fspath(model))
+        path = os.fspath(model)
+        proto, where = onnx.load(path, load_external_data=False), f"bnnsfw.onnx.load({path!r})"
+        folder = os.path.dirname(os.path.abspath(path))
     elif isinstance(model, (bytes, bytearray)):
-        proto = onnx.load_from_string(bytes(model))
+        proto, where = onnx.load_from_string(bytes(model)), "bnnsfw.onnx.load(model)"
     elif isinstance(model, onnx.ModelProto):
-        proto = model
+        proto, where = model, "bnnsfw.onnx.load(model)"
     else:
         raise InvalidParameterError(must_be("bnnsfw.onnx.load(model)", "a path, bytes or an onnx.ModelProto",
                                             type(model).__name__))
+    load_external_data(where, proto, folder)
     if proto.functions:
         raise UnsupportedError(must_be("ONNX model functions", "absent (local functions are not run)",
                                        [f.name for f in proto.functions]))
