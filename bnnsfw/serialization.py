@@ -30,6 +30,7 @@ from typing import IO, Any, Mapping, NoReturn, Union
 import numpy as np
 
 from . import _safetensors
+from ._validation import positive_int
 from .errors import BNNSError, InvalidParameterError, must_be
 from .filter import Filter, FilterParameters, load_named_state
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
@@ -37,7 +38,7 @@ from .layers.lstm import LSTMLayer, LSTMParameters
 from .layers.normalization import NormalizationLayer, NormalizationParameters
 from .sequential import LastStep, Sequential
 
-__all__ = ["save_weights", "load_weights", "weights_path"]
+__all__ = ["save_weights", "load_weights", "weights_path", "MAX_ELEMENTS"]
 
 #: What :func:`save_weights` takes and :func:`load_weights` gives back.
 Model = Union[Filter, Sequential, Mapping[str, Filter]]
@@ -160,7 +161,8 @@ def save_weights(path: PathLike | IO[bytes], model: Model) -> None:
     np.savez(weights_path(path) if isinstance(path, (str, os.PathLike)) else path, **arrays)
 
 
-def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | None) -> Filter | LastStep:
+def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | None,
+           budget: _Budget) -> Filter | LastStep:
     """Rebuild the layer ``name`` from its JSON entry and its arrays."""
     state = dict(meta)
     type_name = state.pop("type", None)
@@ -171,12 +173,52 @@ def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | No
     prefix = f"{name}/"
     state.update({key[len(prefix):]: data[key] for key in data.files if key.startswith(prefix)})
     layer_class, parameters_class = _LAYER_TYPES[type_name]
-    layer: Filter = layer_class(parameters_class.from_state(state), fp)
+    parameters = parameters_class.from_state(state)
+    budget.take(parameters)
+    layer: Filter = layer_class(parameters, fp)
     return layer
+
+
+class _Budget:
+    """The elements that the shapes a file declares and no array in it has may hold, together.
+
+    The parameter object has checked every declared size against the arrays that carry it
+    (and holds those arrays, whose size the file bounds). An LSTM's and a fully connected
+    layer's sizes are all carried by arrays they require. A normalization's ``input_shape``
+    is carried by an array only when gamma, beta or a moving statistic has that very shape;
+    otherwise nothing in the file confirms it, and a layer without gamma or beta makes them
+    (ones, zeros) of a shape taken from it. Those shapes share one budget, so that many
+    layers cannot ask together for what one may not.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+
+    def take(self, parameters: object) -> None:
+        """Count the shape of ``parameters`` that no array confirms; refuse it, before the
+        layer allocates anything, when it exceeds what is left."""
+        if not isinstance(parameters, NormalizationParameters):
+            return
+        shape = parameters.input_shape
+        arrays = (parameters.gamma, parameters.beta, parameters.type.moving_mean,
+                  parameters.type.moving_variance)
+        if any(array is not None and array.shape == shape for array in arrays):
+            return
+        elements = math.prod(shape)
+        if elements > self.limit - self.used:
+            rule = (f"a shape of at most {self.limit - self.used} elements when no array in the file has it "
+                    f"(load_weights(max_elements=...) sets the limit, {self.limit}, for all such shapes of "
+                    "a file together")
+            rule += f"; the layers before it take {self.used})" if self.used else ")"
+            raise InvalidParameterError(must_be("input_shape", rule, f"{shape}: {elements} elements"))
+        self.used += elements
 
 
 #: The most JSON metadata a weights file may carry (a real file's is a few kilobytes).
 _MAX_META_BYTES = 16 * 1024 * 1024
+#: The most elements that the shapes a weights file declares and no array in it has (a
+#: normalization's input_shape without gamma or beta) may hold together: 2**28, 1 GiB of float32.
+MAX_ELEMENTS = 2**28
 #: DEFLATE expands at most about 1032-fold: a member declaring more than that over its
 #: compressed size does not hold what it declares.
 _MAX_EXPANSION = 1100
@@ -295,7 +337,7 @@ def _layers(where: str, meta: Any) -> dict[str, Any]:
 
 
 def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters | None = None, *,
-                 into: Model | None = None) -> Any:
+                 into: Model | None = None, max_elements: int = MAX_ELEMENTS) -> Any:
     """Read a file written by :func:`save_weights`, in either form, whatever it is called.
 
     Parameters
@@ -311,6 +353,13 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
         ``state_dict()`` names (``"<layer name>.<name>"`` for a container or a mapping) must
         be exactly the saved ones, with the same shapes; the configuration (activations,
         options) is the model's own.
+    max_elements : int, optional
+        The most elements (default 2**28, :data:`~bnnsfw.serialization.MAX_ELEMENTS`) that the
+        shapes the file declares and no array in it has may hold, all together — a
+        normalization's ``input_shape`` without gamma or beta, from which the layer would make
+        them. Every other size is checked against the arrays that carry it. A shape beyond the
+        limit is refused before anything is allocated, naming the layer and the field; raise
+        the limit for a file you trust.
 
     Returns
     -------
@@ -322,10 +371,12 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
     The file is untrusted input: anything but a sound file written by :func:`save_weights`
     raises a bnnsfw error naming the file and the problem — random bytes, an empty, truncated
     or damaged file, an ``.npy`` file, arrays whose header declares more data than they
-    hold (checked before anything is allocated), pickled objects, metadata that is not JSON or
+    hold (checked before anything is allocated), sizes that disagree with the arrays, a shape
+    no array confirms beyond ``max_elements``, pickled objects, metadata that is not JSON or
     is nested too deeply, missing or unexpected keys, unknown layer types, invalid values.
     A path that does not exist raises ``FileNotFoundError``.
     """
+    max_elements = positive_int("load_weights(max_elements)", max_elements)
     if into is not None and filter_parameters is not None:
         raise InvalidParameterError(must_be("load_weights(filter_parameters)",
                                             "None when into= is given (the model's layers keep theirs)",
@@ -342,7 +393,7 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
         arrays, text = _safetensors.read(source)
         kind, layers = _contents(where, parse_metadata(where, text))
         dtypes = {key: array.dtype for key, array in arrays.items()}
-        loaded = _rebuild(where, layers, arrays, dtypes, filter_parameters)
+        loaded = _rebuild(where, layers, arrays, dtypes, filter_parameters, _Budget(max_elements))
     else:
         dtypes = _check_archive(where, source)
         if not isinstance(source, str):  # the checks moved an open file: back to where it was
@@ -350,7 +401,7 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
         try:
             with np.load(source, allow_pickle=False) as data:
                 kind, layers = _contents(where, _metadata(where, data))
-                loaded = _rebuild(where, layers, data, dtypes, filter_parameters)
+                loaded = _rebuild(where, layers, data, dtypes, filter_parameters, _Budget(max_elements))
         except (zipfile.BadZipFile, EOFError, zlib.error) as error:  # damaged after the check
             _refuse(where, "a readable .npz archive", f"a damaged one ({type(error).__name__}: {error})")
     model: Any = loaded
@@ -377,7 +428,7 @@ def _contents(where: str, meta: Any) -> tuple[str, dict[str, Any]]:
 
 
 def _rebuild(where: str, layers: dict[str, Any], data: Any, dtypes: Mapping[str, np.dtype],
-             fp: FilterParameters | None) -> dict[str, Any]:
+             fp: FilterParameters | None, budget: _Budget) -> dict[str, Any]:
     """Every layer of the file's metadata, built from its arrays; each array must be floats of
     the layer's dtype, and any problem names the file and the layer."""
     loaded: dict[str, Any] = {}  # layers, and LastStep elements of a container
@@ -388,7 +439,7 @@ def _rebuild(where: str, layers: dict[str, Any], data: Any, dtypes: Mapping[str,
                 _refuse(f"{where}: {key}", f"an array of {declared or 'floats'} (the layer's dtype)",
                         str(dtype))
         try:
-            loaded[name] = _build(name, entry, data, fp)
+            loaded[name] = _build(name, entry, data, fp, budget)
         except BNNSError as error:
             raise type(error)(f"{where}: layer {name!r}: {error}") from error
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as error:

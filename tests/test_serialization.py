@@ -286,3 +286,102 @@ def test_load_into_refuses_a_model_with_other_names_or_shapes(tmp_path, backend_
                        match=r"save_weights\(model\) must be a layer, a Sequential or a mapping of name to "
                              r"layer; got 'int'"):
         save_weights(tmp_path / "x", 3)
+
+
+# ------------------------------------------------------------------------------------------
+# Sizes the metadata declares: checked against the arrays, limited where none confirms them.
+# ------------------------------------------------------------------------------------------
+def _normalization_entry(kind="layer_norm", input_shape=(2**20, 2**20), **options):
+    return {"type": "normalization", "kind": kind, "input_shape": list(input_shape),
+            "normalization_axis": 0 if kind == "layer_norm" else None, "group_count": None,
+            "momentum": 0.0, "epsilon": 1e-5, "activation": [0, 0.0, 0.0], "dtype": "float32", **options}
+
+
+def _write(path, layers, arrays=None, kind="layers"):
+    """A weights file of ``layers`` (metadata entries) and ``arrays``, in the form its name says."""
+    header = json.dumps({"format": "bnnsfw-weights-1", "kind": kind, "layers": layers})
+    if str(path).endswith(".npz"):
+        np.savez(path, __meta__=np.array(header), **(arrays or {}))
+    else:
+        from safetensors.numpy import save_file
+
+        save_file(arrays or {}, str(path), metadata={"bnnsfw": header})
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
+def test_a_declared_shape_no_array_confirms_is_limited_before_anything_is_allocated(tmp_path, suffix):
+    import tracemalloc
+
+    path = _write(tmp_path / f"ln{suffix}", {"layer": _normalization_entry()}, kind="layer")
+    message = (rf"load_weights\('{path}'\): layer 'layer': input_shape must be a shape of at most "
+               r"268435456 elements when no array in the file has it \(load_weights\(max_elements=\.\.\.\) "
+               r"sets the limit, 268435456, for all such shapes of a file together\); "
+               r"got '\(1048576, 1048576\): 1099511627776 elements'\.$")
+    tracemalloc.start()
+    try:
+        with pytest.raises(bf.InvalidParameterError, match=message):
+            load_weights(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20
+    # Batch norm without gamma, beta or moving statistics: nothing confirms C either.
+    path = _write(tmp_path / f"bn{suffix}", {"norm": _normalization_entry("batch_norm", (2**40,))})
+    with pytest.raises(bf.InvalidParameterError, match=r"layer 'norm': input_shape must be a shape of at"):
+        load_weights(path)
+
+
+def test_max_elements_sets_the_limit_and_an_array_of_the_shape_confirms_it(tmp_path):
+    path = _write(tmp_path / "ln.safetensors", {"layer": _normalization_entry(input_shape=(64, 64))},
+                  kind="layer")
+    assert load_weights(path).gamma.shape == (64, 64)                # 4096 elements: within the default
+    with pytest.raises(bf.InvalidParameterError, match=r"at most 4095 elements .*; got '\(64, 64\): 4096"):
+        load_weights(path, max_elements=4095)
+    assert load_weights(path, max_elements=4096).gamma.shape == (64, 64)
+    # The limit is for every such shape of the file together.
+    path = _write(tmp_path / "two.safetensors", {name: _normalization_entry(input_shape=(64, 64))
+                                                 for name in ("first", "second")})
+    assert load_weights(path, max_elements=8192)["second"].gamma.shape == (64, 64)
+    together = (r"layer 'second': input_shape must be a shape of at most 3904 elements .* sets the limit, "
+                r"8000, for all such shapes of a file together; the layers before it take 4096\); "
+                r"got '\(64, 64\): 4096 elements'")
+    with pytest.raises(bf.InvalidParameterError, match=together):
+        load_weights(path, max_elements=8000)
+    # A gamma (or beta, or moving statistic) of the whole shape confirms it: no limit then.
+    path = _write(tmp_path / "with_gamma.safetensors", {"layer": _normalization_entry(input_shape=(64, 64))},
+                  {"layer/gamma": np.full((64, 64), 2.0, np.float32)}, kind="layer")
+    np.testing.assert_array_equal(load_weights(path, max_elements=1).gamma, 2.0)
+    # A gamma of part of the shape does not confirm the rest.
+    entry = _normalization_entry(input_shape=(64, 64), normalization_axis=1)
+    path = _write(tmp_path / "axis1.safetensors", {"layer": entry}, {"layer/gamma": np.ones(64, np.float32)},
+                  kind="layer")
+    with pytest.raises(bf.InvalidParameterError, match=r"input_shape must be a shape of at most 100 elem"):
+        load_weights(path, max_elements=100)
+    for bad in (0, -1, True, 2.5, "many", None):
+        with pytest.raises(bf.InvalidParameterError, match=r"load_weights\(max_elements\) must be an int"):
+            load_weights(path, max_elements=bad)
+
+
+def test_declared_sizes_are_checked_against_the_arrays(tmp_path):
+    """An LSTM's or a fully connected layer's sizes are carried by arrays they require: a size
+    that disagrees with them is refused naming the layer and the field, whatever its value."""
+    lstm = bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=4, seed=0))
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=4, output_size=2, seed=0))
+    save_weights(tmp_path / "m.npz", {"lstm": lstm, "head": head})
+    with np.load(tmp_path / "m.npz") as data:
+        arrays = {key: data[key] for key in data.files if key != "__meta__"}
+        meta = json.loads(str(data["__meta__"]))
+    gate = r"layer 'lstm': LSTMParameters.input_gate"
+    for layer, key, match in [
+        ("lstm", "hidden_size", gate + r".input_weights\[0\] must be of shape \(1, 1099511627776, 3\)"),
+        ("lstm", "input_size", gate + r".input_weights\[0\] must be of shape \(1, 4, 1099511627776\)"),
+        ("lstm", "num_layers", gate + r".input_weights\[1\] must be an array"),
+        ("head", "output_size", r"layer 'head': FullyConnectedParameters.weights must be of shape "
+                                r"\(1099511627776, 4\)"),
+    ]:
+        layers = json.loads(json.dumps(meta["layers"]))
+        layers[layer][key] = 2**40
+        path = _write(tmp_path / f"{layer}-{key}.safetensors", layers, arrays)
+        with pytest.raises(bf.ShapeError, match=match):
+            load_weights(path)

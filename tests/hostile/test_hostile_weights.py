@@ -217,6 +217,41 @@ def test_load_weights_on_damaged_files(tmp_path_factory: pytest.TempPathFactory,
     answered("weights")
 
 
+
+SIZES = [("lstm", "input_size"), ("lstm", "hidden_size"), ("lstm", "num_layers"), ("norm", "input_shape"),
+         ("head", "input_size"), ("head", "output_size")]
+
+
+@pytest.mark.parametrize("arrays", ["kept", "dropped"])
+@pytest.mark.parametrize("layer, key", SIZES, ids=[f"{layer}.{key}" for layer, key in SIZES])
+def test_declared_sizes_of_terabytes(tmp_path: Path, layer: str, key: str, arrays: str) -> None:
+    """A size the metadata declares, set to 2**40 (with the layer's optional arrays kept or
+    left out): refused, naming the file and the layer, with no more memory than the file needs."""
+    path = tmp_path / "model.npz"
+    save_weights(path, model())
+    entries = members(path)
+    meta = meta_of(entries)
+    meta["layers"][layer][key] = [2**20, 2**20] if key == "input_shape" else 2**40
+    if arrays == "dropped":  # the arrays nothing requires: a normalization's, a bias
+        for name in [n for n in entries if n.startswith(f"{layer}/") and not n.endswith(("weights0.npy",
+                                                                                         "hidden_weights.npy",
+                                                                                         "/weights.npy"))]:
+            entries.pop(name)
+    entries["__meta__.npy"] = npy(np.array(json.dumps(meta)))
+    write_members(path, entries)
+    tracemalloc.start()
+    try:
+        error = refused("weights", load_weights, path, match=f"layer '{layer}'")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    if str(path) not in str(error):
+        raise wrong("weights", f"the error does not name the file: {error}")
+    if peak > 64 * 2**20:
+        size = path.stat().st_size
+        raise wrong("weights", f"{layer}.{key}: {peak} bytes allocated reading a {size}-byte file")
+
+
 @pytest.mark.parametrize("path", [3, None, b"\xff.npz", ["a.npz"]], ids=["int", "none", "bytes", "list"])
 def test_load_weights_path_types(path: object) -> None:
     refused("weights", load_weights, path, match="load_weights\\(path\\)")
