@@ -5,7 +5,8 @@ gate descriptors, normalization gamma/beta and moving statistics, fully connecte
 and bias — for a model that is one layer, a :class:`~bnnsfw.Sequential`, or a mapping of
 name to layer. ``load_weights(path)`` rebuilds the same kind of object, whose layers then
 compute exactly what the saved ones computed; ``load_weights(path, into=model)`` instead
-copies the saved arrays into an existing model (strictly, by the names of ``state_dict()``).
+copies the saved arrays into an existing model (strictly, by the names of ``state_dict()``),
+whose configuration must be the file's but for the fields named in ``ignore=``.
 Both read and write :func:`weights_path` of the path they are given, so what
 ``save_weights(p, …)`` writes is what ``load_weights(p)`` reads.
 
@@ -25,12 +26,13 @@ import math
 import os
 import zipfile
 import zlib
-from typing import IO, Any, Mapping, NoReturn, Union
+from typing import IO, Any, Collection, Mapping, NoReturn, Union
 
 import numpy as np
 
 from . import _safetensors
 from ._validation import positive_int
+from .activation import Activation
 from .errors import BNNSError, InvalidParameterError, must_be
 from .filter import Filter, FilterParameters, load_named_state
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
@@ -54,6 +56,22 @@ _LAYER_TYPES: dict[str, tuple[type[Any], type[Any]]] = {
     "normalization": (NormalizationLayer, NormalizationParameters),
     "fully_connected": (FullyConnectedLayer, FullyConnectedParameters),
 }
+
+#: The configuration of each layer type: the entries of its parameters' ``to_state()`` that are
+#: not arrays (the variants of an LSTM included, which its state leaves out at their defaults).
+#: ``load_weights(into=)`` compares them, and these are the names its ``ignore=`` takes.
+_CONFIGURATION: dict[str, tuple[str, ...]] = {
+    "lstm": ("input_size", "hidden_size", "num_layers", "bidirectional", "batch_first", "dropout",
+             "default_activations", "hidden_activation", "dtype", "gate_activations", "reverse",
+             "input_forget", "clip", "cell_clip", "projection_clip", "projection_size",
+             "direction_activations", "layer_norm/epsilon"),
+    "normalization": ("kind", "input_shape", "normalization_axis", "group_count", "root_mean_square",
+                      "momentum", "epsilon", "activation", "dtype"),
+    "fully_connected": ("input_size", "output_size", "activation", "dtype"),
+}
+#: State entries that are neither arrays nor configuration: an LSTM's seed chooses its random
+#: draws (dropout masks), not what it computes, and a fresh model has its own.
+_NOT_CONFIGURATION = ("seed",)
 
 #: What a file holds, by the ``kind`` its metadata records (files without one hold a mapping).
 _KINDS = ("layers", "layer", "sequential")
@@ -337,7 +355,8 @@ def _layers(where: str, meta: Any) -> dict[str, Any]:
 
 
 def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters | None = None, *,
-                 into: Model | None = None, max_elements: int = MAX_ELEMENTS) -> Any:
+                 into: Model | None = None, ignore: Collection[str] | None = (),
+                 max_elements: int = MAX_ELEMENTS) -> Any:
     """Read a file written by :func:`save_weights`, in either form, whatever it is called.
 
     Parameters
@@ -351,8 +370,20 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
     into : layer, Sequential, or mapping of name to layer, optional
         Copy the saved arrays into this model instead of building new layers: its
         ``state_dict()`` names (``"<layer name>.<name>"`` for a container or a mapping) must
-        be exactly the saved ones, with the same shapes; the configuration (activations,
-        options) is the model's own.
+        be exactly the saved ones, with the same shapes, and each layer's configuration must
+        be the one saved — every setting of its parameter object but the arrays (and an
+        LSTM's ``seed``): sizes, ``batch_first``, ``bidirectional``, ``dtype``, activations,
+        the variants, ``dropout``, ``momentum``, ``epsilon`` … (settings written differently
+        that compute the same, such as an activation left at its default, are equal). A
+        difference is refused naming the layer, the field and both values; a Sequential
+        loaded from a Sequential must have its elements, ``LastStep`` ones too, in its order.
+    ignore : tuple of str, optional
+        With ``into``: configuration fields in which the model may differ from the file, by
+        their names in the parameters' ``to_state()`` (``("batch_first",)``, ``("dtype",)``,
+        ``("activation", "epsilon")``), for every layer that has them. The model's own
+        setting is kept, and the arrays are still loaded strictly (a size ignored here is
+        then refused by the shape of its arrays; values are converted to the model's
+        dtype). Each name must be a field of one of the model's layers.
     max_elements : int, optional
         The most elements (default 2**28, :data:`~bnnsfw.serialization.MAX_ELEMENTS`) that the
         shapes the file declares and no array in it has may hold, all together — a
@@ -381,6 +412,8 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
         raise InvalidParameterError(must_be("load_weights(filter_parameters)",
                                             "None when into= is given (the model's layers keep theirs)",
                                             filter_parameters))
+    targets = None if into is None else _targets(into)
+    ignored = _ignored(ignore, targets)
     if isinstance(path, (str, os.PathLike)):
         source: str | IO[bytes] = _readable_path(path)
         where = f"load_weights({source!r})"
@@ -407,10 +440,11 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
     model: Any = loaded
     if kind != "layers":
         model = loaded["layer"] if kind == "layer" else Sequential(loaded)
-    if into is None:
+    if into is None or targets is None:
         return model
     try:
-        _copy_into(into, _flat_state(model))
+        _check_configuration(where, kind, loaded, into, targets, ignored)
+        _copy_into(into, targets, _flat_state(model))
     finally:
         for layer in loaded.values():
             if isinstance(layer, Filter):
@@ -457,17 +491,138 @@ def _flat_state(model: Any) -> dict[str, np.ndarray]:
             for key, array in layer.state_dict().items()}
 
 
-def _copy_into(into: object, state: dict[str, np.ndarray]) -> None:
+def _targets(into: object) -> dict[str, Any]:
+    """The elements of ``into`` by name (``"layer"`` for a single layer), checked: a layer, a
+    Sequential or a non-empty mapping of name to layer, all open."""
+    if isinstance(into, Filter):
+        into.check_open("load_weights")
+        return {"layer": into}
+    if isinstance(into, Sequential):
+        into.check_open("load_weights")
+        return dict(into.layers)
+    if not isinstance(into, Mapping) or not into or not all(
+            isinstance(name, str) and isinstance(layer, Filter) for name, layer in into.items()):
+        rule = "a layer, a Sequential or a non-empty mapping of name to layer"
+        raise InvalidParameterError(must_be("load_weights(into)", rule, type(into).__name__))
+    for layer in into.values():
+        layer.check_open("load_weights")
+    return dict(into)
+
+
+def _type_name(element: object) -> str | None:
+    """The ``type`` a file records for ``element`` (``None`` for a LastStep or another object)."""
+    for type_name, (layer_class, _) in _LAYER_TYPES.items():
+        if isinstance(element, layer_class):
+            return type_name
+    return None
+
+
+def _ignored(ignore: object, targets: dict[str, Any] | None) -> frozenset[str]:
+    """The checked ``ignore`` argument: configuration fields of the layers of ``into``."""
+    where = "load_weights(ignore)"
+    if ignore is None:
+        return frozenset()
+    if not isinstance(ignore, (tuple, list, set, frozenset)) or not all(isinstance(n, str) for n in ignore):
+        rule = "a tuple of configuration field names, e.g. ('batch_first',)"
+        raise InvalidParameterError(must_be(where, rule, ignore))
+    if not ignore:
+        return frozenset()
+    if targets is None:
+        rule = "empty unless into= is given (it names settings in which that model may differ from the file)"
+        raise InvalidParameterError(must_be(where, rule, ignore))
+    type_names = [type_name for type_name in map(_type_name, targets.values()) if type_name is not None]
+    known = {field for type_name in type_names for field in _CONFIGURATION[type_name]}
+    unknown = sorted(set(ignore) - known)
+    if unknown:
+        rule = f"configuration fields of the model's layers ({', '.join(sorted(known))})"
+        raise InvalidParameterError(must_be(where, rule, unknown if len(unknown) > 1 else unknown[0]))
+    return frozenset(ignore)
+
+
+def _configuration(parameters: Any) -> dict[str, Any]:
+    """The settings of a layer's ``parameters`` as its file entry holds them: the state's
+    entries that are not arrays (absent arrays are ``None`` there, equal to anything absent)."""
+    state: dict[str, Any] = parameters.to_state()
+    return {key: value for key, value in state.items()
+            if key not in _NOT_CONFIGURATION and not isinstance(value, np.ndarray)}
+
+
+#: An LSTM's entries that choose its activations; compared by the activations they give.
+_LSTM_ACTIVATIONS = ("default_activations", "hidden_activation", "gate_activations", "direction_activations")
+
+
+def _same_effect(key: str, saved: Any, model: Any) -> bool:
+    """True when the entry ``key``, though written differently, computes the same in the two
+    parameter objects: an LSTM's activations by the ones they give (``None`` is the default),
+    its dropout with one layer (there is none), a normalization's momentum without moving
+    statistics (nothing moves)."""
+    if isinstance(saved, LSTMParameters) and isinstance(model, LSTMParameters):
+        if key in _LSTM_ACTIVATIONS:
+            directions = saved.num_directions
+            return directions == model.num_directions and all(
+                saved.activations(d) == model.activations(d) for d in range(directions))
+        return key == "dropout" and saved.num_layers == model.num_layers == 1
+    if isinstance(saved, NormalizationParameters) and isinstance(model, NormalizationParameters):
+        moving = saved.type.has_moving_statistics or model.type.has_moving_statistics
+        return key == "momentum" and not moving
+    return False
+
+
+def _shown(key: str, value: object) -> object:
+    """A setting for a message: activations (``[function, alpha, beta]`` in the file) as
+    :class:`~bnnsfw.Activation` values, anything else as it is."""
+    if "activation" not in key or not isinstance(value, list):
+        return value
+    if len(value) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return Activation.from_state(value)
+    return [_shown(key, item) for item in value]
+
+
+def _check_configuration(where: str, kind: str, loaded: dict[str, Any], into: object,
+                         targets: dict[str, Any], ignored: frozenset[str]) -> None:
+    """Refuse a model whose elements or settings differ from the file's (but for ``ignored``),
+    naming the element, the field and both values; the arrays are checked by the load."""
+    def model(name: str) -> str:
+        return f"{where}: the model" if isinstance(into, Filter) else f"{where}: the model's layer {name!r}"
+
+    if kind == "sequential" and isinstance(into, Sequential):
+        steps = {name for name, element in loaded.items() if isinstance(element, LastStep)}
+        their_steps = {name for name, element in targets.items() if isinstance(element, LastStep)}
+        if steps != their_steps or (set(loaded) == set(targets) and list(loaded) != list(targets)):
+            rule = f"{list(loaded)} in this order (LastStep elements included), as in the file"
+            raise InvalidParameterError(must_be(f"{where}: the model's elements", rule, list(targets)))
+    for name, saved in loaded.items():
+        element = targets.get(name)
+        if element is None:
+            continue  # a layer the model does not have: the load names its arrays
+        if type(element) is not type(saved):
+            rule = f"of type {type(saved).__name__}, as in the file"
+            raise InvalidParameterError(must_be(model(name), rule, type(element).__name__))
+        if not isinstance(saved, (LSTMLayer, NormalizationLayer, FullyConnectedLayer)):
+            continue  # a LastStep: nothing to compare
+        saved_parameters, parameters = saved.layer_parameters, element.layer_parameters
+        theirs, ours = _configuration(saved_parameters), _configuration(parameters)
+        differing = []
+        for key in [*theirs, *(key for key in ours if key not in theirs)]:
+            if key in ignored:
+                continue
+            # The state leaves an option out at its default: False for a flag, else None.
+            saved_value = theirs.get(key, False if isinstance(ours.get(key), bool) else None)
+            value = ours.get(key, False if isinstance(theirs.get(key), bool) else None)
+            if saved_value != value and not _same_effect(key, saved_parameters, parameters):
+                differing.append((key, saved_value, value))
+        if differing:
+            key, saved_value, value = differing[0]
+            names = tuple(field for field, _, _ in differing)
+            rule = f"{_shown(key, saved_value)!r}, as in the file (ignore={names!r} loads its arrays anyway)"
+            field = f"{model(name)}'s {key}" if isinstance(into, Filter) else f"{model(name)} {key}"
+            raise InvalidParameterError(must_be(field, rule, _shown(key, value)))
+
+
+def _copy_into(into: object, targets: dict[str, Any], state: dict[str, np.ndarray]) -> None:
     """Load ``state`` into ``into`` strictly (names, shapes, finite values), all checked first."""
     if isinstance(into, (Filter, Sequential)):
         into.load_state_dict(state)
         return
-    where = "load_weights(into)"
-    if not isinstance(into, Mapping) or not into or not all(
-            isinstance(name, str) and isinstance(layer, Filter) for name, layer in into.items()):
-        rule = "a layer, a Sequential or a non-empty mapping of name to layer"
-        raise InvalidParameterError(must_be(where, rule, type(into).__name__))
-    for layer in into.values():
-        layer.check_open("load_weights")
-    members = [(f"{name}.", layer) for name, layer in into.items()]
+    members = [(f"{name}.", layer) for name, layer in targets.items()]
     load_named_state("dict", members, state, True, where="load_weights(into) with the saved arrays")

@@ -1,6 +1,8 @@
 import io
 import json
+import re
 
+import attrs
 import numpy as np
 import pytest
 
@@ -276,9 +278,11 @@ def test_load_into_refuses_a_model_with_other_names_or_shapes(tmp_path, backend_
     head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=4, output_size=5))
     other = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=4, output_size=3))
     save_weights(tmp_path / "head", other)
-    with pytest.raises(bf.ShapeError,
-                       match=r"load_state_dict\(state\)\['weights'\] must be of shape \(5, 4\)"):
+    with pytest.raises(bf.InvalidParameterError, match=r"the model's output_size must be 3, as in the file"):
         load_weights(tmp_path / "head", into=head)
+    with pytest.raises(bf.ShapeError,      # a size ignored: the arrays' shapes still have to fit
+                       match=r"load_state_dict\(state\)\['weights'\] must be of shape \(5, 4\)"):
+        load_weights(tmp_path / "head", into=head, ignore=("output_size",))
     with pytest.raises(bf.InvalidParameterError,
                        match=r"load_weights\(filter_parameters\) must be None when into"):
         load_weights(tmp_path / "head", bf.FilterParameters(), into=head)
@@ -385,3 +389,142 @@ def test_declared_sizes_are_checked_against_the_arrays(tmp_path):
         path = _write(tmp_path / f"{layer}-{key}.safetensors", layers, arrays)
         with pytest.raises(bf.ShapeError, match=match):
             load_weights(path)
+
+
+# ------------------------------------------------------------------------------------------
+# load_weights(into=): the model's configuration must be the file's, unless ignored.
+# ------------------------------------------------------------------------------------------
+def test_load_into_refuses_another_layout_naming_the_field_and_both_values(tmp_path, rng):
+    """A file saved from a batch-first LSTM does not load into a time-first one, which would read
+    (N, T, I) as (T, N, I); ignore=("batch_first",) loads the arrays anyway."""
+    saved = bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=4, batch_first=True, seed=0))
+    save_weights(tmp_path / "m", saved)
+    target = bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=4, seed=1))
+    before = target.state_dict()
+    message = re.escape(f"load_weights({str(tmp_path / 'm.safetensors')!r}): the model's batch_first must be "
+                        "True, as in the file (ignore=('batch_first',) loads its arrays anyway); got False.")
+    with pytest.raises(bf.InvalidParameterError, match=f"^{message}$"):
+        load_weights(tmp_path / "m", into=target)
+    for key, array in target.state_dict().items():        # refused before anything was written
+        np.testing.assert_array_equal(array, before[key])
+    assert load_weights(tmp_path / "m", into=target, ignore=("batch_first",)) is target
+    assert not target.layer_parameters.batch_first          # the model keeps its own setting
+    x = rng.standard_normal((2, 5, 3)).astype(np.float32)   # (N, T, I) for the saved layer
+    np.testing.assert_array_equal(target.apply(x.transpose(1, 0, 2)).output.transpose(1, 0, 2),
+                                  saved.apply(x).output)
+
+
+_LSTM_SETTINGS = [
+    ("bidirectional", dict(bidirectional=True), {}, "True.*got False"),
+    ("reverse", dict(reverse=True), {}, "True.*got False"),
+    ("hidden_size", dict(hidden_size=5), {}, "5.*got 4"),
+    ("dtype", dict(dtype=np.float64), {}, "'float64'.*got 'float32'"),
+    ("clip", dict(clip=2.0), {}, "2.0.*got None"),
+    ("dropout", dict(num_layers=2, dropout=0.5), dict(num_layers=2), "0.5.*got 0.0"),
+    ("hidden_activation", dict(hidden_activation=bf.Activation.relu()), {},
+     r"Activation\(function=<ActivationFunction.relu: 1>.*got None"),
+]
+
+
+@pytest.mark.parametrize("field, saved, model, shown", _LSTM_SETTINGS, ids=[c[0] for c in _LSTM_SETTINGS])
+def test_load_into_compares_every_lstm_setting(tmp_path, field, saved, model, shown):
+    def lstm(**options):
+        return bf.LSTMLayer(bf.LSTMParameters.random(**{"input_size": 3, "hidden_size": 4, "seed": 0,
+                                                        **options}))
+
+    save_weights(tmp_path / "m", lstm(**saved))
+    with pytest.raises(bf.InvalidParameterError, match=rf"the model's {field} must be {shown}\.$"):
+        load_weights(tmp_path / "m", into=lstm(**model))
+
+
+def test_load_into_compares_settings_by_what_they_compute(tmp_path, rng):
+    """Settings written differently that compute the same are not differences: an activation
+    given as its default, dropout with one layer, momentum without moving statistics, the seed."""
+    explicit = bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=4, seed=1,
+                                                     hidden_activation=bf.Activation.tanh(), dropout=0.0))
+    save_weights(tmp_path / "lstm", bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=4,
+                                                                          seed=0)))
+    load_weights(tmp_path / "lstm", into=explicit)
+    defaults = bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=4, seed=2,
+                                                     default_activations=True))
+    load_weights(tmp_path / "lstm", into=defaults)
+    norm = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(4,), momentum=0.25)
+    save_weights(tmp_path / "norm", bf.NormalizationLayer(norm))
+    load_weights(tmp_path / "norm", into=bf.NormalizationLayer(attrs.evolve(norm, momentum=0.5)))
+    with pytest.raises(bf.InvalidParameterError, match=r"the model's epsilon must be 1e-05, as in the file "
+                                                       r"\(ignore=\('epsilon', 'activation'\) loads"):
+        load_weights(tmp_path / "norm", into=bf.NormalizationLayer(attrs.evolve(
+            norm, epsilon=1e-3, activation=bf.Activation.relu())))
+    moving = bf.NormalizationParameters(type=bf.NormalizationType.batch(moving_mean=np.zeros(4),
+                                                                        moving_variance=np.ones(4)),
+                                        input_shape=(4,), momentum=0.25)
+    save_weights(tmp_path / "bn", bf.NormalizationLayer(moving))
+    with pytest.raises(bf.InvalidParameterError, match=r"the model's momentum must be 0.25, as in the file"):
+        load_weights(tmp_path / "bn", into=bf.NormalizationLayer(attrs.evolve(moving, momentum=0.5)))
+
+
+def test_load_into_a_container_names_the_layer_and_compares_its_elements(tmp_path, backend_name):
+    save_weights(tmp_path / "trained", _model(backend_name))
+    fp = bf.FilterParameters(backend=backend_name)
+    other = _model(backend_name)
+    relu = bf.FullyConnectedParameters.random(input_size=4, output_size=3, activation=bf.Activation.relu())
+    changed = bf.Sequential({**other.layers, "head": bf.FullyConnectedLayer(relu, fp)})
+    message = re.escape("the model's layer 'head' activation must be Activation(function="
+                        "<ActivationFunction.identity: 0>, alpha=0.0, beta=0.0), as in the file "
+                        "(ignore=('activation',) loads its arrays anyway); got Activation(function="
+                        "<ActivationFunction.relu: 1>, alpha=0.0, beta=0.0).")
+    with pytest.raises(bf.InvalidParameterError, match=f"{message}$"):
+        load_weights(tmp_path / "trained", into=changed)
+    load_weights(tmp_path / "trained", into=changed, ignore=["activation"])
+    # Without its LastStep (same arrays), or with its elements in another order: refused.
+    layers = dict(other.layers)
+    without = bf.Sequential({name: layer for name, layer in layers.items() if name != "last"})
+    message = re.escape("the model's elements must be ['lstm', 'last', 'norm', 'head'] in this order "
+                        "(LastStep elements included), as in the file; got ['lstm', 'norm', 'head'].")
+    with pytest.raises(bf.InvalidParameterError, match=f"{message}$"):
+        load_weights(tmp_path / "trained", into=without)
+    norm = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(4,))
+    rebuilt = bf.Sequential({"lstm": layers["lstm"], "last": bf.LastStep(),
+                             "norm": bf.NormalizationLayer(norm, fp), "head": layers["head"]})
+    load_weights(tmp_path / "trained", into=rebuilt)
+    as_dict = {"lstm": layers["lstm"], "norm": layers["head"], "head": layers["norm"]}
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"the model's layer 'norm' must be of type NormalizationLayer, as in the file; "
+                             r"got 'FullyConnectedLayer'"):
+        load_weights(tmp_path / "trained", into=as_dict)
+
+
+def test_load_weights_ignore_is_checked():
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=2, output_size=2))
+    for bad, match in [
+        ("batch_first", r"load_weights\(ignore\) must be a tuple of configuration field names, e\.g\. "
+                        r"\('batch_first',\); got 'batch_first'\."),
+        ((1,), r"must be a tuple of configuration field names"),
+        (("batch_first",), r"load_weights\(ignore\) must be configuration fields of the model's layers "
+                           r"\(activation, dtype, input_size, output_size\); got 'batch_first'\."),
+        (("seed", "dtype", "x"), r"got \['seed', 'x'\]\."),
+    ]:
+        with pytest.raises(bf.InvalidParameterError, match=match):
+            load_weights("never-read", into=head, ignore=bad)
+    with pytest.raises(bf.InvalidParameterError, match=r"load_weights\(ignore\) must be empty unless into="):
+        load_weights("never-read", ignore=("dtype",))
+
+
+def test_every_setting_a_state_holds_is_a_configuration_field_ignore_takes():
+    """The table of configuration fields covers every entry of every state that is not an array."""
+    from bnnsfw.serialization import _CONFIGURATION, _NOT_CONFIGURATION
+
+    lstm = bf.LSTMParameters.random(input_size=2, hidden_size=3, num_layers=2, bidirectional=True,
+                                    projection_size=2, layer_norm=True, seed=0)
+    variants = attrs.evolve(lstm, clip=1.0, cell_clip=2.0, projection_clip=3.0, input_forget=True,
+                            direction_activations=(bf.LSTMActivations(),) * 2)
+    reverse = bf.LSTMParameters.random(input_size=2, hidden_size=3, reverse=True)
+    rms = bf.NormalizationParameters(type=bf.NormalizationType.rms(), input_shape=(3,))
+    for type_name, parameters in [("lstm", variants), ("lstm", reverse), ("normalization", rms),
+                                  ("fully_connected", bf.FullyConnectedParameters.random(input_size=2,
+                                                                                         output_size=2))]:
+        settings = {key for key, value in parameters.to_state().items()
+                    if not isinstance(value, np.ndarray) and not (value is None and (
+                        key.startswith(("input_gate/", "forget_gate/", "candidate_gate/", "output_gate/"))
+                        or key in ("bias", "beta", "gamma", "moving_mean", "moving_variance")))}
+        assert settings - set(_NOT_CONFIGURATION) <= set(_CONFIGURATION[type_name]), type_name
