@@ -1789,77 +1789,6 @@ def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, mon
     _assert_all_close(results[1], results[0], dtype)
 
 
-@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("peepholes", [None, "diagonal", "full"])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("batch", [3, 11])
-def test_numba_runs_two_layers_together_and_agrees(peepholes, dtype, batch, monkeypatch, rng):
-    """With a second thread free, two consecutive layers of a float32 unidirectional stack run
-    at the same time (float64 stacks run their layers one after the other): forward the upper
-    one reads each chunk of the lower one's output as soon as it is made, backward each step
-    of the lower one waits for its row of the upper one's input gradient. Three layers take
-    one call of each two-layer kernel and one single-layer call (forward the last layer alone,
-    backward the first); dropout between the layers (in training), a bidirectional stack and
-    a thread limit of 1 take none. Outputs, final states and every gradient agree with the
-    reference with lengths (one of 0), initial states, final-state gradients, every kind of
-    peephole, chunks of steps (the second layer's of one or two steps), 3 sequences (BLAS for
-    each step's product) and 11 (the tile)."""
-    from bnnsfw.backends.numba import _lstm as _numba_lstm
-
-    if not _numba_lstm.layers_together():
-        pytest.skip("needs two of Numba's threads and cheap parallel regions")
-    warm = LSTMParameters.random(input_size=3, hidden_size=2, num_layers=2, seed=8, dtype=dtype)
-    with layer_for(warm, "numba") as layer:  # compiled before the spies replace what they call
-        out = layer.apply(np.ones((2, 1, 3), dtype), training=True)
-        layer.apply_backward(np.ones((2, 1, 3), dtype), out.output, training_cache=out.training_cache)
-    seen = _record_calls(monkeypatch, ("_forward", "_forward_layers", "_forward_threads", "_backward",
-                                       "_backward_layers", "_backward_threads"))
-    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)  # chunks of 2 steps
-    monkeypatch.setattr(_numba_lstm, "LAYER_CHUNKS", 5)  # the second layer's: 2 steps, the last 1
-    hidden, seq_len = 19, 9
-    x = rng.standard_normal((seq_len, batch, 3)).astype(dtype)
-    dy = rng.standard_normal((seq_len, batch, hidden)).astype(dtype)
-    lengths = np.resize([9, 4, 0, 7], batch)
-    for layers in (2, 3):
-        params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=layers,
-                                       peepholes=peepholes, seed=8, dtype=dtype)
-        states = tuple(rng.standard_normal((layers, batch, hidden)).astype(dtype) for _ in range(4))
-        results = []
-        for name in ("numpy", "numba"):
-            seen.clear()
-            with layer_for(params, name) as layer:
-                inference = layer.apply(x, *states[:2], sequence_lengths=lengths)
-                plain = layer.apply(x)
-                out = layer.apply(x, *states[:2], training=True, sequence_lengths=lengths)
-                grads = layer.apply_backward(x, dy, *states, sequence_lengths=lengths,
-                                             training_cache=out.training_cache)
-            if name == "numba" and dtype == np.float32:
-                forward = ["_forward_layers"] + ([] if layers == 2 else ["_forward"])
-                backward = ["_backward_layers"] + ([] if layers == 2 else ["_backward"])
-                assert seen == forward * 3 + backward
-            elif name == "numba":
-                assert seen == ["_forward"] * layers * 3 + ["_backward"] * layers
-            results.append([inference.output, inference.hidden, inference.cell, plain.output, plain.hidden,
-                            plain.cell, out.output, out.hidden, out.cell, grads.input, grads.hidden,
-                            grads.cell] + _gate_gradients(grads))
-        _assert_all_close(results[1], results[0], dtype)
-        seen.clear()
-        with layer_for(params, "numba", n_threads=1) as one_thread:
-            out = one_thread.apply(x, training=True)
-            one_thread.apply_backward(x, dy, training_cache=out.training_cache)
-        assert seen == ["_forward"] * layers + ["_backward"] * layers
-    for options in (dict(num_layers=2, dropout=0.5), dict(num_layers=2, bidirectional=True)):
-        seen.clear()
-        params = LSTMParameters.random(input_size=3, hidden_size=hidden, seed=8, dtype=dtype, **options)
-        with layer_for(params, "numba") as layer:
-            out = layer.apply(x, training=True)
-            layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
-            if not options.get("bidirectional"):  # inference has no dropout: the two layers together
-                layer.apply(x)
-        assert "_backward_layers" not in seen and seen.count("_forward_layers") == (
-            0 if options.get("bidirectional") or dtype == np.float64 else 1), options
-
-
 _ON_ONE_THREAD = """
 import numba, numpy as np
 import bnnsfw as bf
@@ -1890,15 +1819,6 @@ def _difference_on_one_thread(force: str, shape: str) -> float:
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return float(done.stdout.split()[-1])
-
-
-@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-def test_numba_two_layers_together_end_on_one_thread():
-    """The two-layer kernels' parallel loops on a single thread run first the layer that never
-    waits (forward the lower, backward the upper), so the other one never waits for steps
-    nobody makes."""
-    force = "_numba_lstm.layers_together = lambda: True"
-    assert _difference_on_one_thread(force, "hidden_size=6, num_layers=2") < 1e-5  # float32 reference
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -2149,36 +2069,6 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
         for signature in kernel.signatures:
             kind = signature[position]
             assert (kind.ndim, kind.layout) == (4, "A"), (kernel.py_func.__name__, kind)
-
-
-@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-def test_numba_layers_together_reach_the_one_layer_kernels(monkeypatch, rng):
-    """Two layers run together call the same compiled one-layer kernels as a layer alone: the
-    two-layer kernels pass ``reverse`` on as a run-time bool, since a constant there is typed
-    as a literal and compiles the whole forward (or backward) family a second time (about
-    15 s each from cold). The two paths agree."""
-    import numba
-
-    from bnnsfw.backends.numba import _lstm as _numba_lstm
-
-    calls = _record_calls(monkeypatch, ("forward_layers", "backward_layers"))
-    params = LSTMParameters.random(input_size=4, hidden_size=6, num_layers=2, seed=5, dtype=np.float32)
-    x = rng.standard_normal((5, 3, 4)).astype(np.float32)
-    dy = rng.standard_normal((5, 3, 6)).astype(np.float32)
-    results = []
-    for together in (False, True):
-        monkeypatch.setattr(_numba_lstm, "layers_together", lambda together=together: together)
-        monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 1)
-        with layer_for(params, "numba") as layer:
-            out = layer.apply(x, training=True)
-            grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
-            results.append((out.output, grads.input))
-    assert calls == ["forward_layers", "backward_layers"]
-    for got, want in zip(*results):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    for kernel in (_numba_lstm._forward, _numba_lstm._backward):
-        single = [s for s in kernel.signatures if s[0].dtype == numba.float32]
-        assert len(single) == 1, (kernel.py_func.__name__, single)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -29,10 +29,7 @@ gradients with respect to their initial states.
 The directions of a layer run one after the other, or, where the backend's
 :class:`DirectionKernels` give a ``pair``, the two of a bidirectional layer at the same time
 (:func:`run_directions`): the reverse direction then takes scratch of its own and makes its
-input gradient apart, added to the forward direction's when both have ended. Where the
-kernels give ``layers``, two consecutive layers of a unidirectional stack run at the same time
-(unless dropout comes between them in training), the second of the two with scratch of its
-own, and BLAS on one thread for the whole call.
+input gradient apart, added to the forward direction's when both have ended.
 """
 
 from __future__ import annotations
@@ -102,22 +99,11 @@ class DirectionKernels(NamedTuple):
     first (the per-sequence kernel those two wrap). ``pair``, when given, is such a
     ``(forward, backward)`` couple for the two directions of a bidirectional layer to run at
     the same time, each on one thread (:func:`run_directions`); None runs them one after the
-    other with ``forward`` and ``backward``. ``layers``, when given, is a ``(forward,
-    backward)`` couple that runs two consecutive layers of a unidirectional stack at the same
-    time: forward takes the lower and the upper layer's :class:`CallArguments` (the upper one's
-    input is the lower one's output) and the upper one follows the lower step by step;
-    backward takes the upper and the lower layer's (the lower one's output gradient is the
-    upper one's input gradient) and the lower one follows. The second layer of each couple
-    has a workspace of its own. The stack uses them when no dropout mask comes between the
-    layers, and zeroes outputs past each sequence's length only after both layers have ended:
-    the lower layer must write those zeros itself before the upper one reads them (as every
-    kernel here does)."""
+    other with ``forward`` and ``backward``."""
 
     forward: Callable[..., None]
     backward: Callable[..., None]
     pair: tuple[Callable[..., None], Callable[..., None]] | None = None
-    layers: tuple[Callable[[CallArguments, CallArguments], None],
-                  Callable[[CallArguments, CallArguments], None]] | None = None
 
 
 class _Scoped:
@@ -409,9 +395,6 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         pair = kernels.pair if size_d == 2 else None
         together = pair is not None
         forward = kernels.forward if pair is None else pair[0]
-        # two layers at a time when the kernels can and no dropout mask comes between them
-        layers_kernel = kernels.layers[0] if kernels.layers is not None and size_d == 1 and (
-            config.num_layers > 1) and not (request.training and request.dropout_masks is not None) else None
         active, inactive = _step_masks(lengths, seq_len)
         h0, c0 = request.hidden, request.cell
 
@@ -430,35 +413,18 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
                 dict(reverse=d == 1, lengths=lengths, inactive=inactive, workspace=scratch))
 
         layer_input = request.x.reshape(seq_len * batch, config.input_size)
-        # With layers together, BLAS stays on one thread for the whole call: its own threads,
-        # woken for a lone layer's products just after Numba's parallel loop, would wait for
-        # the cores with Numba's, which spin for a while after each loop. A stack of one layer
-        # has no such loop, and its calls are short: it keeps BLAS as it is (setting the limit
-        # and putting it back took 12 µs, a tenth of a small layer's call).
-        with blas_limit(1 if layers_kernel is not None else 0):
-            layer = 0
-            ran: tuple[int, ...]
-            while layer < config.num_layers:
-                if layers_kernel is not None and layer + 1 < config.num_layers:
-                    upper_input = target_of(layer).reshape(seq_len * batch, h)
-                    layers_kernel(arguments(layer, 0, layer_input, workspace),
-                                  arguments(layer + 1, 0, upper_input, _Scoped(workspace, "second.")))
-                    ran = (layer, layer + 1)
-                else:
-                    calls = []
-                    for d in range(size_d):
-                        call = arguments(layer, d, layer_input,
-                                         _Scoped(workspace, "reverse.") if together and d else workspace)
-                        calls.append(functools.partial(forward, *call.args, **call.keywords))
-                    run_directions(calls, together)
-                    ran = (layer,)
-                for done in ran:
-                    last = done == config.num_layers - 1
-                    finish_layer_output(request, done, target_of(done), active,
-                                        None if last else views.masks[done + 1])
-                    if not last:
-                        layer_input = target_of(done).reshape(seq_len * batch, size_d * h)
-                layer = ran[-1] + 1
+        for layer in range(config.num_layers):
+            calls = []
+            for d in range(size_d):
+                call = arguments(layer, d, layer_input,
+                                 _Scoped(workspace, "reverse.") if together and d else workspace)
+                calls.append(functools.partial(forward, *call.args, **call.keywords))
+            run_directions(calls, together)
+            last = layer == config.num_layers - 1
+            finish_layer_output(request, layer, target_of(layer), active,
+                                None if last else views.masks[layer + 1])
+            if not last:
+                layer_input = target_of(layer).reshape(seq_len * batch, size_d * h)
         _zero_length_states(lengths, request.hidden_out, request.cell_out)
         return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
 
@@ -488,9 +454,6 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         grads = request.gradients
         dy, dh_final, dc_final = request.output_gradient, request.hidden_gradient, request.cell_gradient
         x2 = request.x.reshape(seq_len * batch, config.input_size)
-        # two layers at a time when the kernels can and no dropout mask comes between them
-        layers_kernel = (kernels.layers[1] if kernels.layers is not None and size_d == 1 and size_l > 1
-                         else None)
 
         def input_of(layer: int) -> np.ndarray:
             upper = views.inputs[layer]
@@ -511,39 +474,29 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
                  grads.hidden[index], grads.cell[index], d_input, grads.gates),
                 dict(lengths=lengths, active=active, inactive=inactive, workspace=scratch))
 
-        with blas_limit(1 if layers_kernel is not None else 0):  # as in lstm_forward
-            layer = size_l - 1
-            while layer >= 0:
-                d_input = input_gradient(layer)
-                if layers_kernel is not None and layer > 0 and views.masks[layer] is None:
-                    lower_input = input_gradient(layer - 1)
-                    layers_kernel(arguments(layer, 0, dy, d_input, workspace),
-                                  arguments(layer - 1, 0, d_input.reshape(seq_len, batch, h), lower_input,
-                                            _Scoped(workspace, "second.")))
-                    layer, d_input = layer - 1, lower_input
-                else:
-                    calls = []
-                    # run together, the reverse direction adds its input gradient to zeros of its own
-                    reverse_input = None
-                    if together:
-                        reverse_input = workspace.array("lstm_d_input_reverse", d_input.shape, dtype)
-                        reverse_input.fill(0.0)
-                    for d in range(size_d):
-                        d_input_d = reverse_input if reverse_input is not None and d else d_input
-                        call = arguments(layer, d, dy, d_input_d,
-                                         _Scoped(workspace, "reverse.") if together and d else workspace)
-                        calls.append(functools.partial(backward, *call.args, **call.keywords))
-                    run_directions(calls, together)
-                    if reverse_input is not None:
-                        d_input += reverse_input
-                if layer > 0:
-                    mask = views.masks[layer]
-                    if mask is not None:
-                        np.multiply(d_input, mask.reshape(d_input.shape), out=d_input)
-                    dy = d_input.reshape(seq_len, batch, size_d * h)
-                elif not np.shares_memory(d_input, grads.input):
-                    np.copyto(grads.input, d_input.reshape(grads.input.shape))
-                layer -= 1
+        for layer in range(size_l - 1, -1, -1):
+            d_input = input_gradient(layer)
+            calls = []
+            # run together, the reverse direction adds its input gradient to zeros of its own
+            reverse_input = None
+            if together:
+                reverse_input = workspace.array("lstm_d_input_reverse", d_input.shape, dtype)
+                reverse_input.fill(0.0)
+            for d in range(size_d):
+                d_input_d = reverse_input if reverse_input is not None and d else d_input
+                call = arguments(layer, d, dy, d_input_d,
+                                 _Scoped(workspace, "reverse.") if together and d else workspace)
+                calls.append(functools.partial(backward, *call.args, **call.keywords))
+            run_directions(calls, together)
+            if reverse_input is not None:
+                d_input += reverse_input
+            if layer > 0:
+                mask = views.masks[layer]
+                if mask is not None:
+                    np.multiply(d_input, mask.reshape(d_input.shape), out=d_input)
+                dy = d_input.reshape(seq_len, batch, size_d * h)
+            elif not np.shares_memory(d_input, grads.input):
+                np.copyto(grads.input, d_input.reshape(grads.input.shape))
         _zero_length_states(lengths, grads.hidden, grads.cell)
         return LSTMBackwardResult(gradients=grads)
 

@@ -56,15 +56,6 @@ What is compiled, and why:
   BLAS is held to one thread meanwhile
   and the chunk products are shared out by rows, each thread calling a one-thread BLAS, so
   the two thread pools never wait for the cores at once.
-- **Two layers at the same time** (:func:`forward_layers`, :func:`backward_layers`): with
-  the steps on one thread and a second one free, one parallel loop of two iterations runs two
-  consecutive layers of a float32 unidirectional stack, one layer counting its progress in a
-  shared counter (:mod:`._progress`) and the other waiting on it. Forward the lower layer
-  counts its steps of output and the upper one waits for each chunk of them
-  (:data:`LAYER_CHUNKS` chunks) before it projects it; backward the upper layer counts the
-  steps whose rows of its input gradient it has made (a chunk at a time) and each step of the
-  lower one waits for its row. The counting layer never waits, so on one thread the loop runs
-  it first and still ends.
 - float32 uses a rational tanh (an odd polynomial over an even one on ``|x| ≤ 7.9``; largest
   error about 2e-7 absolute, inside the contract's float32 tolerance), which is pure
   multiply-add and one division, so with fast math (:data:`FAST_MATH`: an exact division and
@@ -95,7 +86,7 @@ from ..._threadpool import blas_limit, current_limit
 from ...enums import ActivationFunction as AF
 from . import _cache
 from .._shared.lstm_kernels import LSTMStepPlan, LSTMWeights, repeated
-from ._progress import claim, count_up, publish, wait_for
+from ._progress import claim, count_up, wait_for
 from ._stream import LINE_BYTES, prefetch, store_fence, stream_copy
 from ._tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_product, pack_rows,
                            pack_size, packed_product, packed_rest_product, packs, paired, paired_product,
@@ -103,10 +94,10 @@ from ._tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_pr
 
 _cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "LAYER_CHUNKS", "OVERLAP_COLUMNS",
+__all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "OVERLAP_COLUMNS",
            "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "STREAM_CACHE_MIN", "THREADED_STEP_MIN",
            "serves", "step_parts", "group_sequences", "chunk_steps", "overlaps", "overlap_pieces", "streams",
-           "layers_together", "wide_rows", "forward", "forward_layers", "backward", "backward_layers"]
+           "wide_rows", "forward", "backward"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
 #: products. 1024 keeps each product large and a chunk's projection, which the steps read
@@ -668,11 +659,10 @@ def _step_views(k, seq_len, reverse, steps, hidden, h_fin, c_fin):
 
 @_kernel
 def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out,
-           h_fin, c_fin, reverse, k_begin, k_end, light, report):
+           h_fin, c_fin, reverse, k_begin, k_end, light):
     """The forward steps ``k_begin … k_end − 1`` (in walking order); ``projection`` holds
     ``W x + b`` of the chunk that starts at time step ``chunk_first``. Arrays as in
-    :func:`_forward` (``u`` and ``u_t`` with their padded rows); after each step's output, the
-    count of steps done goes to ``report`` (when not empty)."""
+    :func:`_forward` (``u`` and ``u_t`` with their padded rows)."""
     wide_loops()
     six_h, batch = steps.shape[1], steps.shape[2]
     seq_len = out.shape[0]
@@ -729,8 +719,6 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
             else:
                 for j in range(h):
                     out_t[n, j] = h_next[j, n]
-        if report.size:
-            publish(report, k + 1)
 
 
 @_inline
@@ -760,7 +748,7 @@ def _projection_steps(projection, batch):
 
 @_kernel
 def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin,
-             c_fin, projection, reverse, light, wait, report):
+             c_fin, projection, reverse, light):
     """One layer and direction forward, on one thread (BLAS may use more).
 
     ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
@@ -774,11 +762,7 @@ def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, step
     is kept (inference); ``outs[0]`` (T, N, H) the output (any strides; ``outs`` as
     :func:`_any_layout` makes it); ``h_fin``/``c_fin`` (H, N) the final states; ``projection``
     (4H, chunk·N + ROW_PAD) scratch (:func:`_forward_call`); ``light`` for inference without
-    peepholes (the steps write no cache rows: :func:`_state_run`). ``wait`` and ``report`` are
-    progress counters (int64, one element, or empty for none; forward direction only): before
-    it reads the input of a chunk the kernel waits until ``wait`` counts the chunk's steps, and
-    after each step it counts the steps of output it has written in ``report``
-    (:func:`_forward_layers`).
+    peepholes (the steps write no cache rows: :func:`_state_run`).
 
     A sequence past its length keeps its state and outputs zeros; its cache block holds
     finite values that backward ignores (as the reference's does).
@@ -788,36 +772,9 @@ def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, step
     chunk = _projection_steps(projection, batch)
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
-        if wait.size:
-            wait_for(wait, k_end)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
         _recur(projection, first_t, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out,
-               h_fin, c_fin, reverse, k_begin, k_end, light, report)
-
-
-@_threaded
-def _forward_layers(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, steps, hidden, outs, h_fin, c_fin,
-                    projection, light, x2_b, wx_b, bias_b, u_b, u_t_b, pe_b, full_pre_b, full_out_b, h0_b,
-                    c0_b, steps_b, hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, light_b, lengths,
-                    reverse, progress, none):
-    """Two consecutive layers of one direction forward in time, at the same time: the lower
-    one (the arguments of :func:`_forward`) on one thread, counting its steps of output in
-    ``progress`` (int64, one element, zero at the call); the upper one (the same arguments
-    with ``_b``; its input ``x2_b`` is the lower one's output) on another, each chunk of its
-    steps waiting for the steps it reads. ``reverse`` is False, passed in: a constant here
-    would be typed as a literal and compile :func:`_forward` a second time. ``none`` is an
-    empty counter.
-
-    The lower layer never waits, so the two end whatever threads run them: on one thread the
-    lower layer (iteration 0) runs first, then the upper one."""
-    for p in numba.prange(2):
-        if p == 0:
-            _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs,
-                     h_fin, c_fin, projection, reverse, light, none, progress)
-        else:
-            _forward(x2_b, wx_b, bias_b, u_b, u_t_b, pe_b, full_pre_b, full_out_b, h0_b, c0_b, lengths,
-                     steps_b, hidden_b, outs_b, h_fin_b, c_fin_b, projection_b, reverse, light_b, progress,
-                     none)
+               h_fin, c_fin, reverse, k_begin, k_end, light)
 
 
 @_kernel
@@ -1244,17 +1201,15 @@ def _backward_step(h, block, dh, dc, dz, pe):
 
 @_kernel
 def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
-              dh_first, reverse, k_begin, k_end, chunk_first, wait, ring):
+              dh_first, reverse, k_begin, k_end, chunk_first, ring):
     """Backward through the walking steps ``k_end − 1`` down to ``k_begin`` (one chunk, whose
     first time step is ``chunk_first``): ``dz`` into
     ``d_gates``, ``dc`` and ``carried`` (the gradient for ``h`` from the step after) updated,
     ``dh_first`` written at walking step 0. A sequence past its length has ``dz = 0`` and passes
-    ``dh`` and ``dc`` through. Before it reads ``dy[t]`` a step waits until the progress counter
-    ``wait`` (when not empty; forward direction only) counts the steps from ``t`` to the end.
-    With a ``ring`` (T, 4H, N) (not empty) each step's ``dz`` is made in ``ring[t]`` and
-    ``d_gates`` is not written (:func:`_backward_overlapped`). ``u_t`` (the true ``Uᵀ``) and
-    ``u`` (the forward's ``U``, halved rows; the steps of one sequence take it) with their
-    padded rows (:func:`wide_rows`)."""
+    ``dh`` and ``dc`` through. With a ``ring`` (T, 4H, N) (not empty) each step's ``dz`` is
+    made in ``ring[t]`` and ``d_gates`` is not written (:func:`_backward_overlapped`). ``u_t``
+    (the true ``Uᵀ``) and ``u`` (the forward's ``U``, halved rows; the steps of one sequence
+    take it) with their padded rows (:func:`wide_rows`)."""
     wide_loops()
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -1273,8 +1228,6 @@ def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, 
         dz = ring[t] if ringed else own
         block = steps[t]
         first = (t - chunk_first) * batch
-        if wait.size:
-            wait_for(wait, seq_len - t)
         # dh: the gradient from later steps plus the output's (none past a length).
         for n in range(batch):
             active = not lengths.size or t < lengths[n]
@@ -1468,7 +1421,7 @@ def _chunk_products(x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_w
 @_kernel
 def _backward(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps, hidden,
               dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta,
-              dh_first, d_gates, columns, dh, reverse, wait, report):
+              dh_first, d_gates, columns, dh, reverse):
     """One layer and direction backward from a training forward's cache, on one thread (BLAS
     may use more).
 
@@ -1484,11 +1437,7 @@ def _backward(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad
     (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), ``d_peep``, ``d_full_pre``
     and ``d_full_out`` (shaped as their weights), ``dh_first`` (H, N), and ``d_input`` (T·N, I)
     as ``dX + input_beta·d_input``. Scratch: ``d_gates`` (4H, chunk·N), ``columns``
-    (H, chunk·N), ``dh`` (H, N). ``wait`` and ``report`` are progress counters (int64, one
-    element, or empty for none; forward direction only): each step waits until ``wait`` counts
-    the steps from its own to the end (:func:`_backprop`), and after each chunk ``report``
-    counts the steps from the chunk's first to the end, whose rows of ``d_input`` are then
-    written (:func:`_backward_layers`).
+    (H, chunk·N), ``dh`` (H, N).
     """
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
@@ -1498,39 +1447,10 @@ def _backward(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad
     for q in range(n_chunks - 1, -1, -1):  # backward walks the chunks, and their steps, in reverse
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, carried, dh, d_gates,
-                  dh_first, reverse, k_begin, k_end, first_t, wait, no_ring)
+                  dh_first, reverse, k_begin, k_end, first_t, no_ring)
         _chunk_products(x2, wx_t, wx_t[:0], steps, hidden, has_peep, d_gates, columns, d_wx, d_u, d_bias,
                         d_peep, d_input, input_beta, first_t, k_end - k_begin,
                         0.0 if q == n_chunks - 1 else 1.0, d_full_pre, d_full_out, _runtime(False))
-        if report.size:
-            publish(report, seq_len - first_t)
-
-
-@_threaded
-def _backward_layers(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad, steps, hidden,
-                     dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input, input_beta,
-                     dh_first, d_gates, columns, dh, x2_b, wx_t_b, u_t_b, u_b, peep_b, pe_b, has_peep_b,
-                     full_pre_grad_b, full_out_grad_b, steps_b, hidden_b, dys_b, dc_b, carried_b, d_wx_b,
-                     d_u_b, d_bias_b, d_peep_b, d_full_pre_b, d_full_out_b, d_input_b, input_beta_b,
-                     dh_first_b, d_gates_b, columns_b, dh_b, lengths, reverse, progress, none):
-    """Two consecutive layers of one direction backward (forward in time), at the same time:
-    the upper one (the arguments of :func:`_backward`) on one thread, counting in ``progress``
-    (int64, one element, zero at the call) the steps whose rows of its input gradient are
-    written; the lower one (the same arguments with ``_b``; its output gradient ``dys_b`` is
-    the upper one's ``d_input``) on another, each step waiting for its row. ``reverse`` is
-    False, passed in for the reason :func:`_forward_layers` gives; ``none`` is an empty
-    counter. The upper layer never waits, so on one thread (iteration 0 first) the two end as
-    well."""
-    for p in numba.prange(2):
-        if p == 0:
-            _backward(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad, lengths, steps,
-                      hidden, dys, dc, carried, d_wx, d_u, d_bias, d_peep, d_full_pre, d_full_out, d_input,
-                      input_beta, dh_first, d_gates, columns, dh, reverse, none, progress)
-        else:
-            _backward(x2_b, wx_t_b, u_t_b, u_b, peep_b, pe_b, has_peep_b, full_pre_grad_b, full_out_grad_b,
-                      lengths, steps_b, hidden_b, dys_b, dc_b, carried_b, d_wx_b, d_u_b, d_bias_b, d_peep_b,
-                      d_full_pre_b, d_full_out_b, d_input_b, input_beta_b, dh_first_b, d_gates_b, columns_b,
-                      dh_b, reverse, progress, none)
 
 
 # --------------------------------------------------------------------------------------
@@ -1729,7 +1649,7 @@ def _gather_piece(ring, first_t, count, gates):
 @_threaded
 def _backward_overlapped(x2, wx, u_t, u, pe, has_peep, lengths, steps, hidden, dys, dc, carried, d_wx, d_u,
                          d_bias, d_peep, d_input, input_beta, dh_first, ring, pieces, dh, reverse, bounds,
-                         other_wx, other_u, other_bias, other_peep, empty, none):
+                         other_wx, other_u, other_bias, other_peep, empty):
     """:func:`_backward` of a layer whose steps make one chunk (:func:`overlaps`), on two
     threads that overlap the walk with the products instead of sharing out each: thread 0
     walks the steps back (:func:`_backprop`, one thread) piece by piece, the pieces ``bounds``
@@ -1740,7 +1660,7 @@ def _backward_overlapped(x2, wx, u_t, u, pe, has_peep, lengths, steps, hidden, d
     first time steps) into ``d_wx``, ``d_u``, ``d_bias`` and ``d_peep``, and the two threads'
     sums are added. Which thread makes which piece is fixed by the arguments, so the result's
     bits depend on the data and these alone. ``empty`` is a (0, 0) array (the BLAS products'
-    columns, which the tile's do not use, among others) and ``none`` an empty counter. Thread 0
+    columns, which the tile's do not use, among others). Thread 0
     never waits, so the call ends however many threads run it.
 
     The walk makes each step's ``dz`` in ``ring[t]`` (T, 4H, N), where the next step's product
@@ -1774,7 +1694,7 @@ def _backward_overlapped(x2, wx, u_t, u, pe, has_peep, lengths, steps, hidden, d
                 k_begin, k_end, _ = _piece(seq_len, bounds, q, reverse)
                 # _runtime: a literal 0 would compile _backprop a second time
                 _backprop(steps, dy, lengths, u_t, u, pe, empty, empty, dc, carried, dh, empty[:, :0],
-                          dh_first, reverse, k_begin, k_end, _runtime(0), none, ring)
+                          dh_first, reverse, k_begin, k_end, _runtime(0), ring)
                 count_up(walked)
             k_begin, k_end, first_t = _piece(seq_len, bounds, 0, reverse)
             width = (k_end - k_begin) * batch
@@ -1809,7 +1729,6 @@ def _backward_overlapped(x2, wx, u_t, u, pe, has_peep, lengths, steps, hidden, d
 # --------------------------------------------------------------------------------------
 _EMPTY: dict[np.dtype, np.ndarray] = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
 _NO_LENGTHS = np.empty(0, np.int64)
-_NO_COUNTER = np.empty(0, np.int64)  # no progress counter (:func:`_forward`)
 
 
 def _feature_major(state: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
@@ -1935,7 +1854,7 @@ class _ForwardCall(NamedTuple):
         """:func:`_forward` on the calling thread."""
         _forward(self.x2, self.wx, self.bias, self.u, self.u_t, self.pe, self.full_pre, self.full_out,
                  self.h0, self.c0, self.lengths, self.steps, self.hidden, self.outs, self.h_fin, self.c_fin,
-                 self.projection, reverse, self.light, _NO_COUNTER, _NO_COUNTER)
+                 self.projection, reverse, self.light)
 
     def finish(self) -> None:
         """Copy the final states out, batch-major."""
@@ -2088,51 +2007,6 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     a.finish()
 
 
-#: Chunks of steps the second of two layers run together takes its input (forward) or makes
-#: its input gradient (backward) in: forward the upper layer starts once the lower one has made
-#: the first chunk, backward the lower one once the upper one has made the last.
-LAYER_CHUNKS = 8
-
-
-def _second_chunk(seq_len: int, batch: int) -> int:
-    """Steps per chunk of the upper of two layers run together (forward, of its input
-    projection, which waits for the lower layer's steps; backward, of its input gradient, which
-    the lower layer waits for): :data:`LAYER_CHUNKS` chunks of the sequence, no longer than
-    :func:`chunk_steps`."""
-    return min(chunk_steps(seq_len, batch), -(-seq_len // LAYER_CHUNKS))
-
-
-def layers_together() -> bool:
-    """True when two consecutive layers of a unidirectional stack can run at the same time
-    (:func:`forward_layers`, :func:`backward_layers`): at least two of Numba's threads under
-    the thread limit in force, and cheap parallel regions (:func:`_cheap_parallel_regions`)."""
-    threads = numba.get_num_threads()
-    limit = current_limit()
-    if limit:
-        threads = min(threads, limit)
-    return threads >= 2 and _cheap_parallel_regions()
-
-
-def forward_layers(lower: dict, upper: dict) -> None:
-    """Two consecutive layers of one direction (forward in time) at the same time
-    (:func:`_forward_layers`), each on one thread with one-thread BLAS: ``lower`` and
-    ``upper`` are the keyword arguments of :func:`forward` (without ``reverse`` and
-    ``parts``), the upper one's ``x2`` the lower one's ``output`` (as (T·N, H)) and its
-    ``scratch`` of its own. The lower layer counts its steps of output; the upper one projects
-    its input :data:`LAYER_CHUNKS` chunks of steps at a time, each as soon as the lower layer
-    has made it."""
-    seq_len, _, batch = lower["steps"].shape
-    a = _forward_call(**lower, chunk=chunk_steps(seq_len, batch))
-    b = _forward_call(**upper, chunk=_second_chunk(seq_len, batch))
-    with blas_limit(1):
-        _forward_layers(a.x2, a.wx, a.bias, a.u, a.u_t, a.pe, a.full_pre, a.full_out, a.h0, a.c0, a.steps,
-                        a.hidden, a.outs, a.h_fin, a.c_fin, a.projection, a.light, b.x2, b.wx, b.bias, b.u,
-                        b.u_t, b.pe, b.full_pre, b.full_out, b.h0, b.c0, b.steps, b.hidden, b.outs, b.h_fin,
-                        b.c_fin, b.projection, b.light, a.lengths, False, np.zeros(1, np.int64), _NO_COUNTER)
-    a.finish()
-    b.finish()
-
-
 class _BackwardCall(NamedTuple):
     """The arguments of :func:`_backward` for one layer and direction (after the scratch is
     taken and the final states' gradients laid out), and where the initial states' gradients
@@ -2174,8 +2048,7 @@ class _BackwardCall(NamedTuple):
         _backward(self.x2, self.wx_t, self.u_t, self.u, self.peep, self.pe, self.has_peep, self.full_pre_grad,
                   self.full_out_grad, self.lengths, self.steps, self.hidden, self.dys, self.dc, self.carried,
                   self.d_wx, self.d_u, self.d_bias, self.d_peep, self.d_full_pre, self.d_full_out,
-                  self.d_input, self.input_beta, self.dh_first, self.d_gates, self.columns, self.dh, reverse,
-                  _NO_COUNTER, _NO_COUNTER)
+                  self.d_input, self.input_beta, self.dh_first, self.d_gates, self.columns, self.dh, reverse)
 
     def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None,
                               np.ndarray | None]:
@@ -2265,7 +2138,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
                     a.x2, a.wx, a.u_t, a.u, a.pe, a.has_peep, a.lengths, a.steps, a.hidden, a.dys, a.dc,
                     a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep, a.d_input, a.input_beta, a.dh_first,
                     ring, pieces, a.dh, reverse, bounds, other_wx, other_u, other_bias, other_peep,
-                    _EMPTY[dtype], _NO_COUNTER)
+                    _EMPTY[dtype])
             else:
                 dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), dtype)
                 _backward_threads(parts, a.x2, a.wx_t, a.wx, a.u_t, a.pe, a.has_peep, a.lengths, a.steps,
@@ -2275,25 +2148,3 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     else:
         a.run(reverse)
     return a.finish()
-
-
-def backward_layers(upper: dict, lower: dict) -> tuple[tuple, tuple]:
-    """Two consecutive layers of one direction (forward in time) backward at the same time
-    (:func:`_backward_layers`), each on one thread with one-thread BLAS: ``upper`` and
-    ``lower`` are the keyword arguments of :func:`backward` (without ``reverse`` and
-    ``parts``), the lower one's ``dy`` the upper one's ``d_input`` (as (T, N, H)) and its
-    ``scratch`` of its own. The upper layer makes its input gradient :data:`LAYER_CHUNKS`
-    chunks of steps at a time and counts the steps done; each step of the lower one waits for
-    its row. Returns the two layers' weight gradients as :func:`backward` does."""
-    seq_len, _, batch = upper["steps"].shape
-    a = _backward_call(**upper, chunk=_second_chunk(seq_len, batch))
-    b = _backward_call(**lower, chunk=chunk_steps(seq_len, batch))
-    with blas_limit(1):
-        _backward_layers(a.x2, a.wx_t, a.u_t, a.u, a.peep, a.pe, a.has_peep, a.full_pre_grad,
-                         a.full_out_grad, a.steps, a.hidden, a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias,
-                         a.d_peep, a.d_full_pre, a.d_full_out, a.d_input, a.input_beta, a.dh_first, a.d_gates,
-                         a.columns, a.dh, b.x2, b.wx_t, b.u_t, b.u, b.peep, b.pe, b.has_peep, b.full_pre_grad,
-                         b.full_out_grad, b.steps, b.hidden, b.dys, b.dc, b.carried, b.d_wx, b.d_u, b.d_bias,
-                         b.d_peep, b.d_full_pre, b.d_full_out, b.d_input, b.input_beta, b.dh_first, b.d_gates,
-                         b.columns, b.dh, a.lengths, False, np.zeros(1, np.int64), _NO_COUNTER)
-    return a.finish(), b.finish()

@@ -1,19 +1,16 @@
 """Counters compiled loops advance and wait on, across threads.
 
-Two layers of a stack can run at the same time when one follows the other step by step
-(:func:`._lstm.forward_layers`, :func:`._lstm.backward_layers`): the leading
-layer's loop writes its results for a step (or a chunk of steps), then :func:`publish`\\ es
-how many steps it has done; the other layer's loop :func:`wait_for`\\ s the steps it is about
-to read. The threads that share out each step of one layer
-(:func:`._lstm._steps_threads`) :func:`claim` its pieces and :func:`count_up` the
-pieces done, and each waits for the count of the step before.
+The threads that share out each step of one layer (:func:`._lstm._steps_threads`)
+:func:`claim` its pieces and :func:`count_up` the pieces done, and each :func:`wait_for`\\ s
+the count of the step before; in the overlapped backward (:func:`._lstm._backward_overlapped`)
+one thread counts the pieces it has walked and the other waits for them.
 
 Numba has no atomic operations on arrays, and a plain store or load may be moved or kept in a
 register by the compiler (and reordered by the processor outside x86), so these are Numba
-intrinsics: a store with *release* ordering (every write before it is visible to a thread that
-sees the new count), a load with *acquire* ordering (nothing after it is read before it), in a
-loop that waits with the processor's spin hint (``pause`` on x86), and atomic
-read-modify-write operations (an exchange, an increment) with both orderings.
+intrinsics: a load with *acquire* ordering (nothing after it is read before it), in a loop that
+waits with the processor's spin hint (``pause`` on x86), and atomic read-modify-write
+operations (an exchange, an increment) with acquire and release ordering (every write before
+them is visible to a thread that sees the new count).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from . import _cache
 
 _cache.install()  # before any kernel: the stamps of their cache cover every kernel module
 
-__all__ = ["claim", "count_up", "publish", "wait_for"]
+__all__ = ["claim", "count_up", "wait_for"]
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
@@ -41,22 +38,6 @@ def _counter_pointer(context, builder, array_type, array):
 
 def _is_counter(counter) -> bool:
     return isinstance(counter, types.Array) and counter.ndim == 1 and counter.dtype == types.int64
-
-
-@intrinsic
-def publish(typingctx, counter, value):
-    """``counter[0] = value`` with release ordering: the writes before it are visible to a
-    thread that reads the new value with :func:`_load_acquire`."""
-    if not _is_counter(counter) or not isinstance(value, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        pointer = _counter_pointer(context, builder, sig.args[0], args[0])
-        number = context.cast(builder, args[1], sig.args[1], types.int64)
-        builder.store_atomic(number, pointer, "release", 8)
-        return context.get_dummy_value()
-
-    return types.void(counter, value), codegen
 
 
 @intrinsic
