@@ -164,6 +164,15 @@ def _save(path: str, model: Sequential, out: Any) -> None:
     print(f"weights saved to {weights_path(path)} (bnnsfw.load_weights reads them back)", file=out)
 
 
+def _compiling_note(layer: LSTMLayer, epoch: int) -> str:
+    """After the first epoch, a word when the compiled kernels are still being built in the
+    background (``docs/performance.md``: the compile modes)."""
+    status = getattr(layer.backend, "compile_status", None)
+    if epoch != 1 or status is None or not status().pending:
+        return ""
+    return "  (compiling the kernels in the background; scipy-blas's kernels run meanwhile)"
+
+
 def run_forecast(*, epochs: int = 30, hidden: int = 32, batch_size: int = 64, learning_rate: float = 1e-2,
                  seed: int = 0, backend: str | None = None, save: str | None = None, plot: str | None = None,
                  progress: bool = False, out: Any = None) -> ForecastResult:
@@ -200,7 +209,7 @@ def run_forecast(*, epochs: int = 30, hidden: int = 32, batch_size: int = 64, le
         train_rmse.append(math.sqrt(total / count))
         validation_rmse.append(rmse(model(task.x_val), task.y_val))
         print(f"epoch {epoch:3d}/{epochs}  train RMSE {train_rmse[-1]:.4f}  validation RMSE "
-              f"{validation_rmse[-1]:.4f}", file=out)
+              f"{validation_rmse[-1]:.4f}{_compiling_note(lstm, epoch)}", file=out)
     prediction = model(task.x_val)
     result = ForecastResult(
         train_rmse=train_rmse, validation_rmse=validation_rmse, model_rmse=rmse(prediction, task.y_val),
