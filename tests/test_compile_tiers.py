@@ -264,3 +264,46 @@ def test_a_short_script_leaves_the_compile_running_after_it_exits(tmp_path):
         assert time.monotonic() - start < WAIT_SECONDS, sorted(folder.glob("*"))
         time.sleep(0.5)
     assert not list(folder.glob("*.failed"))
+
+
+_SAME_CALLS = """
+import sys, time
+import numpy as np
+import bnnsfw as bf
+from bnnsfw.backends import set_compile_mode
+from bnnsfw.backends.numba import _cells, _lstm, _normalization, _tiles
+set_compile_mode("background")
+model = bf.Sequential(
+    bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=7, num_layers=2, seed=5,
+                                          dtype=np.float64), bf.FilterParameters(backend="numba")),
+    bf.LastStep(),
+    bf.NormalizationLayer(bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(7,),
+                                                     dtype=np.float64), bf.FilterParameters(backend="numba")),
+)
+x = np.random.default_rng(0).standard_normal((4, 3, 3))
+model.apply_backward(np.ones((3, 7)) * model.apply(x, training=True))
+model(x)
+backend = bf.get_backend("numba")
+if sys.argv[1] == "first":
+    while backend.compile_status().pending:
+        time.sleep(0.1)
+else:
+    dispatchers = [getattr(m, name) for m in (_cells, _lstm, _normalization, _tiles) for name in dir(m)
+                   if hasattr(getattr(m, name), "stats")]
+    misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers)
+    hits = sum(sum(d.stats.cache_hits.values()) for d in dispatchers)
+    print(misses, hits, backend.compile_status().pending)
+"""
+
+
+def test_after_the_background_compile_a_fresh_process_runs_compiled_without_compiling():
+    """Once the compiling process has replayed a program's calls, the same program in a fresh
+    process runs them compiled from the first call, loading every kernel from disk: no Numba
+    cache miss (nothing compiled in that process), some hits, nothing sent to compile."""
+    env = dict(os.environ, BNNSFW_COMPILE="background")
+    for which in ("first", "again"):
+        done = subprocess.run([sys.executable, "-c", _SAME_CALLS, which], capture_output=True, text=True,
+                              timeout=WAIT_SECONDS, env=env)
+        assert done.returncode == 0, done.stderr
+    misses, hits, pending = done.stdout.split()
+    assert (int(misses), pending) == (0, "False") and int(hits) > 0, done.stdout
