@@ -392,7 +392,8 @@ def test_numba_kernels_cache_stamps_cover_every_kernel_module(tmp_path):
     the stamping locator, whose stamp is the one Numba's own locator gives plus a digest that
     changes with any byte of any kernel module. End to end, in a copy of the package: after a
     change to ``numba/_stream.py`` alone, the normalization kernel that calls its stores is
-    compiled again instead of being loaded from the cache."""
+    compiled again instead of being loaded from the cache, and again after a change to
+    ``enums.py``, whose values the kernels freeze."""
     import os
     import shutil
     import subprocess
@@ -407,6 +408,8 @@ def test_numba_kernels_cache_stamps_cover_every_kernel_module(tmp_path):
     package_modules = {path.name for path in Path(_numba_cache.__file__).parent.glob("*.py")}
     assert names == package_modules and len(names) == len(_numba_cache.KERNEL_MODULES)
     assert {"_lstm.py", "_tiles.py", "_stream.py", "_normalization.py"} <= names
+    assert [path.name for path in _numba_cache.FROZEN_MODULES] == ["enums.py"]
+    assert all(path.exists() for path in _numba_cache.FROZEN_MODULES)
     for kernel in (_numba_tiles._product, _numba_lstm._recur, _numba_normalization._row_forward):
         locator = kernel._cache._impl.locator
         assert isinstance(locator, _numba_cache.KernelSourcesLocator)
@@ -414,7 +417,7 @@ def test_numba_kernels_cache_stamps_cover_every_kernel_module(tmp_path):
         assert inner_stamp == locator._inner.get_source_stamp()
         assert digest == _numba_cache.sources_digest()
     copies = []
-    for path in _numba_cache.KERNEL_MODULES:
+    for path in _numba_cache.KERNEL_MODULES + _numba_cache.FROZEN_MODULES:
         copies.append(tmp_path / path.name)
         shutil.copyfile(path, copies[-1])
     before = _numba_cache.sources_digest(tuple(copies))
@@ -440,6 +443,11 @@ def test_numba_kernels_cache_stamps_cover_every_kernel_module(tmp_path):
     assert "_row_forward" in again and "data saved" not in again  # warm: loaded, nothing compiled
     with open(package / "bnnsfw" / "backends" / "numba" / "_stream.py", "a", encoding="utf-8") as fh:
         fh.write("\n# a change to the stores only\n")
+    changed = run()
+    saved = [line for line in changed.splitlines() if "data saved" in line]
+    assert any("_row_forward" in line for line in saved), changed
+    with open(package / "bnnsfw" / "enums.py", "a", encoding="utf-8") as fh:  # values kernels freeze
+        fh.write("\n# a change to the enums only\n")
     changed = run()
     saved = [line for line in changed.splitlines() if "data saved" in line]
     assert any("_row_forward" in line for line in saved), changed

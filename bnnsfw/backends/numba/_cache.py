@@ -1,16 +1,16 @@
 """The compiled kernels' disk cache, kept fresh against the source of every kernel module.
 
 Numba stamps each cached kernel with the source of its own module only. A kernel that calls
-compiled code from another module carries that code in its cache entry (each LSTM kernel
-calls the step product of ``_tiles.py``; the normalization kernels call the streaming
-stores of ``_stream.py``), and Numba goes on loading the entry after the other module has
-changed: in a checkout updated in place, a new step product left the LSTM kernels running the
-old one, with no sign of it but their speed. :func:`install` puts a locator first in Numba's
-list which, for the modules of the numba package (:data:`KERNEL_MODULES`) alone, keeps the cache folder
-Numba would have chosen (``NUMBA_CACHE_DIR``, else beside the module, else the user's cache
-folder) and adds a digest of all the kernel modules' sources to the stamp: a change to any of
-them recompiles every kernel. Numba's own list of locators (``NUMBA_CACHE_LOCATOR_CLASSES``),
-when set, replaces it.
+compiled code from another module carries that code in its cache entry (each LSTM kernel calls
+the step product of ``_tiles.py``; the normalization kernels call the streaming stores of
+``_stream.py``), and Numba goes on loading the entry after the other module has changed: in a
+checkout updated in place, a new step product left the LSTM kernels running the old one, with
+no sign of it but their speed. :func:`install` puts a locator first in Numba's list which, for
+the modules of the numba package (:data:`KERNEL_MODULES`) alone, keeps the cache folder Numba
+would have chosen (``NUMBA_CACHE_DIR``, else beside the module, else the user's cache folder)
+and adds a digest of all the kernel modules' sources, and of the modules whose values they
+freeze (:data:`FROZEN_MODULES`), to the stamp: a change to any of them recompiles every kernel.
+Numba's own list of locators (``NUMBA_CACHE_LOCATOR_CLASSES``), when set, replaces it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from numba.core import caching
 
-__all__ = ["KERNEL_MODULES", "install", "sources_digest"]
+__all__ = ["KERNEL_MODULES", "FROZEN_MODULES", "install", "sources_digest"]
 
 #: Every module of the numba backend's package, named one by one: their sources make up every
 #: kernel's stamp. A module added to the package goes here too (a test compares this list with
@@ -42,7 +42,12 @@ KERNEL_MODULES = tuple(Path(__file__).resolve().parent / name for name in (
 ))
 
 
-def sources_digest(paths: tuple[Path, ...] = KERNEL_MODULES) -> str:
+#: Modules outside the package whose values the kernels freeze when they compile: the cells'
+#: kernels take each activation's BNNS number (``enums.ActivationFunction``) as a constant.
+FROZEN_MODULES = (Path(__file__).resolve().parents[2] / "enums.py",)
+
+
+def sources_digest(paths: tuple[Path, ...] = KERNEL_MODULES + FROZEN_MODULES) -> str:
     """SHA-256 over the names and contents of ``paths``, in order."""
     digest = hashlib.sha256()
     for path in paths:
@@ -55,7 +60,8 @@ def sources_digest(paths: tuple[Path, ...] = KERNEL_MODULES) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _kernels_digest() -> str:
-    """:func:`sources_digest` of the kernel modules, read once per process."""
+    """:func:`sources_digest` of the kernel modules and the modules whose values they freeze,
+    read once per process."""
     return sources_digest()
 
 
