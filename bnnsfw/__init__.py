@@ -49,6 +49,7 @@ from .layers.lstm import (
     LSTMLayerNormGradients,
     LSTMOutput,
     LSTMParameters,
+    LSTMStream,
 )
 from .layers.normalization import (
     NormalizationGradients,
@@ -91,6 +92,7 @@ __all__ = [
     "NormalizationGradients",
     "NormalizationOutput",
     "LSTMLayer",
+    "LSTMStream",
     "LSTMOutput",
     "LSTMGradients",
     "LSTMGateGradients",

@@ -24,8 +24,9 @@ and weight gradients. How the built-in backends compute is in ``docs/lstm.md``.
 This module is the layer. Its pieces sit beside it: the parameter objects and their
 validation (``_lstm_parameters.py``), the weight arrays in order and by name
 (``_lstm_weights.py``), the results of ``apply`` and ``apply_backward`` (``_lstm_results.py``),
-the training cache's frame (``_lstm_cache.py``) and the layer's scratch memory
-(``_lstm_workspace.py``); every public name is importable from here.
+the training cache's frame (``_lstm_cache.py``), the layer's scratch memory
+(``_lstm_workspace.py``) and the stepper of :meth:`LSTMLayer.stream` (``_lstm_stream.py``);
+every public name is importable from here.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from ._lstm_parameters import (
     LSTMParameters,
 )
 from ._lstm_results import LSTMGateGradients, LSTMGradients, LSTMLayerNormGradients, LSTMOutput
+from ._lstm_stream import LSTMStream
 from ._lstm_weights import DIRECTION_NAMES, _copied, _named_layer_arrays, _parameter_arrays, _with_arrays
 from ._lstm_workspace import _Workspace
 
@@ -82,6 +84,7 @@ __all__ = [
     "LSTMLayerNorm",
     "LSTMParameters",
     "LSTMLayer",
+    "LSTMStream",
     "LSTMOutput",
     "LSTMGateGradients",
     "LSTMLayerNormGradients",
@@ -326,6 +329,40 @@ class LSTMLayer(Filter):
             output = output[0] if p.batch_first else output[:, 0]
             h_out, c_out = h_out[:, 0], c_out[:, 0]
         return LSTMOutput(output=output, hidden=h_out, cell=c_out, training_cache=cache_object)
+
+    @guarded
+    def stream(self, batch_size: int | None = None, hidden: np.ndarray | None = None,
+               cell: np.ndarray | None = None) -> LSTMStream:
+        """A stepper that runs the LSTM one time step at a time, for real-time inference.
+
+        Stepping through a sequence gives what :meth:`apply` over the whole of it gives. The
+        layer must read forward in time only: a bidirectional or reverse layer needs the whole
+        sequence and is refused. The stepper takes the layer's weights now and at each
+        :meth:`LSTMStream.reset`, and sees later changes only then. Dropout is an inference
+        no-op here as in :meth:`apply`; ``batch_first`` does not matter (a step has no T axis).
+
+        Parameters
+        ----------
+        batch_size : int, optional
+            N, the number of streams stepped together: each step then takes ``(N, I)`` and
+            returns ``(N, P)``. ``None`` (the default) makes an unbatched stream: steps of
+            ``(I,)``, states without the N axis, as :meth:`apply` treats an unbatched ``x``.
+        hidden, cell : arrays (L, N, P) and (L, N, H), without N when unbatched, optional
+            The initial states (zeros when omitted), which :meth:`LSTMStream.reset` returns to.
+        """
+        self._check_open("stream")
+        p = self._params
+        if p.num_directions != 1 or p.reverse:
+            raise InvalidParameterError(must_be(
+                "LSTMLayer.stream()",
+                "called on a layer that reads forward in time only (a direction that reads the "
+                "sequence backward needs the whole sequence: use apply)",
+                f"a {p.direction} layer"))
+        unbatched = batch_size is None
+        batch = 1 if batch_size is None else positive_int("LSTMLayer.stream(batch_size)", batch_size)
+        h0 = self._check_state("LSTMLayer.stream(hidden)", hidden, batch, unbatched, hidden=True)
+        c0 = self._check_state("LSTMLayer.stream(cell)", cell, batch, unbatched)
+        return LSTMStream(self, batch, unbatched, h0, c0)
 
     @guarded
     def apply_backward(
