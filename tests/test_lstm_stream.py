@@ -86,6 +86,21 @@ def test_stepping_from_zero_states(backend_name, rng):
         _close(stream.cell, final_c)
 
 
+def test_float64_layers_stream_within_their_tolerance(backend_name, rng):
+    params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, peepholes="diagonal", seed=2,
+                                   dtype=np.float64)
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name)) as layer:
+        x = rng.standard_normal((6, 2, 3))
+        expected = layer.apply(x)
+        stream = layer.stream(batch_size=2)
+        steps = np.stack([stream.step(x[t]) for t in range(6)])
+        rtol, atol = TOLERANCE[np.dtype(np.float64)]
+        np.testing.assert_allclose(steps, expected.output, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(stream.cell, expected.cell, rtol=rtol, atol=atol)
+        with pytest.raises(bf.DTypeError, match=r"LSTMStream.step\(x\) must be a float64 array"):
+            stream.step(x[0].astype(np.float32))
+
+
 def test_unbatched_stream_steps_as_apply_on_an_unbatched_sequence(backend_name, rng):
     with _layer(backend_name, num_layers=2, projection_size=4) as layer:
         x = _sequence(rng, batch=1)[:, 0]                       # (T, I)
@@ -99,6 +114,13 @@ def test_unbatched_stream_steps_as_apply_on_an_unbatched_sequence(backend_name, 
         assert stream.hidden.shape == (2, 4) and stream.cell.shape == (2, 5)
         _close(stream.hidden, expected.hidden)
         _close(stream.cell, expected.cell)
+        stream.reset()
+        out = np.empty(4, np.float32)
+        for t in range(len(x)):
+            assert stream.step(x[t], out=out) is out
+        _close(out, expected.output[-1])
+        stream.hidden = hidden                                   # unbatched states set as (L, P)
+        _close(stream.hidden, hidden)
         with pytest.raises(bf.ShapeError, match=r"LSTMStream.step\(x\) must be of shape \(I,\) = \(3,\)"):
             stream.step(x[:1])
 
