@@ -8,15 +8,20 @@ when garbage-collected.
 Every layer names its arrays: :meth:`Filter.parameters` hands out the live trainable arrays
 by stable name, :meth:`Filter.state_dict` copies of everything that defines its results, and
 :meth:`Filter.load_state_dict` writes such a state back, checked name by name.
+
+An open layer pickles and deep-copies as what it is (:meth:`Filter.__reduce__`): its
+parameter object's state, its filter parameters with the backend by name, and its random
+generator's state; it is created again through ``__init__`` where it lands.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 import attrs
 import numpy as np
@@ -32,6 +37,7 @@ __all__ = ["FilterParameters", "Filter", "IncompatibleKeys"]
 
 _Layer = TypeVar("_Layer", bound="Filter")
 _Method = TypeVar("_Method", bound=Callable[..., Any])
+_log = logging.getLogger("bnnsfw")
 
 
 def _check_backend(instance: object, attribute: attrs.Attribute, value: object) -> None:
@@ -101,8 +107,14 @@ class Filter:
     touches the layer's arrays with :func:`guarded` (and start it with
     ``self.check_open("method")``), name their arrays in :meth:`_named_parameters` (and
     :meth:`_named_buffers`), release their arrays in :meth:`_release`, and describe
-    themselves in :meth:`_describe`.
+    themselves in :meth:`_describe`. For pickling and copying they name their parameter class
+    (:attr:`_parameters_class`) and hand out the parameter object holding their live arrays
+    (:meth:`_live_parameters`).
     """
+
+    #: The class of the parameter object a layer is created from: a pickled layer carries that
+    #: object's ``to_state()`` and is created again from ``from_state()`` of it.
+    _parameters_class: ClassVar[Any] = None
 
     def __init__(self, filter_parameters: FilterParameters | None = None) -> None:
         self._lifecycle_lock = threading.Lock()
@@ -194,6 +206,49 @@ class Filter:
     #: The spelling the layer modules use inside their own methods.
     _check_open = check_open
 
+    # Pickling and copying.
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and deep-copy the layer as what it is, never as its internals.
+
+        What travels: the parameter object's ``to_state()`` holding the live arrays (trained
+        weights, moving statistics), the filter parameters with the backend by its registered
+        name, and the state of the layer's random generator (an LSTM's dropout). Where it
+        lands the layer is created again through ``__init__``, so it owns its arrays and
+        packs its weights for the CPU it runs on; the backend is the one of that name there,
+        or the current default (said on the ``bnnsfw`` logger) when no backend has it.
+        ``copy.deepcopy(layer)`` is the same round trip: an independent layer.
+
+        Raises
+        ------
+        FilterClosedError
+            The layer was closed (its arrays are released).
+        InvalidParameterError
+            Its backend is an object the registry does not give by name.
+        """
+        name = type(self).__name__
+        if self._closed:
+            raise FilterClosedError(
+                f"{name} was closed: close() released its weights, so it cannot be pickled or copied; "
+                f"pickle or copy the {name} before closing it.")
+        backend = backends._registered_name(self._backend)
+        if backend is None:
+            rule = ("a backend the registry gives by name (FilterParameters(backend=\"<name>\"), after "
+                    "register_backend(name, factory) where it is loaded too): its name is what travels")
+            got = f"a {type(self._backend).__name__} object named {self._backend.name!r}, not registered"
+            raise InvalidParameterError(must_be(f"pickle.dumps({name}) backend", rule, got))
+        self._begin_call("__reduce__")
+        try:
+            state = {
+                "parameters": self._live_parameters().to_state(),
+                "backend": backend,
+                "n_threads": self._filter_parameters.n_threads,
+                "use_client_pointer": self._filter_parameters.use_client_pointer,
+                "runtime": self._runtime_state(),
+            }
+        finally:
+            self._end_call()
+        return _unpickled, (type(self), state)
+
     # Arrays by name.
     @guarded
     def parameters(self) -> dict[str, np.ndarray]:
@@ -263,6 +318,19 @@ class Filter:
     def _state_written(self) -> None:
         """Called after :meth:`load_state_dict` wrote into the live arrays."""
 
+    def _live_parameters(self) -> Any:
+        """The parameter object holding the live arrays (``layer_parameters``), which
+        :meth:`__reduce__` carries as its ``to_state()``."""
+        raise NotImplementedError
+
+    def _runtime_state(self) -> dict[str, Any]:
+        """What a pickled layer carries beyond its parameters (plain data), given back to
+        :meth:`_set_runtime_state` of the layer made again."""
+        return {}
+
+    def _set_runtime_state(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`_runtime_state` gave, on a layer just created."""
+
     def _describe(self) -> str:
         """Shapes and options for :func:`repr`, e.g. ``"input_shape=(3, 4), dtype=float32"``."""
         return ""
@@ -272,6 +340,25 @@ class Filter:
         details = "" if self._closed else self._describe()
         parts = [p for p in (details, f"backend={self._backend.name!r}", state) if p]
         return f"<{type(self).__name__} {', '.join(parts)}>"
+
+
+def _unpickled(layer_class: type[_Layer], state: Mapping[str, Any]) -> _Layer:
+    """A pickled layer made again (:meth:`Filter.__reduce__`), through ``__init__``.
+
+    The backend is the one registered under the name the layer carried; when no backend has
+    that name in this process, the current default, said in one line on the ``bnnsfw`` logger.
+    """
+    backend: str | None = state["backend"]
+    if backend not in backends.available_backends():
+        _log.warning("%s: backend %r, which it was pickled with, is not available here; it uses the current "
+                     "default, %r", layer_class.__name__, backend, backends.current_backend().name)
+        backend = None
+    options = FilterParameters(backend=backend, n_threads=state["n_threads"],
+                               use_client_pointer=state["use_client_pointer"])
+    create: Callable[..., _Layer] = layer_class  # a layer's __init__ takes its parameters first
+    layer = create(layer_class._parameters_class.from_state(state["parameters"]), options)
+    layer._set_runtime_state(state["runtime"])
+    return layer
 
 
 def load_named_state(owner: str, members: Sequence[tuple[str, Filter]], state: object,

@@ -167,6 +167,17 @@ def get_backend(spec: BackendSpec | None = None) -> Backend:
         return _instances[name]
 
 
+def _registered_name(backend: object) -> str | None:
+    """The name under which :func:`get_backend` gives this very object, or ``None``.
+
+    A pickled layer carries its backend by this name (``docs/conventions.md``): a backend
+    object made outside the registry, even of a registered class, has none, since its own
+    settings would not travel with a name.
+    """
+    with _lock:
+        return next((name for name, instance in _instances.items() if instance is backend), None)
+
+
 def current_backend() -> Backend:
     """The backend new layers get when they do not name one."""
     return get_backend(None)

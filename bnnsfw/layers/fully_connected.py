@@ -236,6 +236,8 @@ class FullyConnectedLayer(Filter):
     array([2., 0.])
     """
 
+    _parameters_class = FullyConnectedParameters
+
     def __init__(self, parameters: FullyConnectedParameters,
                  filter_parameters: FilterParameters | None = None) -> None:
         if not isinstance(parameters, FullyConnectedParameters):
@@ -304,6 +306,9 @@ class FullyConnectedLayer(Filter):
         """The live bias array ``(output_size,)``, or ``None`` for a layer without bias."""
         self._check_open("bias")
         return self._bias
+
+    def _live_parameters(self) -> FullyConnectedParameters:
+        return self._public
 
     def _named_parameters(self) -> dict[str, np.ndarray]:
         assert self._weights is not None  # released by close() only, and callers check the layer is open

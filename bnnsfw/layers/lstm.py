@@ -159,6 +159,8 @@ class LSTMLayer(Filter):
     >>> layer.close()
     """
 
+    _parameters_class = LSTMParameters
+
     def __init__(self, parameters: LSTMParameters, filter_parameters: FilterParameters | None = None) -> None:
         if not isinstance(parameters, LSTMParameters):
             raise InvalidParameterError(
@@ -224,6 +226,17 @@ class LSTMLayer(Filter):
 
     def _state_written(self) -> None:
         self._stale = True
+
+    def _live_parameters(self) -> LSTMParameters:
+        return self._public
+
+    def _runtime_state(self) -> dict[str, Any]:
+        assert self._rng is not None  # released by close() only
+        return {"dropout_generator": self._rng.bit_generator.state}
+
+    def _set_runtime_state(self, state: Any) -> None:
+        assert self._rng is not None
+        self._rng.bit_generator.state = state["dropout_generator"]
 
     def __call__(self, x: np.ndarray, hidden: np.ndarray | None = None, cell: np.ndarray | None = None,
                  sequence_lengths: Any = None) -> LSTMOutput:

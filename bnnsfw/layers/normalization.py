@@ -557,6 +557,8 @@ class NormalizationLayer(Filter):
     array([9., 9., 9.], dtype=float32)
     """
 
+    _parameters_class = NormalizationParameters
+
     def __init__(self, parameters: NormalizationParameters,
                  filter_parameters: FilterParameters | None = None) -> None:
         if not isinstance(parameters, NormalizationParameters):
@@ -684,6 +686,9 @@ class NormalizationLayer(Filter):
             return
         array = parameter_array(f"NormalizationLayer.{name}", value, self.dtype, live.shape, copy=False)
         np.copyto(live, array)
+
+    def _live_parameters(self) -> NormalizationParameters:
+        return self._public
 
     def _named_parameters(self) -> dict[str, Array]:
         assert self._gamma is not None and self._beta is not None  # released by close() only
