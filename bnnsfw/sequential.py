@@ -109,7 +109,8 @@ class Sequential:
     arrays of the last training :meth:`apply` for :meth:`apply_backward` (one forward at a
     time: a container is not for concurrent training from several threads). LSTMs inside
     start from zero states and take full-length sequences; for initial states or
-    ``sequence_lengths`` use the layers directly.
+    ``sequence_lengths`` use the layers directly. It pickles and deep-copies with its layers
+    (:meth:`__reduce__`), without a pending training forward.
 
     Examples
     --------
@@ -303,6 +304,25 @@ class Sequential:
 
     #: The spelling the container uses inside its own methods.
     _check_open = check_open
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and deep-copy the container as its elements by name, made again with
+        ``Sequential(layers)`` (each layer as :meth:`bnnsfw.Filter.__reduce__` says).
+
+        A training forward kept for :meth:`apply_backward` does not travel: the copy has no
+        pending step (its ``apply_backward`` asks for a training forward first), and the
+        original's backward still works. Every layer must be open
+        (:class:`~bnnsfw.FilterClosedError` otherwise).
+        """
+        if self._closed:
+            raise FilterClosedError("Sequential was closed: close() closed its layers, so it cannot be "
+                                    "pickled or copied; pickle or copy the Sequential before closing it.")
+        for name, layer in self._named_layers():
+            if layer.closed:
+                raise FilterClosedError(f"Sequential: the layer {name!r} was closed, so the container "
+                                        "cannot be pickled or copied; a container travels with all of its "
+                                        "layers open.")
+        return Sequential, (dict(self._layers),)
 
     def _named_layers(self) -> Iterator[tuple[str, Filter]]:
         for name, layer in self._layers.items():

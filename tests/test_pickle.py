@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import os
 import pickle
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -258,3 +261,93 @@ def test_a_layer_in_a_call_on_another_thread_pickles(registry):
         release.set()
         worker.join()
     np.testing.assert_array_equal(_predict(pickle.loads(data), x), _predict(layer, x))
+
+
+# ------------------------------------------------------------------------------------------
+# Sequential.
+# ------------------------------------------------------------------------------------------
+def _model(backend_name, input_size=3, hidden_size=8, head=2):
+    fp = bf.FilterParameters(backend=backend_name)
+    return bf.Sequential({
+        "lstm": bf.LSTMLayer(bf.LSTMParameters.random(input_size=input_size, hidden_size=hidden_size,
+                                                      num_layers=2, dropout=0.1, seed=0), fp),
+        "last": bf.LastStep(),
+        "norm": bf.NormalizationLayer(bf.NormalizationParameters(
+            type=bf.NormalizationType.batch(moving_mean=np.zeros(hidden_size),
+                                            moving_variance=np.ones(hidden_size)),
+            input_shape=(hidden_size,), momentum=0.5), fp),
+        "head": bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(
+            input_size=hidden_size, output_size=head, seed=1), fp),
+    })
+
+
+def _model_step(model, x, optimizer):
+    y = model.apply(x, training=True)
+    optimizer.step(model.parameters(), model.apply_backward(y - 0.25).parameters())
+
+
+@pytest.mark.parametrize("how", ROUND_TRIPS)
+def test_a_sequential_and_its_optimizer_train_on_as_copies(backend_name, how):
+    model = _model(backend_name)
+    x = np.random.default_rng(5).standard_normal((7, 4, 3)).astype(np.float32)
+    optimizer = Adam(learning_rate=0.05)
+    _model_step(model, x, optimizer)
+    model_copy, optimizer_copy = ROUND_TRIPS[how]((model, optimizer))
+    assert list(model_copy.layers) == ["lstm", "last", "norm", "head"]
+    assert [type(e) for e in model_copy] == [type(e) for e in model]
+    assert all(a is not b for a, b in zip(model_copy, model))
+    np.testing.assert_array_equal(model_copy(x), model(x))
+    before = model(x)
+    _model_step(model, x, optimizer)
+    _model_step(model_copy, x, optimizer_copy)
+    assert not np.array_equal(model(x), before)
+    np.testing.assert_array_equal(model_copy(x), model(x))
+    # Independent: the copy trains on alone.
+    after = model(x)
+    _model_step(model_copy, x, optimizer_copy)
+    np.testing.assert_array_equal(model(x), after)
+    assert not np.array_equal(model_copy(x), after)
+
+
+@pytest.mark.parametrize("how", ROUND_TRIPS)
+def test_a_sequential_pickled_between_a_training_forward_and_its_backward_carries_no_pending_step(how):
+    model = _model("numpy")
+    x = np.random.default_rng(5).standard_normal((7, 4, 3)).astype(np.float32)
+    y = model.apply(x, training=True)
+    again = ROUND_TRIPS[how](model)
+    with pytest.raises(bf.InvalidParameterError, match="called after a training forward"):
+        again.apply_backward(y - 0.25)
+    assert model.apply_backward(y - 0.25).input.shape == x.shape  # the original's step is still pending
+
+
+@pytest.mark.parametrize("how", ROUND_TRIPS)
+def test_a_closed_sequential_or_one_with_a_closed_layer_is_refused(how):
+    model = _model("numpy")
+    model.layers["norm"].close()
+    with pytest.raises(bf.FilterClosedError,
+                       match="the layer 'norm' was closed.*cannot be pickled or copied"):
+        ROUND_TRIPS[how](model)
+    model.close()
+    with pytest.raises(bf.FilterClosedError, match="Sequential was closed: .*cannot be pickled or copied"):
+        ROUND_TRIPS[how](model)
+
+
+def test_the_pickle_is_within_ten_percent_of_the_safetensors_file(tmp_path):
+    model = _model("numpy", input_size=16, hidden_size=64, head=8)
+    for name, obj in [("model", model), ("lstm", model.layers["lstm"])]:
+        bf.save_weights(tmp_path / name, obj)
+        file_size = os.path.getsize(tmp_path / f"{name}.safetensors")
+        pickle_size = len(pickle.dumps(obj))
+        assert abs(pickle_size - file_size) <= 0.1 * file_size, (name, pickle_size, file_size)
+
+
+def test_a_model_computes_the_same_in_another_process(tmp_path):
+    """The use pickle is for: a worker process (here a fresh interpreter) gets the model."""
+    model = _model("numpy")
+    x = np.random.default_rng(5).standard_normal((7, 4, 3)).astype(np.float32)
+    script = ("import pickle, sys\n"
+              "model, x = pickle.load(sys.stdin.buffer)\n"
+              "sys.stdout.buffer.write(pickle.dumps(model(x)))\n")
+    done = subprocess.run([sys.executable, "-c", script], input=pickle.dumps((model, x)), capture_output=True,
+                          check=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(bf.__file__))))
+    np.testing.assert_array_equal(pickle.loads(done.stdout), model(x))
