@@ -30,7 +30,8 @@ arrays in the same order. :meth:`Optimizer.state_dict` returns that state as a f
 dict of NumPy arrays and integers (``np.savez(path, **state)`` saves it) and
 :meth:`Optimizer.load_state_dict` restores it, so a resumed run continues exactly as an
 uninterrupted one. Hyperparameters are not part of the state: create the optimizer with the
-same ones (or the ones you want to continue with) before loading.
+same ones (or the ones you want to continue with) before loading. ``pickle`` and
+``copy.deepcopy`` carry both, the hyperparameters and that state (:meth:`Optimizer.__reduce__`).
 
 BNNS names of the options (fields of ``BNNSOptimizerSGDMomentumFields``,
 ``BNNSOptimizerAdamFields`` and ``BNNSOptimizerRMSPropFields``):
@@ -191,6 +192,15 @@ class Optimizer:
         fields = self._hyperparameter_fields()
         options = ", ".join(f"{field.name}={getattr(self, field.name)!r}" for field in fields)
         return f"{type(self).__name__}({options}; step_count={self._step_count})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and deep-copy the optimizer as its hyperparameters and :meth:`state_dict`
+        (moments by parameter name or position, and the step count), made again by creating it
+        with those hyperparameters and loading that state. The copy steps the parameters it is
+        given, such as those of a copied model (``model_copy.parameters()``): the arrays are never
+        part of an optimizer, only their names, shapes and dtypes."""
+        hyperparameters = {field.name: getattr(self, field.name) for field in self._hyperparameter_fields()}
+        return _unpickled, (type(self), hyperparameters, self.state_dict())
 
     # The step.
     def step(self, parameters: Mapping[str, np.ndarray] | Sequence[np.ndarray],
@@ -433,6 +443,14 @@ class Optimizer:
         self._dtypes = dtypes
         self._state = arrays
         self._names = parameter_names
+
+
+def _unpickled(optimizer_class: type[Optimizer], hyperparameters: Mapping[str, Any],
+               state: Mapping[str, object]) -> Optimizer:
+    """A pickled optimizer made again (:meth:`Optimizer.__reduce__`)."""
+    optimizer = optimizer_class(**hyperparameters)
+    optimizer.load_state_dict(state)
+    return optimizer
 
 
 @attrs.define(eq=False, repr=False)

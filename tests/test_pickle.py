@@ -14,7 +14,7 @@ import pytest
 
 import bnnsfw as bf
 from bnnsfw import backends
-from bnnsfw.optimizers import Adam
+from bnnsfw.optimizers import SGD, Adam, RMSProp
 
 ROUND_TRIPS = {
     "pickle": lambda obj: pickle.loads(pickle.dumps(obj)),
@@ -351,3 +351,56 @@ def test_a_model_computes_the_same_in_another_process(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], input=pickle.dumps((model, x)), capture_output=True,
                           check=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(bf.__file__))))
     np.testing.assert_array_equal(pickle.loads(done.stdout), model(x))
+
+
+# ------------------------------------------------------------------------------------------
+# Optimizers.
+# ------------------------------------------------------------------------------------------
+OPTIMIZERS = {
+    "sgd": lambda: SGD(0.1),
+    "sgd-nesterov": lambda: SGD(0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "adam": lambda: Adam(learning_rate=0.05, beta1=0.8, clip_norm=1.0),
+    "rmsprop": lambda: RMSProp(learning_rate=0.01, centered=True, momentum=0.5, clip_value=0.5),
+}
+
+
+@pytest.mark.parametrize("by_name", [True, False], ids=["by-name", "by-position"])
+@pytest.mark.parametrize("how", ROUND_TRIPS)
+@pytest.mark.parametrize("which", OPTIMIZERS)
+def test_an_optimizer_carries_its_moments_and_step_count(which, how, by_name):
+    rng = np.random.default_rng(1)
+    params = {"a": rng.standard_normal((3, 2)), "b": rng.standard_normal(4).astype(np.float32)}
+
+    def step(optimizer, arrays, k):
+        grads = {name: np.sin(array * k + 1.0) for name, array in arrays.items()}
+        if by_name:
+            optimizer.step(arrays, grads)
+        else:
+            optimizer.step(list(arrays.values()), list(grads.values()))
+
+    optimizer = OPTIMIZERS[which]()
+    for k in range(3):
+        step(optimizer, params, k)
+    optimizer_copy = ROUND_TRIPS[how](optimizer)
+    params_copy = copy.deepcopy(params)
+    assert type(optimizer_copy) is type(optimizer) and repr(optimizer_copy) == repr(optimizer)
+    assert optimizer_copy.step_count == 3
+    state, state_copy = optimizer.state_dict(), optimizer_copy.state_dict()
+    assert state.keys() == state_copy.keys()
+    for key, value in state.items():
+        np.testing.assert_array_equal(state_copy[key], value, err_msg=key)
+    for k in range(3, 5):
+        step(optimizer, params, k)
+        step(optimizer_copy, params_copy, k)
+    for name, array in params.items():
+        np.testing.assert_array_equal(params_copy[name], array, err_msg=name)
+    # Independent: the copy's moments are its own.
+    step(optimizer_copy, params_copy, 9)
+    assert optimizer.step_count == 5 and optimizer_copy.step_count == 6
+
+
+def test_a_fresh_optimizer_pickles_and_learning_rate_changes_travel():
+    optimizer = Adam(learning_rate=0.05)
+    optimizer.learning_rate = 0.01  # a schedule's change
+    again = pickle.loads(pickle.dumps(optimizer))
+    assert again.learning_rate == 0.01 and again.step_count == 0
