@@ -219,6 +219,16 @@ def test_off_never_compiles(tiers, compiled_calls, monkeypatch, rng):
     assert not tiers.ready_folder().exists()
 
 
+def test_a_frozen_application_compiles_in_its_own_process(tiers, compiled_calls, monkeypatch, rng):
+    """Where ``sys.executable`` is the application itself, no interpreter can be started to
+    compile: ``background`` compiles in the process, as ``wait`` does."""
+    monkeypatch.setattr(tiers, "_FROZEN", True)
+    params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=2, dtype=np.float64)
+    layer = bf.LSTMLayer(params, bf.FilterParameters(backend="numba"))
+    layer.apply(rng.standard_normal((3, 2, 2)))
+    assert compiled_calls == ["lstm_forward"] and not layer.backend._tiers.poll()
+
+
 def test_a_job_that_fails_leaves_the_reason(tmp_path):
     """The worker records why a replay failed, for the process that asked, which then keeps
     to the kernels that need no compiler."""

@@ -65,6 +65,9 @@ _log = logging.getLogger("bnnsfw")
 _compiled: contextvars.ContextVar[bool] = contextvars.ContextVar("bnnsfw_compiled", default=True)
 #: Integer arrays up to this size keep their values in a replayed call (sequence lengths).
 _KEPT_BYTES = 1 << 16
+#: A frozen application (PyInstaller and the like): its ``sys.executable`` is the application,
+#: which cannot run a compiling interpreter, so ``background`` compiles in the process there.
+_FROZEN = bool(getattr(sys, "frozen", False))
 #: NumPy's C-contiguous, F-contiguous and writeable flags (``ndarray.flags.num``).
 _FLAGS = 0x1 | 0x2 | 0x400
 
@@ -336,7 +339,7 @@ class Tiers:
         """Whether this call runs compiled: always in ``wait`` mode, else when its kind has a
         marker; in ``background`` mode, a compile asked for when it has none."""
         mode = compile_mode()
-        if mode == "wait":
+        if mode == "wait" or (mode == "background" and _FROZEN):
             return True
         kind = self._kind(operation, request)
         if kind in self._ready:
