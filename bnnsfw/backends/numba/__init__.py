@@ -16,7 +16,7 @@ the section "Which implementation serves a request" below, and nowhere else.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -45,6 +45,9 @@ __all__ = ["NumbaBackend", "CompileStatus", "compile_mode", "set_compile_mode"]
 compile_mode = _tiers.compile_mode
 set_compile_mode = _tiers.set_compile_mode
 CompileStatus = _tiers.CompileStatus
+
+_Request = TypeVar("_Request", LSTMForwardRequest, LSTMBackwardRequest)
+_Result = TypeVar("_Result", LSTMForwardResult, LSTMBackwardResult)
 
 def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarray, h0: np.ndarray | None,
                       c0: np.ndarray | None, steps: np.ndarray, pre: np.ndarray | None,
@@ -169,25 +172,25 @@ class NumbaBackend(ScipyBlasBackend):
         and whether a background compile is under way (``docs/performance.md``)."""
         return self._tiers.status()
 
-    def _compiled_may_serve(self, payload: object) -> bool:
-        """Whether compiled kernels would run an LSTM call with these packed weights."""
-        return isinstance(payload, _Packed) and (_lstm.serves(payload.plan) or _cells.serves(payload.plan))
-
     def lstm_forward(self, request: LSTMForwardRequest) -> LSTMForwardResult:
         """Compiled when :class:`._tiers.Tiers` says so for this kind of call, else as
         ``scipy-blas`` runs it (the same training cache either way)."""
-        if not self._compiled_may_serve(request.weights.payload):
-            return super().lstm_forward(request)
-        with self._tiers.serving("lstm_forward", request):
-            return super().lstm_forward(request)
+        return self._lstm_call("lstm_forward", super().lstm_forward, request)
 
     def lstm_backward(self, request: LSTMBackwardRequest) -> LSTMBackwardResult:
         """Compiled when :class:`._tiers.Tiers` says so for this kind of call, else as
         ``scipy-blas`` runs it."""
-        if not self._compiled_may_serve(request.weights.payload):
-            return super().lstm_backward(request)
-        with self._tiers.serving("lstm_backward", request):
-            return super().lstm_backward(request)
+        return self._lstm_call("lstm_backward", super().lstm_backward, request)
+
+    def _lstm_call(self, operation: str, run: Callable[[_Request], _Result], request: _Request) -> _Result:
+        """``run(request)`` with the compiled kernels allowed or not (:func:`._tiers.compiled_now`,
+        which :meth:`_lstm_direction_kernels` and :meth:`_lstm_sequence_kernels` read), as the
+        tiers decide for a call the compiled kernels would serve."""
+        payload = request.weights.payload
+        if not (isinstance(payload, _Packed) and (_lstm.serves(payload.plan) or _cells.serves(payload.plan))):
+            return run(request)
+        with self._tiers.serving(operation, request):
+            return run(request)
 
     def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
         """``scipy-blas``'s packing; for the cells the compiled kernels serve, with ``U`` and
@@ -208,20 +211,11 @@ class NumbaBackend(ScipyBlasBackend):
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
         """Compiled for the statistics of the batch and the identity activation (not for RMS
-        normalization)."""
+        normalization), when :class:`._tiers.Tiers` says so for this kind of call."""
         r = request
-        compiled = r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
-        if not compiled:
+        if not (r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+                and self._tiers.decide("normalization_forward", request)):
             return super().normalization_forward(request)
-        with self._tiers.serving("normalization_forward", request) as compiled:
-            if not compiled:
-                return super().normalization_forward(request)
-            return self._compiled_normalization_forward(request)
-
-    def _compiled_normalization_forward(self, request: NormalizationForwardRequest
-                                        ) -> NormalizationForwardResult:
-        """The compiled normalization forward."""
-        r = request
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return self.normalization_forward_sets(r.x, r.gamma, r.beta, epsilon=r.epsilon,
                                                    batch_statistics=r.batch_statistics,
@@ -234,20 +228,11 @@ class NumbaBackend(ScipyBlasBackend):
 
     def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
         """Compiled for the statistics of the batch and the identity activation (not for RMS
-        normalization)."""
+        normalization), when :class:`._tiers.Tiers` says so for this kind of call."""
         r = request
-        compiled = r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
-        if not compiled:
+        if not (r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+                and self._tiers.decide("normalization_backward", request)):
             return super().normalization_backward(request)
-        with self._tiers.serving("normalization_backward", request) as compiled:
-            if not compiled:
-                return super().normalization_backward(request)
-            return self._compiled_normalization_backward(request)
-
-    def _compiled_normalization_backward(self, request: NormalizationBackwardRequest
-                                         ) -> NormalizationBackwardResult:
-        """The compiled normalization backward."""
-        r = request
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return self.normalization_backward_sets(
                 r.x, r.dy, r.gamma, r.beta, epsilon=r.epsilon, batch_statistics=r.batch_statistics,
