@@ -83,8 +83,9 @@ def _fields(kind: type) -> tuple[str, ...]:
     return names
 
 
-def _quick(a: np.ndarray) -> tuple:
-    """An array's shape, dtype and layout and write flags, quickly."""
+def _array_kind(a: np.ndarray) -> tuple:
+    """What of an array decides a compiled kernel's argument type: its shape, dtype, and
+    layout and write flags (a few hundred nanoseconds)."""
     return a.shape, a.dtype, a.flags.num & _FLAGS
 
 
@@ -96,11 +97,6 @@ def compiled_now() -> bool:
 # --------------------------------------------------------------------------------------
 # The kind of a call.
 # --------------------------------------------------------------------------------------
-def _array_kind(a: np.ndarray) -> tuple:
-    layout = "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "A"
-    return a.shape, a.dtype.str, layout, a.flags.writeable
-
-
 def _kind(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return _array_kind(value)
@@ -174,10 +170,11 @@ class _JobPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray):
-            shape, dtype, layout, writeable = _array_kind(obj)
-            keep = obj.dtype.kind in "iub" and obj.nbytes <= _KEPT_BYTES and obj.dtype != np.uint8
+            shape, dtype, flags = _array_kind(obj)
+            layout = "C" if flags & 0x1 else "F" if flags & 0x2 else "A"
+            keep = dtype.kind in "iub" and obj.nbytes <= _KEPT_BYTES and dtype != np.uint8
             values = np.ascontiguousarray(obj).tobytes() if keep else None
-            return _zeros, (shape, dtype, layout, writeable, values)
+            return _zeros, (shape, dtype.str, layout, bool(flags & 0x400), values)
         if hasattr(obj, "array") and hasattr(obj, "bytes") and not isinstance(obj, type):
             return _Workspace, ()
         return NotImplemented
@@ -308,11 +305,11 @@ class Tiers:
             elif name == "gradients":
                 value = (value.input, value.hidden, value.cell)
             if isinstance(value, np.ndarray):
-                key.append(_quick(value))
+                key.append(_array_kind(value))
             elif value is None or isinstance(value, (bool, int, float, str)):
                 key.append(value)
             elif isinstance(value, tuple) and all(v is None or isinstance(v, np.ndarray) for v in value):
-                key.append(tuple(None if v is None else _quick(v) for v in value))
+                key.append(tuple(None if v is None else _array_kind(v) for v in value))
             else:
                 key.append(id(value))
                 objects.append(value)
@@ -326,12 +323,12 @@ class Tiers:
         return kind
 
     @contextlib.contextmanager
-    def serving(self, operation: str, request: Any) -> Iterator[bool]:
+    def serving(self, operation: str, request: Any) -> Iterator[None]:
         """Within the block the call runs compiled or not (:func:`compiled_now`), as
-        :meth:`decide` says; the block's value is that decision."""
+        :meth:`decide` says."""
         token = _compiled.set(self.decide(operation, request))
         try:
-            yield _compiled.get()
+            yield
         finally:
             _compiled.reset(token)
 
