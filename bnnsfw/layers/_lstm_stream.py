@@ -225,8 +225,7 @@ class LSTMStream:
             dropout_masks=None, workspace=self._workspace, threads=layer.filter_parameters.n_threads)
         with layer._threads():
             layer.backend.lstm_forward(request)
-        self._current = following
-        self._workspace.trim()
+        self._current = following  # the workspace is not trimmed: the next step reuses all of it
         return result
 
     def _get_state(self, name: str, states: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
