@@ -58,7 +58,7 @@ from .layers.normalization import (
     NormalizationParameters,
     NormalizationType,
 )
-from .sequential import LastStep, Sequential, SequentialGradients
+from .sequential import FinalState, LastStep, Sequential, SequentialGradients, Softmax
 from .serialization import load_weights, save_weights
 from . import losses, optimizers
 
@@ -101,6 +101,8 @@ __all__ = [
     "FullyConnectedGradients",
     "Sequential",
     "LastStep",
+    "FinalState",
+    "Softmax",
     "SequentialGradients",
     # training
     "IncompatibleKeys",

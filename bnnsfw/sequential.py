@@ -14,9 +14,11 @@
     optimizer.step(model.parameters(), grads.parameters())
 
 Each element is a layer (:class:`~bnnsfw.LSTMLayer`, :class:`~bnnsfw.NormalizationLayer`,
-:class:`~bnnsfw.FullyConnectedLayer`) or :class:`LastStep`. Between them flows one array:
+:class:`~bnnsfw.FullyConnectedLayer`), :class:`LastStep`, :class:`FinalState` or
+:class:`Softmax`. Between them flows one array:
 an LSTM passes its ``output`` (every step: "all steps"), :class:`LastStep` keeps the last
-step, a normalization of per-sample shape ``(C,)`` given a sequence normalizes every step
+step, :class:`FinalState` each direction's final state, :class:`Softmax` normalizes the last
+axis, a normalization of per-sample shape ``(C,)`` given a sequence normalizes every step
 (each ``(t, n)`` is a sample), and a fully connected layer works on any leading axes. The
 container checks at creation that the sizes and dtypes chain.
 """
@@ -38,7 +40,7 @@ from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer
 from .layers.lstm import LSTMGradients, LSTMLayer
 from .layers.normalization import NormalizationGradients, NormalizationLayer
 
-__all__ = ["LastStep", "Sequential", "SequentialGradients"]
+__all__ = ["FinalState", "LastStep", "Sequential", "SequentialGradients", "Softmax"]
 
 
 class LastStep:
@@ -55,9 +57,50 @@ class LastStep:
         return "LastStep()"
 
 
+class FinalState:
+    """A :class:`Sequential` element that keeps each direction's final state of an LSTM's output.
+
+    The forward direction's final state is its output at the last time step; the reverse
+    direction of a bidirectional LSTM runs from the last step to the first, so its final state
+    is its output at step 0. ``(T, N, 2·H)`` becomes ``(N, 2·H)`` (``(N, T, 2·H)`` when the
+    LSTM is batch-first; an unbatched ``(T, 2·H)`` becomes ``(2·H,)``): the last layer's
+    ``hidden`` states side by side, what Keras's ``Bidirectional(LSTM(…))`` returns without
+    ``return_sequences``. Its backward puts each half of the gradient at its step and zeros
+    elsewhere. With ``num_directions=1`` it is :class:`LastStep`.
+
+    Parameters
+    ----------
+    num_directions : int
+        1 or 2, that of the LSTM directly before it (checked when the container is created).
+    """
+
+    def __init__(self, num_directions: int = 2) -> None:
+        if isinstance(num_directions, bool) or num_directions not in (1, 2):
+            raise InvalidParameterError(must_be("FinalState.num_directions", "1 or 2", num_directions))
+        self.num_directions = int(num_directions)
+
+    def __repr__(self) -> str:
+        return f"FinalState(num_directions={self.num_directions})"
+
+
+class Softmax:
+    """A :class:`Sequential` element: softmax along the last axis, ``exp(x) / Σ exp(x)``.
+
+    Not a per-element activation (each output depends on the whole last axis), so it is an
+    element of its own with its own backward, ``dx = y · (dy − Σ dy·y)`` over the last axis.
+    A classifier trained with :class:`~bnnsfw.losses.SoftmaxCrossEntropy` ends at the logits
+    instead (the loss takes them and applies the softmax itself). It has no weights.
+    """
+
+    def __repr__(self) -> str:
+        return "Softmax()"
+
+
 #: What a :class:`Sequential` may hold.
-Element = Union[LSTMLayer, NormalizationLayer, FullyConnectedLayer, LastStep]
+Element = Union[LSTMLayer, NormalizationLayer, FullyConnectedLayer, LastStep, FinalState, Softmax]
 _LAYERS = (LSTMLayer, NormalizationLayer, FullyConnectedLayer)
+#: The elements without weights.
+_WEIGHTLESS = (LastStep, FinalState, Softmax)
 LayerGradients = Union[LSTMGradients, NormalizationGradients, FullyConnectedGradients]
 
 
@@ -144,8 +187,9 @@ class Sequential:
             if isinstance(element, Mapping):
                 raise InvalidParameterError(must_be(where, "a layer (a mapping of them only alone)",
                                                     type(element).__name__))
-            if not isinstance(element, (*_LAYERS, LastStep)):
-                rule = "an LSTMLayer, NormalizationLayer, FullyConnectedLayer or LastStep"
+            if not isinstance(element, (*_LAYERS, *_WEIGHTLESS)):
+                rule = ("an LSTMLayer, NormalizationLayer, FullyConnectedLayer, LastStep, FinalState "
+                        "or Softmax")
                 raise InvalidParameterError(must_be(where, rule, type(element).__name__))
             if isinstance(element, Filter) and element.closed:
                 raise FilterClosedError(must_be(where, "an open layer", f"a closed {type(element).__name__}"))
@@ -335,10 +379,10 @@ class Sequential:
     def _check_chain(self) -> np.dtype:
         """The sizes and dtypes chain from one element to the next; returns the shared dtype."""
         dtypes = {name: layer.layer_parameters.dtype for name, layer in self._layers.items()
-                  if not isinstance(layer, LastStep)}
+                  if not isinstance(layer, _WEIGHTLESS)}
         if not dtypes:
             raise InvalidParameterError(must_be("Sequential(layers)", "at least one layer with weights",
-                                                "only LastStep elements"))
+                                                "only elements without weights"))
         if len(set(dtypes.values())) > 1:
             listed = ", ".join(f"{name}: {dtype.name}" for name, dtype in dtypes.items())
             raise InvalidParameterError(must_be("Sequential(layers)", "layers of one dtype", listed))
@@ -347,7 +391,27 @@ class Sequential:
         for name, layer in self._layers.items():
             flow = _next_flow(f"Sequential(layers[{name!r}])", previous, layer, flow)
             previous = f"layer {name!r}"
+        _check_final_states(self._layers)
         return next(iter(dtypes.values()))
+
+
+def _check_final_states(layers: Mapping[str, Element]) -> None:
+    """A FinalState directly follows a forward-running LSTM of its number of directions."""
+    before: Element | None = None
+    for name, layer in layers.items():
+        if isinstance(layer, FinalState):
+            where = f"Sequential(layers[{name!r}])"
+            if not isinstance(before, LSTMLayer):
+                got = "the input" if before is None else f"a {type(before).__name__}"
+                raise InvalidParameterError(must_be(where, "a FinalState directly after an LSTMLayer", got))
+            p = before.layer_parameters
+            if p.reverse:
+                rule = "after a forward-running LSTM (a reverse LSTM's final state is its output at step 0)"
+                raise InvalidParameterError(must_be(where, rule, "reverse=True"))
+            if p.num_directions != layer.num_directions:
+                rule = f"a FinalState(num_directions={p.num_directions}), as the LSTM before it"
+                raise InvalidParameterError(must_be(where, rule, layer.num_directions))
+        before = layer
 
 
 def _next_flow(where: str, previous: str, layer: Element, flow: _Flow) -> _Flow:
@@ -370,6 +434,13 @@ def _next_flow(where: str, previous: str, layer: Element, flow: _Flow) -> _Flow:
             raise InvalidParameterError(must_be(where, "given a sequence", "a LastStep after the time axis "
                                                 "was already removed"))
         return _Flow(sequence=False, width=flow.width)
+    if isinstance(layer, FinalState):
+        if flow.sequence is False:
+            raise InvalidParameterError(must_be(where, "given a sequence", "a FinalState after the time axis "
+                                                "was already removed"))
+        return _Flow(sequence=False, width=flow.width)
+    if isinstance(layer, Softmax):
+        return flow
     if isinstance(layer, NormalizationLayer):
         shape = layer.input_shape
         if flow.width is not None:
@@ -403,6 +474,17 @@ def _forward(layer: Element, x: Any, training: bool, flow: _Flow) -> tuple[Any, 
             index = (slice(None), -1)
         context = (array.shape, array.dtype, index)
         return np.ascontiguousarray(last), context, _Flow(sequence=False, width=None)
+    if isinstance(layer, FinalState):
+        array = np.asarray(x)
+        axis = 0 if array.ndim == 2 or flow.time_axis == 0 else 1
+        indexes = _final_state_indexes(array.shape, axis, layer.num_directions)
+        final = np.concatenate([array[index] for index in indexes], axis=-1)
+        return final, (array.shape, array.dtype, indexes), _Flow(sequence=False, width=None)
+    if isinstance(layer, Softmax):
+        array = np.asarray(x)
+        shifted = np.exp(array - array.max(axis=-1, keepdims=True))
+        y = shifted / shifted.sum(axis=-1, keepdims=True)
+        return y, y, flow
     if isinstance(layer, NormalizationLayer):
         array = np.asarray(x)
         rank = len(layer.input_shape)
@@ -424,6 +506,16 @@ def _backward(layer: Element, dy: Any, context: Any) -> tuple[Any, LayerGradient
         dx = np.zeros(shape, dtype)
         dx[index] = dy
         return dx, None
+    if isinstance(layer, FinalState):
+        shape, dtype, indexes = context
+        dx = np.zeros(shape, dtype)
+        for index, part in zip(indexes, np.split(np.asarray(dy), len(indexes), axis=-1)):
+            dx[index] = part
+        return dx, None
+    if isinstance(layer, Softmax):
+        y = context
+        dy = np.asarray(dy)
+        return y * (dy - (dy * y).sum(axis=-1, keepdims=True)), None
     if isinstance(layer, NormalizationLayer):
         flat, y, phase = context
         array = np.asarray(dy)
@@ -432,3 +524,14 @@ def _backward(layer: Element, dy: Any, context: Any) -> tuple[Any, LayerGradient
     x, y = context
     dense_grads = layer.apply_backward(x, dy, output=y)
     return dense_grads.input, dense_grads
+
+
+def _final_state_indexes(shape: tuple[int, ...], time_axis: int, num_directions: int) -> list[Any]:
+    """Where each direction's final state sits in an LSTM output of ``shape``: the last step
+    of the first ``H`` features, then step 0 of the reverse direction's ``H``."""
+    h = shape[-1] // num_directions
+    lead: tuple[slice, ...] = (slice(None),) * time_axis
+    indexes: list[Any] = [(*lead, -1, Ellipsis, slice(0, h))]
+    if num_directions == 2:
+        indexes.append((*lead, 0, Ellipsis, slice(h, 2 * h)))
+    return indexes

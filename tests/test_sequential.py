@@ -188,8 +188,8 @@ def test_construction_checks_that_the_layers_chain(backend_name):
                        match=r"must be layers of one dtype; got '0: float64, 1: float32'"):
         bf.Sequential(lstm, _dense(backend_name, 3, 1, dtype=np.float32))
     with pytest.raises(bf.InvalidParameterError,
-                       match=r"layers\['x'\]\) must be an LSTMLayer, NormalizationLayer, FullyConnectedLayer "
-                             r"or LastStep"):
+                       match=r"layers\['x'\]\) must be an LSTMLayer, NormalizationLayer, "
+                             r"FullyConnectedLayer, LastStep, FinalState or Softmax"):
         bf.Sequential({"x": object()})
     with pytest.raises(bf.InvalidParameterError, match=r"names must be non-empty names without '.' or '/'"):
         bf.Sequential({"a.b": lstm})
@@ -238,3 +238,66 @@ def test_close_closes_every_layer(backend_name):
     with pytest.raises(bf.FilterClosedError, match=r"the layer 'head' was closed"):
         other.apply(np.ones((2, 1, 2)))
     other.close()
+
+
+# ------------------------------------------------------------------------------------------
+# FinalState and Softmax: each direction's final state, softmax along the last axis.
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_final_state_is_the_last_layers_hidden_states(backend_name, batch_first, rng):
+    lstm = _lstm(backend_name, bidirectional=True, batch_first=batch_first)
+    model = bf.Sequential({"lstm": lstm, "final": bf.FinalState(2)})
+    x = rng.standard_normal((3, 4, 2) if batch_first else (4, 3, 2))
+    hidden = lstm.apply(x).hidden  # (L·D, N, H): the last layer's forward, then its reverse direction
+    np.testing.assert_allclose(model(x), np.concatenate([hidden[-2], hidden[-1]], axis=-1),
+                               rtol=1e-12, atol=1e-14)
+    single = x[0] if batch_first else x[:, 0]  # unbatched (T, I)
+    np.testing.assert_allclose(model(single), model(x)[0], rtol=1e-12, atol=1e-14)
+    model.close()
+
+
+def test_softmax_is_the_formula_and_keeps_the_dtype(rng):
+    dense = _dense(None, 3, 4, dtype=np.float32)
+    model = bf.Sequential(dense, bf.Softmax())
+    x = rng.standard_normal((2, 5, 3)).astype(np.float32) * 30  # large logits: no overflow
+    z = dense.apply(x).astype(np.float64)
+    expected = np.exp(z - z.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    y = model(x)
+    assert y.dtype == np.float32 and np.isfinite(y).all()
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-7)
+    model.close()
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_final_state_and_softmax_gradients_match_finite_differences(backend_name, batch_first, rng):
+    model = bf.Sequential(_lstm(backend_name, num_layers=1, bidirectional=True, batch_first=batch_first),
+                          bf.FinalState(2), _dense(backend_name, 6, 3), bf.Softmax())
+    x = rng.standard_normal((2, 4, 2) if batch_first else (4, 2, 2))
+    weights = rng.standard_normal((2, 3))
+
+    def loss() -> float:
+        return float((model.apply(x) * weights).sum())
+
+    model.apply(x, training=True)
+    grads = model.apply_backward(weights)
+    assert_gradient_close(grads.input, numerical_gradient(loss, x), rtol=1e-6, atol=1e-9, name="input")
+    parameters = model.parameters()
+    for name in ("0.layer0.reverse.input_gate.input_weights", "2.weights"):
+        assert_gradient_close(grads.parameters()[name], numerical_gradient(loss, parameters[name]),
+                              rtol=1e-6, atol=1e-9, name=name)
+    model.close()
+
+
+def test_final_state_must_follow_its_lstm(backend_name):
+    with pytest.raises(bf.InvalidParameterError, match=r"FinalState.num_directions must be 1 or 2; got 3"):
+        bf.FinalState(3)
+    with pytest.raises(bf.InvalidParameterError, match=r"FinalState\(num_directions=1\), as the LSTM"):
+        bf.Sequential(_lstm(backend_name), bf.FinalState(2))
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"directly after an LSTMLayer; got 'a FullyConnectedLayer'"):
+        bf.Sequential(_lstm(backend_name), _dense(backend_name, 3, 3), bf.FinalState(1))
+    with pytest.raises(bf.InvalidParameterError, match=r"forward-running LSTM"):
+        bf.Sequential(_lstm(backend_name, reverse=True), bf.FinalState(1))
+    with pytest.raises(bf.InvalidParameterError, match=r"only elements without weights"):
+        bf.Sequential(bf.Softmax())
