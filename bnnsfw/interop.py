@@ -9,8 +9,9 @@ NumPy arrays, so PyTorch is needed only to build or read modules.
 
 Keras: :func:`from_keras` reads ``layer.get_weights()``-style arrays of an ``LSTM`` (kernel
 ``(I, 4H)``, gate order i, f, c, o), ``Bidirectional(LSTM)``, ``BatchNormalization``,
-``LayerNormalization``, ``GroupNormalization`` or ``Dense``; :func:`load_keras` reads every
-such layer of a ``.keras`` file (needs ``h5py``).
+``LayerNormalization``, ``GroupNormalization`` or ``Dense``; :func:`load_keras` reads a
+``.keras`` model (needs ``h5py``) as a :class:`~bnnsfw.Sequential` that predicts what Keras
+predicts.
 
 The conventions that differ (gate order, two biases, momentum direction, unbiased running
 variance, channels-last data) are in ``docs/conversions.md``; what each conversion keeps
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
 import os
 import re
@@ -37,6 +39,7 @@ from .filter import Filter, FilterParameters
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import GATE_FIELDS, LSTMActivations, LSTMGateDescriptor, LSTMLayer, LSTMParameters
 from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
+from .sequential import FinalState, LastStep, Sequential, Softmax
 
 __all__ = [
     "TorchState",
@@ -46,6 +49,7 @@ __all__ = [
     "to_state_dict",
     "from_keras",
     "load_keras",
+    "KERAS_PASS_THROUGH",
     "TORCH_MODULE_TYPES",
     "running_variance_to_torch",
     "running_variance_from_torch",
@@ -856,8 +860,22 @@ def from_keras(class_name: str, weights: Sequence[Any], config: Mapping[str, Any
                        "LayerNormalization, GroupNormalization or Dense", class_name)
 
 
-_KERAS_WEIGHTLESS = {"InputLayer", "Dropout", "Activation", "Flatten", "Reshape", "Permute", "Masking",
-                     "SpatialDropout1D", "GaussianNoise", "Identity"}
+#: Keras layers that compute nothing at inference (noise, dropout, regularizers, the input):
+#: ``load_keras`` leaves them out. Every other layer computes or is refused by name.
+KERAS_PASS_THROUGH = frozenset({"InputLayer", "Dropout", "SpatialDropout1D", "GaussianNoise",
+                                "GaussianDropout", "AlphaDropout", "ActivityRegularization", "Identity"})
+
+# Why a layer a Keras sequence model often holds is refused, where the class name is not enough.
+_KERAS_REFUSALS = {
+    "Masking": "a layer bnnsfw computes (Masking makes Keras's LSTM skip the masked steps: leave it out "
+               "and pass sequence_lengths to LSTMLayer.apply)",
+    "GRU": "a layer bnnsfw computes (bnnsfw has no GRU)",
+    "SimpleRNN": "a layer bnnsfw computes (bnnsfw has no simple RNN)",
+    "Activation": "a layer bnnsfw computes (give the activation to the Dense layer before it)",
+}
+
+# The inbound-node arguments a layer may be called with: Keras records them, they change nothing.
+_KERAS_CALL_OPTIONS = {"training", "mask"}
 
 
 def _snake(name: str) -> str:
@@ -868,14 +886,38 @@ def _snake(name: str) -> str:
 
 
 def load_keras(path: str | os.PathLike[str], *, dtype: Any = None,
-               filter_parameters: FilterParameters | None = None) -> dict[str, Filter]:
-    """Every LSTM, normalization and Dense layer of a Keras 3 ``.keras`` file, as bnnsfw layers.
+               filter_parameters: FilterParameters | None = None) -> Sequential:
+    """A Keras 3 ``.keras`` model as a :class:`~bnnsfw.Sequential` whose ``apply(x)`` is Keras's
+    ``model.predict(x)``.
 
-    Reads the file's ``config.json`` and ``model.weights.h5`` (``h5py`` needed). Returns
-    ``{keras layer name: layer}`` in the model's order. Layers without weights (``InputLayer``,
-    ``Dropout`` …) are skipped; any other layer type raises :class:`~bnnsfw.UnsupportedError`
-    naming it. Normalization layers get the per-sample shape from the model's input shape
-    when it is a single sequence model; see :func:`from_keras` for the channel axis.
+    Reads the file's ``config.json`` and ``model.weights.h5`` (``h5py`` needed). The model is
+    a Keras ``Sequential`` or a linear functional model: one input, one output, every layer
+    called once on one tensor (otherwise :class:`~bnnsfw.UnsupportedError` names the layer
+    where the graph branches or joins). The container's layers keep the Keras names; the
+    data stays batch-first ``(N, T, F)`` as in Keras.
+
+    - ``LSTM`` and ``Bidirectional(LSTM)`` (``merge_mode="concat"``) are LSTM layers. Without
+      ``return_sequences`` an element ``"<name>:last"`` follows: :class:`~bnnsfw.LastStep`,
+      or for ``Bidirectional`` :class:`~bnnsfw.FinalState` (each direction's final state).
+    - ``Dense`` is a fully connected layer with its activation; a softmax is an element
+      ``"<name>:softmax"`` (:class:`~bnnsfw.Softmax`) after it.
+    - ``LayerNormalization``, ``BatchNormalization`` and ``RMSNormalization`` over the last
+      axis normalize each step (per-sample shape ``(C,)``); ``GroupNormalization`` only where
+      no time axis is left (on ``(N, T, C)`` Keras's statistics span the whole sequence).
+    - The layers of :data:`KERAS_PASS_THROUGH` (``Dropout``, ``GaussianNoise`` …) are left
+      out; every other layer (``GRU``, ``Masking``, ``Conv1D``, ``Flatten`` …) is refused by
+      name.
+
+    Every element has its backward, so a loaded model can be trained further.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A ``.keras`` file.
+    dtype : float32 or float64, optional
+        By default that of the file's weights (float32 for Keras's default policy).
+    filter_parameters : FilterParameters, optional
+        Given to every layer (the backend, for instance).
     """
     try:
         import h5py
@@ -887,8 +929,6 @@ def load_keras(path: str | os.PathLike[str], *, dtype: Any = None,
         archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as error:
         raise InvalidParameterError(must_be(where, "a .keras file (a zip archive)", str(error))) from None
-    import io
-
     with archive:
         names = set(archive.namelist())
         if not {"config.json", "model.weights.h5"} <= names:
@@ -899,43 +939,196 @@ def load_keras(path: str | os.PathLike[str], *, dtype: Any = None,
     layers_config = config.get("config", {}).get("layers", [])
     if config.get("class_name") not in ("Sequential", "Functional", "Model") or not layers_config:
         raise UnsupportedError(must_be(where, "a Sequential or functional model", config.get("class_name")))
-    result: dict[str, Filter] = {}
+    # Keras names a layer's weights after its class, numbered from the second one on, in the
+    # order of the model's layers.
+    groups: dict[int, str] = {}
     counts: collections.Counter[str] = collections.Counter()
-    shape: list[int] | None = None
+    for index, entry in enumerate(layers_config):
+        snake = _snake(str(entry.get("class_name")))
+        groups[index] = snake if counts[snake] == 0 else f"{snake}_{counts[snake]}"
+        counts[snake] += 1
+    chain = (list(range(len(layers_config))) if config.get("class_name") == "Sequential"
+             else _keras_chain(where, config["config"]))
+    elements: dict[str, Any] = {}
+    flow = _KerasFlow(sequence=None, width=None)
     with h5py.File(weights_file, "r") as h5:
-        for entry in layers_config:
-            class_name, layer_config = entry.get("class_name"), entry.get("config", {})
-            # Keras names a layer's weights after its class, numbered from the second one on.
-            snake = _snake(class_name)
-            group_name = snake if counts[snake] == 0 else f"{snake}_{counts[snake]}"
-            counts[snake] += 1
-            name = layer_config.get("name", group_name)
+        for index in chain:
+            entry = layers_config[index]
+            class_name, layer_config = str(entry.get("class_name")), dict(entry.get("config", {}))
+            name = str(layer_config.get("name", groups[index]))
             if class_name == "InputLayer":
                 batch_shape = layer_config.get("batch_shape") or layer_config.get("batch_input_shape")
-                shape = list(batch_shape[1:]) if batch_shape else None
+                if batch_shape:
+                    flow = _KerasFlow(sequence=len(batch_shape) == 3, width=batch_shape[-1])
                 continue
-            if class_name in _KERAS_WEIGHTLESS:
+            if class_name in KERAS_PASS_THROUGH:
                 continue
-            group = h5.get(f"layers/{group_name}")
-            if group is None:
-                raise InvalidParameterError(must_be(f"{where}: weights of layer {name!r}",
-                                                    f"at layers/{group_name}", "missing"))
+            group = h5.get(f"layers/{groups[index]}")
+            if group is None or class_name not in _KERAS_COMPUTED:
+                rule = (_KERAS_REFUSALS.get(class_name)
+                        or f"a layer bnnsfw computes ({', '.join(_KERAS_COMPUTED)}) or one that passes "
+                           f"through ({', '.join(sorted(KERAS_PASS_THROUGH))})")
+                if group is None and class_name in _KERAS_COMPUTED:
+                    raise InvalidParameterError(must_be(f"{where}: weights of layer {name!r}",
+                                                        f"at layers/{groups[index]}", "missing"))
+                raise UnsupportedError(must_be(f"{where}: layer {name!r}", rule, class_name))
             arrays = _keras_group_arrays(group, class_name)
-            input_shape = None
-            if class_name.endswith("Normalization") and shape is not None and None not in shape:
-                # bnnsfw is channels first: Keras's (…, C) sample normalized over its last axis.
-                rank = len(shape)
-                axis = layer_config.get("axis", -1)
-                axis = axis[0] if isinstance(axis, list) and len(axis) == 1 else axis
-                if class_name not in ("LayerNormalization", "RMSNormalization") and axis in (-1, rank):
-                    input_shape = (shape[-1], *shape[:-1])
-                    layer_config = {**layer_config, "axis": 1}
-                else:
-                    input_shape = tuple(shape)
-            params = from_keras(class_name, arrays, layer_config, input_shape=input_shape, dtype=dtype)
-            result[name] = _LAYER_OF[type(params)](params, filter_parameters)
-            shape = _keras_output_shape(params, shape)
-    return result
+            added, flow = _keras_elements(f"{where}: layer {name!r}", class_name, layer_config, arrays, flow,
+                                          dtype)
+            for suffix, element in added:
+                key = name + suffix
+                if key in elements:
+                    raise InvalidParameterError(must_be(f"{where}: layer {name!r}", "a name of its own", key))
+                elements[key] = (_LAYER_OF[type(element)](element, filter_parameters)
+                                 if type(element) in _LAYER_OF else element)
+    if not elements:
+        raise UnsupportedError(must_be(where, "a model with at least one layer bnnsfw computes", "none"))
+    return Sequential(elements)
+
+
+#: The Keras layers ``load_keras`` computes.
+_KERAS_COMPUTED = ("LSTM", "Bidirectional", "Dense", "LayerNormalization", "BatchNormalization",
+                   "RMSNormalization", "GroupNormalization")
+
+
+@attrs.frozen
+class _KerasFlow:
+    """What reaches a Keras layer: a sequence ``(N, T, C)`` or not, and ``C`` when known."""
+
+    sequence: bool | None
+    width: int | None
+
+
+def _keras_elements(where: str, class_name: str, config: Mapping[str, Any], arrays: list[np.ndarray],
+                    flow: _KerasFlow, dtype: Any) -> tuple[list[tuple[str, Any]], _KerasFlow]:
+    """The container elements of one Keras layer (parameters, or LastStep / FinalState /
+    Softmax), each with the suffix of its name, and what leaves the layer."""
+    if class_name in ("LSTM", "Bidirectional"):
+        inner = dict(config.get("layer", {}).get("config", {})) if class_name == "Bidirectional" else config
+        if class_name == "Bidirectional":
+            _keras_check_backward_layer(where, config)
+        for option in ("return_state", "stateful"):
+            if inner.get(option):
+                raise _unsupported(f"{where} {option}", "False (a loaded model returns one array and starts "
+                                   "from zero states)", True)
+        params = from_keras(class_name, arrays, config, dtype=dtype)
+        width = params.num_directions * params.hidden_size
+        if inner.get("return_sequences", False):
+            return [("", params)], _KerasFlow(sequence=True, width=width)
+        final: FinalState | LastStep = FinalState(2) if params.bidirectional else LastStep()
+        return [("", params), (":last", final)], _KerasFlow(sequence=False, width=width)
+    if class_name == "Dense":
+        softmax = config.get("activation") == "softmax"
+        params = from_keras("Dense", arrays, {**config, "activation": "linear"} if softmax else config,
+                            dtype=dtype)
+        added: list[tuple[str, Any]] = [("", params), *([(":softmax", Softmax())] if softmax else [])]
+        return added, _KerasFlow(sequence=flow.sequence, width=params.output_size)
+    # A normalization over the last axis, applied to each step of a sequence.
+    axes = config.get("axis", -1)
+    listed = list(axes) if isinstance(axes, (list, tuple)) else [axes]
+    last_axes = [-1] if flow.sequence is None else [-1, 2 if flow.sequence else 1]
+    if len(listed) != 1 or listed[0] not in last_axes:
+        spelled = " or ".join(str(a) for a in last_axes)
+        rule = f"the last axis ({spelled}): bnnsfw normalizes each step's features"
+        raise _unsupported(f"{where} axis", rule, axes)
+    if class_name == "GroupNormalization" and flow.sequence:
+        raise _unsupported(f"{where}", "GroupNormalization where no time axis is left: on (N, T, C) Keras "
+                           "takes each group's statistics over the whole sequence, not each step",
+                           "GroupNormalization on a sequence")
+    width = flow.width
+    params = from_keras(class_name, arrays, {**config, "axis": -1},
+                        input_shape=None if width is None else (width,), dtype=dtype)
+    return [("", params)], _KerasFlow(sequence=flow.sequence, width=params.input_shape[0])
+
+
+def _keras_check_backward_layer(where: str, config: Mapping[str, Any]) -> None:
+    """A Bidirectional's backward layer is the forward LSTM's twin (as Keras makes it by default)."""
+    forward, backward = config.get("layer", {}), config.get("backward_layer")
+    if forward.get("class_name") != "LSTM":
+        raise UnsupportedError(must_be(f"{where} layer", "a Bidirectional of an LSTM",
+                                       forward.get("class_name")))
+    if backward is None:
+        return
+    if backward.get("class_name") != "LSTM":
+        raise UnsupportedError(must_be(f"{where} backward_layer", "an LSTM", backward.get("class_name")))
+    ours, theirs = forward.get("config", {}), backward.get("config", {})
+    for key in ("units", "activation", "recurrent_activation", "use_bias", "return_sequences", "dropout",
+                "recurrent_dropout"):
+        if ours.get(key) != theirs.get(key):
+            rule = f"the forward layer's {key} ({ours.get(key)!r})"
+            raise UnsupportedError(must_be(f"{where} backward_layer {key}", rule, theirs.get(key)))
+
+
+def _keras_endpoints(value: Any) -> list[str]:
+    """The layer names of a functional config's ``input_layers`` / ``output_layers``."""
+    if isinstance(value, list) and len(value) == 3 and isinstance(value[0], str):
+        return [value[0]]
+    if isinstance(value, list):
+        return [name for item in value for name in _keras_endpoints(item)]
+    return []
+
+
+def _keras_sources(value: Any) -> list[str]:
+    """The layers whose tensors an inbound node's arguments hold, in order."""
+    if isinstance(value, dict):
+        if value.get("class_name") == "__keras_tensor__":
+            return [str(value["config"]["keras_history"][0])]
+        return [name for item in value.values() for name in _keras_sources(item)]
+    if isinstance(value, (list, tuple)):
+        return [name for item in value for name in _keras_sources(item)]
+    return []
+
+
+def _keras_chain(where: str, model: Mapping[str, Any]) -> list[int]:
+    """The positions of a linear functional model's layers, from its input to its output.
+
+    A layer must be called once, on one tensor, and its output used by one layer; otherwise
+    the model is refused, naming the layer where the graph branches or joins.
+    """
+    entries = model.get("layers", [])
+    position = {str(entry.get("name", entry.get("config", {}).get("name"))): i
+                for i, entry in enumerate(entries)}
+    inputs = _keras_endpoints(model.get("input_layers"))
+    outputs = _keras_endpoints(model.get("output_layers"))
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise UnsupportedError(must_be(where, "a model with one input and one output",
+                                       f"inputs {inputs}, outputs {outputs}"))
+    source_of: dict[str, str] = {}
+    users: dict[str, list[str]] = collections.defaultdict(list)
+    for name, i in position.items():
+        nodes = entries[i].get("inbound_nodes") or []
+        if len(nodes) > 1:
+            raise UnsupportedError(must_be(f"{where}: layer {name!r}", "called once (a linear model)",
+                                           f"called {len(nodes)} times"))
+        for node in nodes:
+            sources = _keras_sources(node)
+            options = {key: value for key, value in dict(node.get("kwargs", {})).items()
+                       if key not in _KERAS_CALL_OPTIONS or (key == "mask" and value is not None)}
+            if options and len(sources) <= 1:
+                raise UnsupportedError(must_be(f"{where}: layer {name!r}", "called on its input alone",
+                                               f"called with {sorted(options)}"))
+            for source in dict.fromkeys(sources):
+                users[source].append(name)
+            if sources:
+                source_of[name] = sources[0] if len(sources) == 1 else ""
+    for source, consumers in users.items():
+        if len(consumers) > 1:
+            raise UnsupportedError(must_be(f"{where}: layer {source!r}", "used by one layer (the graph "
+                                           "branches here; a model loads when it is a chain)",
+                                           f"used by {consumers}"))
+    for name, source in source_of.items():
+        if not source:
+            raise UnsupportedError(must_be(f"{where}: layer {name!r}", "called on one tensor (the graph "
+                                           "joins here; a model loads when it is a chain)",
+                                           f"{_keras_sources(entries[position[name]]['inbound_nodes'])}"))
+    chain = [inputs[0]]
+    following = {source: name for name, source in source_of.items()}
+    while chain[-1] in following:
+        chain.append(following[chain[-1]])
+    if chain[-1] != outputs[0] or any(name not in position for name in chain):
+        raise UnsupportedError(must_be(where, f"a chain from {inputs[0]!r} to {outputs[0]!r}",
+                                       f"one that ends at {chain[-1]!r}"))
+    return [position[name] for name in chain]
 
 
 def _keras_group_arrays(group: Any, class_name: str) -> list[np.ndarray]:
@@ -947,16 +1140,6 @@ def _keras_group_arrays(group: Any, class_name: str) -> list[np.ndarray]:
     if class_name == "LSTM":
         return numbered(group["cell/vars"])
     return numbered(group["vars"])
-
-
-def _keras_output_shape(params: Parameters, shape: list[int] | None) -> list[int] | None:
-    if shape is None:
-        return None
-    if isinstance(params, LSTMParameters):
-        return [*shape[:-1], params.num_directions * params.hidden_size]
-    if isinstance(params, FullyConnectedParameters):
-        return [*shape[:-1], params.output_size]
-    return shape
 
 
 def running_variance_to_torch(moving_variance: Any, count: int) -> np.ndarray:
