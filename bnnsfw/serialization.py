@@ -38,7 +38,7 @@ from .filter import Filter, FilterParameters, load_named_state
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import LSTMLayer, LSTMParameters
 from .layers.normalization import NormalizationLayer, NormalizationParameters
-from .sequential import LastStep, Sequential
+from .sequential import FinalState, LastStep, Sequential, Softmax
 
 __all__ = ["save_weights", "load_weights", "weights_path", "MAX_ELEMENTS"]
 
@@ -76,6 +76,8 @@ _NOT_CONFIGURATION = ("seed",)
 #: What a file holds, by the ``kind`` its metadata records (files without one hold a mapping).
 _KINDS = ("layers", "layer", "sequential")
 _LAST_STEP = "last_step"
+_FINAL_STATE = "final_state"  # with its num_directions
+_SOFTMAX = "softmax"
 
 
 def weights_path(path: PathLike) -> str:
@@ -163,6 +165,12 @@ def save_weights(path: PathLike | IO[bytes], model: Model) -> None:
         if isinstance(layer, LastStep):
             meta[name] = {"type": _LAST_STEP}
             continue
+        if isinstance(layer, FinalState):
+            meta[name] = {"type": _FINAL_STATE, "num_directions": layer.num_directions}
+            continue
+        if isinstance(layer, Softmax):
+            meta[name] = {"type": _SOFTMAX}
+            continue
         layer.check_open("save_weights")
         type_name, state = _live_state(name, layer)
         meta[name] = {"type": type_name}
@@ -180,12 +188,16 @@ def save_weights(path: PathLike | IO[bytes], model: Model) -> None:
 
 
 def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | None,
-           budget: _Budget) -> Filter | LastStep:
+           budget: _Budget) -> Filter | LastStep | FinalState | Softmax:
     """Rebuild the layer ``name`` from its JSON entry and its arrays."""
     state = dict(meta)
     type_name = state.pop("type", None)
     if type_name == _LAST_STEP:
         return LastStep()
+    if type_name == _FINAL_STATE:
+        return FinalState(state["num_directions"])
+    if type_name == _SOFTMAX:
+        return Softmax()
     if type_name not in _LAYER_TYPES:
         raise InvalidParameterError(must_be("type", _type_names(), type_name))
     prefix = f"{name}/"
@@ -586,8 +598,9 @@ def _check_configuration(where: str, kind: str, loaded: dict[str, Any], into: ob
         return f"{where}: the model" if isinstance(into, Filter) else f"{where}: the model's layer {name!r}"
 
     if kind == "sequential" and isinstance(into, Sequential):
-        steps = {name for name, element in loaded.items() if isinstance(element, LastStep)}
-        their_steps = {name for name, element in targets.items() if isinstance(element, LastStep)}
+        weightless = (LastStep, FinalState, Softmax)
+        steps = {name for name, element in loaded.items() if isinstance(element, weightless)}
+        their_steps = {name for name, element in targets.items() if isinstance(element, weightless)}
         if steps != their_steps or (set(loaded) == set(targets) and list(loaded) != list(targets)):
             rule = f"{list(loaded)} in this order (LastStep elements included), as in the file"
             raise InvalidParameterError(must_be(f"{where}: the model's elements", rule, list(targets)))
@@ -599,7 +612,7 @@ def _check_configuration(where: str, kind: str, loaded: dict[str, Any], into: ob
             rule = f"of type {type(saved).__name__}, as in the file"
             raise InvalidParameterError(must_be(model(name), rule, type(element).__name__))
         if not isinstance(saved, (LSTMLayer, NormalizationLayer, FullyConnectedLayer)):
-            continue  # a LastStep: nothing to compare
+            continue  # an element without weights: its LSTM's configuration says the rest
         saved_parameters, parameters = saved.layer_parameters, element.layer_parameters
         theirs, ours = _configuration(saved_parameters), _configuration(parameters)
         differing = []

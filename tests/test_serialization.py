@@ -528,3 +528,18 @@ def test_every_setting_a_state_holds_is_a_configuration_field_ignore_takes():
                         key.startswith(("input_gate/", "forget_gate/", "candidate_gate/", "output_gate/"))
                         or key in ("bias", "beta", "gamma", "moving_mean", "moving_variance")))}
         assert settings - set(_NOT_CONFIGURATION) <= set(_CONFIGURATION[type_name]), type_name
+
+
+def test_final_state_and_softmax_elements_come_back(tmp_path, rng):
+    lstm = bf.LSTMParameters.random(input_size=2, hidden_size=3, bidirectional=True, batch_first=True, seed=2)
+    dense = bf.FullyConnectedParameters.random(input_size=6, output_size=3, seed=3)
+    model = bf.Sequential({"bi": bf.LSTMLayer(lstm), "bi:last": bf.FinalState(2),
+                           "head": bf.FullyConnectedLayer(dense), "head:softmax": bf.Softmax()})
+    save_weights(tmp_path / "model", model)
+    loaded = load_weights(tmp_path / "model")
+    kept = {name: repr(element) for name, element in loaded.layers.items()
+            if not isinstance(element, bf.Filter)}
+    assert kept == {"bi:last": "FinalState(num_directions=2)", "head:softmax": "Softmax()"}
+    x = rng.standard_normal((2, 4, 2)).astype(np.float32)
+    np.testing.assert_array_equal(loaded(x), model(x))
+    load_weights(tmp_path / "model", into=model)
