@@ -865,6 +865,10 @@ def from_keras(class_name: str, weights: Sequence[Any], config: Mapping[str, Any
 KERAS_PASS_THROUGH = frozenset({"InputLayer", "Dropout", "SpatialDropout1D", "GaussianNoise",
                                 "GaussianDropout", "AlphaDropout", "ActivityRegularization", "Identity"})
 
+#: The Keras layers ``load_keras`` computes.
+_KERAS_COMPUTED = ("LSTM", "Bidirectional", "Dense", "LayerNormalization", "BatchNormalization",
+                   "RMSNormalization", "GroupNormalization")
+
 # Why a layer a Keras sequence model often holds is refused, where the class name is not enough.
 _KERAS_REFUSALS = {
     "Masking": "a layer bnnsfw computes (Masking makes Keras's LSTM skip the masked steps: leave it out "
@@ -950,45 +954,54 @@ def load_keras(path: str | os.PathLike[str], *, dtype: Any = None,
     chain = (list(range(len(layers_config))) if config.get("class_name") == "Sequential"
              else _keras_chain(where, config["config"]))
     elements: dict[str, Any] = {}
+    try:
+        with h5py.File(weights_file, "r") as h5:
+            _keras_read_chain(where, [(layers_config[index], groups[index]) for index in chain], h5,
+                              elements, dtype, filter_parameters)
+        if not elements:
+            raise UnsupportedError(must_be(where, "a model with at least one layer bnnsfw computes", "none"))
+        return Sequential(elements)
+    except BaseException:
+        for element in elements.values():  # the layers made before the refusal
+            if isinstance(element, Filter):
+                element.close()
+        raise
+
+
+def _keras_read_chain(where: str, chain: list[tuple[Mapping[str, Any], str]], h5: Any,
+                      elements: dict[str, Any], dtype: Any,
+                      filter_parameters: FilterParameters | None) -> None:
+    """Add the container elements of each Keras layer of the chain (its config entry and the
+    name of its weights group) to ``elements``, in order."""
     flow = _KerasFlow(sequence=None, width=None)
-    with h5py.File(weights_file, "r") as h5:
-        for index in chain:
-            entry = layers_config[index]
-            class_name, layer_config = str(entry.get("class_name")), dict(entry.get("config", {}))
-            name = str(layer_config.get("name", groups[index]))
-            if class_name == "InputLayer":
-                batch_shape = layer_config.get("batch_shape") or layer_config.get("batch_input_shape")
-                if batch_shape:
-                    flow = _KerasFlow(sequence=len(batch_shape) == 3, width=batch_shape[-1])
-                continue
-            if class_name in KERAS_PASS_THROUGH:
-                continue
-            group = h5.get(f"layers/{groups[index]}")
-            if group is None or class_name not in _KERAS_COMPUTED:
-                rule = (_KERAS_REFUSALS.get(class_name)
-                        or f"a layer bnnsfw computes ({', '.join(_KERAS_COMPUTED)}) or one that passes "
-                           f"through ({', '.join(sorted(KERAS_PASS_THROUGH))})")
-                if group is None and class_name in _KERAS_COMPUTED:
-                    raise InvalidParameterError(must_be(f"{where}: weights of layer {name!r}",
-                                                        f"at layers/{groups[index]}", "missing"))
-                raise UnsupportedError(must_be(f"{where}: layer {name!r}", rule, class_name))
-            arrays = _keras_group_arrays(group, class_name)
-            added, flow = _keras_elements(f"{where}: layer {name!r}", class_name, layer_config, arrays, flow,
-                                          dtype)
-            for suffix, element in added:
-                key = name + suffix
-                if key in elements:
-                    raise InvalidParameterError(must_be(f"{where}: layer {name!r}", "a name of its own", key))
-                elements[key] = (_LAYER_OF[type(element)](element, filter_parameters)
-                                 if type(element) in _LAYER_OF else element)
-    if not elements:
-        raise UnsupportedError(must_be(where, "a model with at least one layer bnnsfw computes", "none"))
-    return Sequential(elements)
-
-
-#: The Keras layers ``load_keras`` computes.
-_KERAS_COMPUTED = ("LSTM", "Bidirectional", "Dense", "LayerNormalization", "BatchNormalization",
-                   "RMSNormalization", "GroupNormalization")
+    for entry, group_name in chain:
+        class_name, layer_config = str(entry.get("class_name")), dict(entry.get("config", {}))
+        name = str(layer_config.get("name", group_name))
+        if class_name == "InputLayer":
+            batch_shape = layer_config.get("batch_shape") or layer_config.get("batch_input_shape")
+            if batch_shape:
+                flow = _KerasFlow(sequence=len(batch_shape) == 3, width=batch_shape[-1])
+            continue
+        if class_name in KERAS_PASS_THROUGH:
+            continue
+        if class_name not in _KERAS_COMPUTED:
+            rule = (_KERAS_REFUSALS.get(class_name)
+                    or f"a layer bnnsfw computes ({', '.join(_KERAS_COMPUTED)}) or one that passes "
+                       f"through ({', '.join(sorted(KERAS_PASS_THROUGH))})")
+            raise UnsupportedError(must_be(f"{where}: layer {name!r}", rule, class_name))
+        group = h5.get(f"layers/{group_name}")
+        if group is None:
+            raise InvalidParameterError(must_be(f"{where}: weights of layer {name!r}",
+                                                f"at layers/{group_name}", "missing"))
+        arrays = _keras_group_arrays(group, class_name)
+        added, flow = _keras_elements(f"{where}: layer {name!r}", class_name, layer_config, arrays, flow,
+                                      dtype)
+        for suffix, element in added:
+            key = name + suffix
+            if key in elements:
+                raise InvalidParameterError(must_be(f"{where}: layer {name!r}", "a name of its own", key))
+            elements[key] = (_LAYER_OF[type(element)](element, filter_parameters)
+                             if type(element) in _LAYER_OF else element)
 
 
 @attrs.frozen
