@@ -60,6 +60,7 @@ from .layers.normalization import (
 )
 from .sequential import FinalState, LastStep, Sequential, SequentialGradients, Softmax
 from .serialization import load_weights, save_weights
+from .optimizers import clip_gradients
 from . import losses, optimizers
 
 try:
@@ -110,6 +111,7 @@ __all__ = [
     "load_weights",
     "losses",
     "optimizers",
+    "clip_gradients",
     # backends
     "Backend",
     "available_backends",

@@ -69,7 +69,7 @@ from ._named import describe_differences, name_differences
 from ._validation import SUPPORTED_DTYPES, as_input, describe, finite_float
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
-__all__ = ["Optimizer", "SGD", "Adam", "RMSProp"]
+__all__ = ["Optimizer", "SGD", "Adam", "RMSProp", "clip_gradients"]
 
 #: Added to the global norm before dividing, as torch.nn.utils.clip_grad_norm_ does.
 _NORM_EPSILON = 1e-6
@@ -135,6 +135,88 @@ def _learning_rate(default: Any = attrs.NOTHING) -> Any:
     return _hyperparameter(_positive, default, positional=True, settable=True)
 
 
+def _global_norm(arrays: Sequence[np.ndarray]) -> float:
+    """The L2 norm of all the elements of ``arrays`` together, computed in float64 (infinite
+    when the squares overflow)."""
+    with np.errstate(over="ignore"):
+        return math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays))
+
+
+def _clip_factor(norm: float, max_norm: float) -> float:
+    """The factor that brings gradients of global norm ``norm`` to at most ``max_norm``: below 1
+    only when the norm exceeds the bound (1 means leave them as they are)."""
+    factor = max_norm / (norm + _NORM_EPSILON)
+    return factor if factor < 1.0 else 1.0
+
+
+def clip_gradients(gradients: Mapping[str, np.ndarray], max_norm: float, *,
+                   error_if_nonfinite: bool = True) -> float:
+    """Scale named gradients in place so that their global L2 norm is at most ``max_norm``;
+    return the norm they had.
+
+    The rule is ``torch.nn.utils.clip_grad_norm_``'s: with ``n`` the L2 norm of all the
+    elements of all the arrays together (computed in float64), every array is multiplied by
+    ``max_norm / (n + 1e-6)`` when that factor is below 1, and left as it is otherwise. The
+    norm returned is ``n``, before clipping: what a training loop logs.
+
+    Parameters
+    ----------
+    gradients : mapping of name to ndarray
+        Float32 or float64, writable arrays, such as ``grads.parameters()`` of a
+        :class:`~bnnsfw.SequentialGradients` or an ``LSTMGradients`` (views of the gradients
+        result, which therefore sees the clipped values). Scaled in place.
+    max_norm : float
+        The bound, finite and >= 0.
+    error_if_nonfinite : bool
+        When the norm is NaN or infinite (some gradient holds a NaN or an infinity): raise
+        (the default), naming the first such array; with ``False``, return the non-finite
+        norm and leave every array as it is, so that the caller can skip the step.
+
+    Returns
+    -------
+    float
+        The global norm before clipping.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> grads = {"w": np.array([3.0, 0.0]), "b": np.array([4.0])}
+    >>> clip_gradients(grads, max_norm=1.0)
+    5.0
+    >>> grads["w"], grads["b"]
+    (array([0.59999988, 0.        ]), array([0.79999984]))
+    """
+    where = "clip_gradients"
+    bound = finite_float(f"{where}(max_norm)", max_norm, low=0.0)
+    nonfinite_check = _flag(f"{where}(error_if_nonfinite)", error_if_nonfinite)
+    if not isinstance(gradients, Mapping):
+        rule = "a mapping of name to gradient array (grads.parameters())"
+        raise InvalidParameterError(must_be(f"{where}(gradients)", rule, type(gradients).__name__))
+    for name, array in gradients.items():
+        label = f"{where}(gradients[{name!r}])"
+        if not isinstance(array, np.ndarray):
+            raise InvalidParameterError(must_be(label, "a NumPy array (scaled in place)", type(array).__name__))
+        if array.dtype not in SUPPORTED_DTYPES:
+            raise DTypeError(must_be(label, "a float32 or float64 array", array.dtype.name))
+        if not array.flags.writeable:
+            raise InvalidParameterError(must_be(label, "a writable array (scaled in place)", "a read-only array"))
+    arrays = list(gradients.values())
+    norm = _global_norm(arrays)
+    if not math.isfinite(norm):
+        if nonfinite_check:
+            bad = [name for name, array in gradients.items() if not np.all(np.isfinite(array))]
+            label = f"{where}(gradients[{bad[0]!r}])" if bad else f"{where}(gradients)"
+            got = "an array holding NaN or infinite values" if bad else f"a global norm of {norm}"
+            rule = "finite (error_if_nonfinite=False returns the norm and leaves the gradients as they are)"
+            raise InvalidParameterError(must_be(label, rule, got))
+        return norm
+    factor = _clip_factor(norm, bound)
+    if factor < 1.0:
+        for array in arrays:
+            array *= factor
+    return norm
+
+
 @attrs.define(eq=False, repr=False)
 class Optimizer:
     """Base class: hyperparameters shared by every optimizer, the step pipeline and the state.
@@ -169,6 +251,7 @@ class Optimizer:
     _dtypes: list[np.dtype | None] = attrs.field(factory=list, init=False)
     _state: list[dict[str, np.ndarray]] = attrs.field(factory=list, init=False)
     _names: list[str] | None = attrs.field(default=None, init=False)  # when stepped by name
+    _last_gradient_norm: float | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         """Check every hyperparameter, in the order :func:`repr` lists them."""
@@ -187,6 +270,14 @@ class Optimizer:
     def step_count(self) -> int:
         """How many steps have been taken (restored by :meth:`load_state_dict`)."""
         return self._step_count
+
+    @property
+    def last_gradient_norm(self) -> float | None:
+        """With ``clip_norm`` set, the global L2 norm of the gradients that the last step clipped
+        (after ``gradient_scale`` and ``clip_value``, before the norm clipping; in float64):
+        what a training loop logs. ``None`` before the first such step and without
+        ``clip_norm``. Not part of the state: a copied or restored optimizer has ``None``."""
+        return self._last_gradient_norm
 
     def __repr__(self) -> str:
         fields = self._hyperparameter_fields()
@@ -328,8 +419,9 @@ class Optimizer:
             for w in work:
                 np.clip(w, -self.clip_value, self.clip_value, out=w)
         if self.clip_norm is not None:
-            norm = math.sqrt(sum(float(np.sum(np.square(w, dtype=np.float64))) for w in work))
-            factor = self.clip_norm / (norm + _NORM_EPSILON)
+            norm = _global_norm(work)
+            self._last_gradient_norm = norm
+            factor = _clip_factor(norm, self.clip_norm)
             if factor < 1.0:
                 for w in work:
                     w *= factor

@@ -12,7 +12,7 @@ import pytest
 import bnnsfw as bf
 from bnnsfw import FilterParameters
 from bnnsfw.layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
-from bnnsfw.optimizers import SGD, Adam, Optimizer, RMSProp
+from bnnsfw.optimizers import SGD, Adam, Optimizer, RMSProp, clip_gradients
 
 P0 = [1.0, -2.0, 0.5]
 G1 = [0.5, 1.0, -2.0]
@@ -514,3 +514,85 @@ def test_clip_norm_matches_torch(rng):
     SGD(1.0, clip_norm=1.5).step(params, grads)
     for p, t in zip(params, tensors):
         np.testing.assert_allclose(-p, t.grad.numpy(), rtol=1e-12)
+
+
+# Clipping by global norm, on its own and inside a step.
+def test_clip_gradients_scales_in_place_by_the_torch_rule_and_returns_the_norm_before():
+    w, b = np.array([[3.0, 0.0]]), np.array([4.0], dtype=np.float64)
+    grads = {"w": w, "b": b}
+    assert clip_gradients(grads, max_norm=2.0) == 5.0
+    assert grads["w"] is w and grads["b"] is b
+    factor = 2.0 / (5.0 + 1e-6)
+    close(w, [[3.0 * factor, 0.0]])
+    close(b, [4.0 * factor])
+    below = {"w": np.array([0.3, -0.4], dtype=np.float32)}
+    before = below["w"].copy()
+    assert clip_gradients(below, max_norm=0.6) == pytest.approx(0.5, rel=1e-7)  # factor ≥ 1: untouched
+    np.testing.assert_array_equal(below["w"], before)
+    assert clip_gradients({}, 1.0) == 0.0
+
+
+def test_clip_gradients_norm_is_taken_in_float64():
+    big = {"g": np.full(4, 3e20, dtype=np.float32)}  # squares overflow float32
+    assert clip_gradients(big, 1e30) == pytest.approx(6e20, rel=1e-7)
+
+
+def test_clip_gradients_clips_a_models_gradients_that_the_optimizer_then_uses(rng):
+    layer = FullyConnectedLayer(FullyConnectedParameters.random(input_size=3, output_size=2, seed=0,
+                                                                dtype=np.float64))
+    x = rng.standard_normal((4, 3))
+    grads = layer.apply_backward(x, np.full((4, 2), 10.0))
+    expected = math.sqrt(sum(float(np.sum(g**2)) for g in grads.parameters().values()))
+    norm = clip_gradients(grads.parameters(), 1.0)
+    assert norm == pytest.approx(expected, rel=1e-12) and norm > 1.0
+    assert math.sqrt(sum(float(np.sum(g**2)) for g in grads.parameters().values())) == pytest.approx(1.0, rel=1e-6)
+    layer.close()
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda g: clip_gradients(g, float("inf")), bf.InvalidParameterError, r"clip_gradients\(max_norm\) must be finite"),
+        (lambda g: clip_gradients(g, -1.0), bf.InvalidParameterError, r"clip_gradients\(max_norm\) must be in \[0.0"),
+        (lambda g: clip_gradients([g["w"]], 1.0), bf.InvalidParameterError, r"clip_gradients\(gradients\) must be a mapping"),
+        (lambda g: clip_gradients({"w": [1.0]}, 1.0), bf.InvalidParameterError, r"gradients\['w'\]\) must be a NumPy array"),
+        (lambda g: clip_gradients({"w": np.ones(2, dtype=np.int64)}, 1.0), bf.DTypeError, "float32 or float64 array; got 'int64'"),
+        (lambda g: clip_gradients(g, 1.0, error_if_nonfinite=1), bf.InvalidParameterError, "must be True or False"),
+    ],
+)
+def test_clip_gradients_refuses_bad_input_naming_the_argument(call, error, match):
+    grads = {"w": np.array([1.0, 2.0])}
+    with pytest.raises(error, match=match):
+        call(grads)
+    np.testing.assert_array_equal(grads["w"], [1.0, 2.0])
+
+
+def test_clip_gradients_refuses_read_only_arrays():
+    frozen = np.array([1.0, 2.0])
+    frozen.flags.writeable = False
+    with pytest.raises(bf.InvalidParameterError, match=r"gradients\['w'\]\) must be a writable array"):
+        clip_gradients({"w": frozen}, 1.0)
+
+
+def test_clip_gradients_non_finite_raises_naming_the_array_or_returns_the_norm_untouched():
+    grads = {"a": np.array([1.0]), "b": np.array([np.nan, 1.0])}
+    with pytest.raises(bf.InvalidParameterError, match=r"clip_gradients\(gradients\['b'\]\) must be finite"):
+        clip_gradients(grads, 1.0)
+    assert math.isnan(clip_gradients(grads, 1.0, error_if_nonfinite=False))
+    np.testing.assert_array_equal(grads["a"], [1.0])
+    huge = {"a": np.array([1e200, 1e200])}  # finite arrays, overflowing norm
+    with pytest.raises(bf.InvalidParameterError, match=r"clip_gradients\(gradients\) must be finite.*inf"):
+        clip_gradients(huge, 1.0)
+
+
+def test_an_optimizer_reports_the_norm_its_clip_norm_saw():
+    opt = SGD(0.1, clip_norm=1.0, gradient_scale=2.0)
+    assert opt.last_gradient_norm is None
+    p = np.zeros(2)
+    opt.step({"p": p}, {"p": np.array([3.0, 4.0])})
+    assert opt.last_gradient_norm == 10.0  # after gradient_scale, before clipping
+    close(p, [-0.1 * 6.0 / (10.0 + 1e-6), -0.1 * 8.0 / (10.0 + 1e-6)])
+    assert SGD(0.1).last_gradient_norm is None
+    off = SGD(0.1)
+    off.step([p], [np.ones(2)])
+    assert off.last_gradient_norm is None
