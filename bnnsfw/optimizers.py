@@ -58,9 +58,10 @@ SGD with momentum), AMSGrad, AdamW, and clipping each tensor by its own norm.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -70,6 +71,8 @@ from ._validation import SUPPORTED_DTYPES, as_input, describe, finite_float
 from .errors import DTypeError, InvalidParameterError, ShapeError, must_be
 
 __all__ = ["Optimizer", "SGD", "Adam", "RMSProp", "clip_gradients"]
+
+_O = TypeVar("_O", bound="Optimizer")
 
 #: Added to the global norm before dividing, as torch.nn.utils.clip_grad_norm_ does.
 _NORM_EPSILON = 1e-6
@@ -130,9 +133,18 @@ def _hyperparameter(check: Callable[[str, Any], Any], default: Any = attrs.NOTHI
                        on_setattr=checked if settable else attrs.setters.frozen)
 
 
+def _step_size(where: str, value: object) -> float:
+    """A learning rate: finite and >= 0 (0 leaves the parameters as they are, where a schedule
+    ends)."""
+    number = finite_float(where, value)
+    if number < 0.0:
+        raise InvalidParameterError(must_be(where, "a finite number >= 0", value))
+    return number
+
+
 def _learning_rate(default: Any = attrs.NOTHING) -> Any:
-    """The step size: the first argument, > 0; may be changed between steps (a schedule)."""
-    return _hyperparameter(_positive, default, positional=True, settable=True)
+    """The step size: the first argument, >= 0; may be changed between steps (a schedule)."""
+    return _hyperparameter(_step_size, default, positional=True, settable=True)
 
 
 def _global_norm(arrays: Sequence[np.ndarray]) -> float:
@@ -195,11 +207,13 @@ def clip_gradients(gradients: Mapping[str, np.ndarray], max_norm: float, *,
     for name, array in gradients.items():
         label = f"{where}(gradients[{name!r}])"
         if not isinstance(array, np.ndarray):
-            raise InvalidParameterError(must_be(label, "a NumPy array (scaled in place)", type(array).__name__))
+            rule = "a NumPy array (scaled in place)"
+            raise InvalidParameterError(must_be(label, rule, type(array).__name__))
         if array.dtype not in SUPPORTED_DTYPES:
             raise DTypeError(must_be(label, "a float32 or float64 array", array.dtype.name))
         if not array.flags.writeable:
-            raise InvalidParameterError(must_be(label, "a writable array (scaled in place)", "a read-only array"))
+            rule = "a writable array (scaled in place)"
+            raise InvalidParameterError(must_be(label, rule, "a read-only array"))
     arrays = list(gradients.values())
     norm = _global_norm(arrays)
     if not math.isfinite(norm):
@@ -217,6 +231,27 @@ def clip_gradients(gradients: Mapping[str, np.ndarray], max_norm: float, *,
     return norm
 
 
+def _accepting_lr(cls: type[_O]) -> type[_O]:
+    """Let ``cls(lr=...)`` spell ``learning_rate`` as PyTorch does (Keras spells it
+    ``learning_rate``); giving both is refused."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if "lr" in kwargs:
+            lr = kwargs.pop("lr")
+            if args or "learning_rate" in kwargs:
+                given = args[0] if args else kwargs["learning_rate"]
+                raise InvalidParameterError(must_be(
+                    f"{cls.__name__}(lr)", "left out when learning_rate is given (both name the step size)",
+                    f"lr={lr!r} and learning_rate={given!r}"))
+            kwargs["learning_rate"] = lr
+        init(self, *args, **kwargs)
+
+    setattr(cls, "__init__", __init__)
+    return cls
+
+
 @attrs.define(eq=False, repr=False)
 class Optimizer:
     """Base class: hyperparameters shared by every optimizer, the step pipeline and the state.
@@ -228,8 +263,8 @@ class Optimizer:
     Parameters
     ----------
     learning_rate : float
-        The step size, > 0; the only hyperparameter that may be assigned between steps (a
-        schedule), checked like at creation.
+        The step size, >= 0 (also spelled ``lr``, as in PyTorch); the only hyperparameter
+        that may be assigned between steps (a schedule), checked like at creation.
     weight_decay : float
         L2 regularization, >= 0, adding ``weight_decay · p`` to each gradient.
     clip_value : float or None
@@ -545,6 +580,7 @@ def _unpickled(optimizer_class: type[Optimizer], hyperparameters: Mapping[str, A
     return optimizer
 
 
+@_accepting_lr
 @attrs.define(eq=False, repr=False)
 class SGD(Optimizer):
     """Stochastic gradient descent, optionally with (Nesterov) momentum.
@@ -561,7 +597,7 @@ class SGD(Optimizer):
     Parameters
     ----------
     learning_rate : float
-        > 0 (BNNS ``learning_rate``).
+        >= 0 (BNNS ``learning_rate``); ``lr=`` is the same argument.
     momentum : float
         In [0, 1) (``BNNSOptimizerSGDMomentumFields.momentum``).
     nesterov : bool
@@ -608,6 +644,7 @@ class SGD(Optimizer):
             parameter -= lr * velocity
 
 
+@_accepting_lr
 @attrs.define(eq=False, repr=False)
 class Adam(Optimizer):
     """Adam, with bias-corrected moment estimates.
@@ -625,7 +662,7 @@ class Adam(Optimizer):
     Parameters
     ----------
     learning_rate : float
-        > 0 (default 1e-3).
+        >= 0 (default 1e-3); ``lr=`` is the same argument.
     beta1, beta2 : float
         In [0, 1) (BNNS ``beta1``, ``beta2``; defaults 0.9, 0.999).
     epsilon : float
@@ -669,6 +706,7 @@ class Adam(Optimizer):
         parameter -= update
 
 
+@_accepting_lr
 @attrs.define(eq=False, repr=False)
 class RMSProp(Optimizer):
     """RMSProp, as PyTorch's ``RMSprop``, with the centered and momentum variants.
@@ -686,7 +724,7 @@ class RMSProp(Optimizer):
     Parameters
     ----------
     learning_rate : float
-        > 0 (default 1e-2).
+        >= 0 (default 1e-2); ``lr=`` is the same argument.
     alpha : float
         Smoothing constant in [0, 1) (BNNS ``alpha``; default 0.99).
     epsilon : float

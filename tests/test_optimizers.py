@@ -298,8 +298,11 @@ def test_learning_rate_can_change_between_steps():
     opt.learning_rate = 0.5
     opt.step([p], [np.array([1.0])])
     close(p, [1.0 - 0.1 - 0.5])
-    with pytest.raises(bf.InvalidParameterError, match="SGD.learning_rate must be a finite number > 0"):
-        opt.learning_rate = 0
+    opt.learning_rate = 0  # where a schedule may end: the parameters stay as they are
+    opt.step([p], [np.array([1.0])])
+    close(p, [1.0 - 0.1 - 0.5])
+    with pytest.raises(bf.InvalidParameterError, match="SGD.learning_rate must be a finite number >= 0"):
+        opt.learning_rate = -0.1
 
 
 @pytest.mark.parametrize("name", ["momentum", "nesterov", "weight_decay", "clip_norm", "gradient_scale"])
@@ -313,8 +316,11 @@ def test_only_the_learning_rate_can_be_assigned(name):
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: SGD(0.0), "SGD.learning_rate must be a finite number > 0"),
-        (lambda: SGD(-1.0), "SGD.learning_rate must be a finite number > 0"),
+        (lambda: SGD(-1.0), "SGD.learning_rate must be a finite number >= 0"),
+        (lambda: SGD(lr=-1.0), "SGD.learning_rate must be a finite number >= 0"),
+        (lambda: Adam(0.1, lr=0.2), r"Adam\(lr\) must be left out when learning_rate is given"),
+        (lambda: RMSProp(learning_rate=0.1, lr=0.1),
+         r"RMSProp\(lr\) must be left out .*lr=0.1 and learning_rate=0.1"),
         (lambda: Adam(float("nan")), "Adam.learning_rate must be finite"),
         (lambda: SGD(0.1, momentum=1.0), r"SGD.momentum must be in \[0.0, 1.0\)"),
         (lambda: SGD(0.1, momentum=-0.1), r"SGD.momentum must be in \[0.0, 1.0\)"),
@@ -516,6 +522,12 @@ def test_clip_norm_matches_torch(rng):
         np.testing.assert_allclose(-p, t.grad.numpy(), rtol=1e-12)
 
 
+@pytest.mark.parametrize("make", [SGD, Adam, RMSProp])
+def test_lr_is_the_learning_rate_as_pytorch_spells_it(make):
+    assert make(lr=0.25).learning_rate == make(learning_rate=0.25).learning_rate == 0.25
+    assert make(0.25).learning_rate == 0.25
+
+
 # Clipping by global norm, on its own and inside a step.
 def test_clip_gradients_scales_in_place_by_the_torch_rule_and_returns_the_norm_before():
     w, b = np.array([[3.0, 0.0]]), np.array([4.0], dtype=np.float64)
@@ -545,19 +557,26 @@ def test_clip_gradients_clips_a_models_gradients_that_the_optimizer_then_uses(rn
     expected = math.sqrt(sum(float(np.sum(g**2)) for g in grads.parameters().values()))
     norm = clip_gradients(grads.parameters(), 1.0)
     assert norm == pytest.approx(expected, rel=1e-12) and norm > 1.0
-    assert math.sqrt(sum(float(np.sum(g**2)) for g in grads.parameters().values())) == pytest.approx(1.0, rel=1e-6)
+    after = math.sqrt(sum(float(np.sum(g**2)) for g in grads.parameters().values()))
+    assert after == pytest.approx(1.0, rel=1e-6)
     layer.close()
 
 
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda g: clip_gradients(g, float("inf")), bf.InvalidParameterError, r"clip_gradients\(max_norm\) must be finite"),
-        (lambda g: clip_gradients(g, -1.0), bf.InvalidParameterError, r"clip_gradients\(max_norm\) must be in \[0.0"),
-        (lambda g: clip_gradients([g["w"]], 1.0), bf.InvalidParameterError, r"clip_gradients\(gradients\) must be a mapping"),
-        (lambda g: clip_gradients({"w": [1.0]}, 1.0), bf.InvalidParameterError, r"gradients\['w'\]\) must be a NumPy array"),
-        (lambda g: clip_gradients({"w": np.ones(2, dtype=np.int64)}, 1.0), bf.DTypeError, "float32 or float64 array; got 'int64'"),
-        (lambda g: clip_gradients(g, 1.0, error_if_nonfinite=1), bf.InvalidParameterError, "must be True or False"),
+        (lambda g: clip_gradients(g, float("inf")), bf.InvalidParameterError,
+         r"clip_gradients\(max_norm\) must be finite"),
+        (lambda g: clip_gradients(g, -1.0), bf.InvalidParameterError,
+         r"clip_gradients\(max_norm\) must be in \[0.0"),
+        (lambda g: clip_gradients([g["w"]], 1.0), bf.InvalidParameterError,
+         r"clip_gradients\(gradients\) must be a mapping"),
+        (lambda g: clip_gradients({"w": [1.0]}, 1.0), bf.InvalidParameterError,
+         r"gradients\['w'\]\) must be a NumPy array"),
+        (lambda g: clip_gradients({"w": np.ones(2, dtype=np.int64)}, 1.0), bf.DTypeError,
+         "float32 or float64 array; got 'int64'"),
+        (lambda g: clip_gradients(g, 1.0, error_if_nonfinite=1), bf.InvalidParameterError,
+         "must be True or False"),
     ],
 )
 def test_clip_gradients_refuses_bad_input_naming_the_argument(call, error, match):
@@ -596,3 +615,4 @@ def test_an_optimizer_reports_the_norm_its_clip_norm_saw():
     off = SGD(0.1)
     off.step([p], [np.ones(2)])
     assert off.last_gradient_norm is None
+

@@ -147,7 +147,7 @@ SCALAR_TARGETS: dict[str, tuple[Callable[[object], Any], Callable[[Any], Any], C
     "NormalizationParameters.momentum": (
         lambda v: bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(2,), momentum=v),
         lambda p: p.momentum, stored(lambda x: 0 <= x <= 1)),
-    "SGD.learning_rate": (lambda v: SGD(v), lambda o: o.learning_rate, stored(lambda x: x > 0)),
+    "SGD.learning_rate": (lambda v: SGD(v), lambda o: o.learning_rate, stored(lambda x: x >= 0)),
 }
 
 
