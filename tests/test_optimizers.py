@@ -616,3 +616,14 @@ def test_an_optimizer_reports_the_norm_its_clip_norm_saw():
     off.step([p], [np.ones(2)])
     assert off.last_gradient_norm is None
 
+
+def test_clip_gradients_matches_torch(rng):
+    torch = pytest.importorskip("torch")
+    grads = {"a": rng.standard_normal((3, 4)), "b": rng.standard_normal(5)}
+    tensors = [torch.nn.Parameter(torch.zeros(g.shape, dtype=torch.float64)) for g in grads.values()]
+    for tensor, g in zip(tensors, grads.values()):
+        tensor.grad = torch.tensor(g)
+    expected = float(torch.nn.utils.clip_grad_norm_(tensors, max_norm=0.5))
+    assert clip_gradients(grads, 0.5) == pytest.approx(expected, rel=1e-12)
+    for tensor, g in zip(tensors, grads.values()):
+        np.testing.assert_allclose(g, tensor.grad.numpy(), rtol=1e-12)
