@@ -61,7 +61,8 @@ from .layers.normalization import (
 from .sequential import FinalState, LastStep, Sequential, SequentialGradients, Softmax
 from .serialization import load_weights, save_weights
 from .optimizers import clip_gradients
-from . import losses, optimizers
+from .schedules import CosineAnnealing, LearningRateSchedule, LinearWarmup, SequentialSchedule, StepDecay
+from . import losses, optimizers, schedules
 
 try:
     __version__ = _metadata.version("bnnsfw")
@@ -111,7 +112,13 @@ __all__ = [
     "load_weights",
     "losses",
     "optimizers",
+    "schedules",
     "clip_gradients",
+    "LearningRateSchedule",
+    "StepDecay",
+    "CosineAnnealing",
+    "LinearWarmup",
+    "SequentialSchedule",
     # backends
     "Backend",
     "available_backends",
