@@ -26,7 +26,8 @@ optimizer's learning rate to the schedule's value at epoch 0, and after ``e`` ca
 the formula (PyTorch's closed forms; its own ``step()`` computes most of them step by step,
 which can differ in the last bits), so a learning rate assigned between two steps is replaced
 at the next one. A schedule's state is its epoch and its base (:meth:`~LearningRateSchedule.
-state_dict`); it pickles and deep-copies with its optimizer.
+state_dict`); it pickles and deep-copies with its optimizer, and :func:`bnnsfw.save_weights`
+keeps it in a checkpoint (``training=``).
 """
 
 from __future__ import annotations

@@ -17,10 +17,18 @@ into the JSON metadata, beside the layer's ``type``. A path ending in ``.npz`` (
 binary file) gets a NumPy archive with that JSON in its ``__meta__`` entry; any other a
 safetensors file with it in the header (:mod:`bnnsfw._safetensors`). :func:`load_weights`
 reads both, whatever the name, and treats every file as untrusted input.
+
+A checkpoint is such a file with more in it: ``save_weights(path, model, training={name:
+optimizer or schedule}, metadata={...})`` adds each optimizer's state arrays as
+``<name>/<state>.<position>`` and, in the JSON, its class, hyperparameters, learning rate,
+step count, parameter names and shapes; each schedule's class and state; each LSTM's
+dropout-generator state; and the caller's metadata. ``load_weights(path, training={...},
+return_metadata=True)`` gives all of it back.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -38,12 +46,16 @@ from .filter import Filter, FilterParameters, load_named_state
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
 from .layers.lstm import LSTMLayer, LSTMParameters
 from .layers.normalization import NormalizationLayer, NormalizationParameters
+from .optimizers import Optimizer
+from .schedules import LearningRateSchedule, SequentialSchedule
 from .sequential import FinalState, LastStep, Sequential, Softmax
 
 __all__ = ["save_weights", "load_weights", "weights_path", "MAX_ELEMENTS"]
 
 #: What :func:`save_weights` takes and :func:`load_weights` gives back.
 Model = Union[Filter, Sequential, Mapping[str, Filter]]
+#: What a checkpoint holds beside the model, by name (``training=``).
+Training = Mapping[str, Union[Optimizer, LearningRateSchedule]]
 PathLike = Union[str, "os.PathLike[str]"]
 
 _FORMAT = "bnnsfw-weights-1"
@@ -146,8 +158,10 @@ def _live_state(name: str, layer: Filter) -> tuple[str, dict[str, Any]]:
     raise InvalidParameterError(must_be(where, f"one of {classes}", type(layer).__name__))
 
 
-def save_weights(path: PathLike | IO[bytes], model: Model) -> None:
-    """Write ``model`` to the file :func:`weights_path` gives for ``path``.
+def save_weights(path: PathLike | IO[bytes], model: Model, *, training: Training | None = None,
+                 metadata: Mapping[str, Any] | None = None) -> None:
+    """Write ``model`` to the file :func:`weights_path` gives for ``path``; with ``training``
+    and ``metadata``, a checkpoint to resume training from.
 
     Parameters
     ----------
@@ -157,8 +171,21 @@ def save_weights(path: PathLike | IO[bytes], model: Model) -> None:
         does an open binary file (written as it is).
     model : layer, Sequential, or mapping of name to layer
         Open layers. :func:`load_weights` gives back the same kind of object.
+    training : mapping of name to optimizer or schedule, optional
+        Optimizers (their moments by parameter name, step count and learning rate; their
+        other hyperparameters are recorded) and learning-rate schedules (epoch and base), by
+        names that are not the model's layer names. With it the file also holds each LSTM's
+        dropout-generator state, so that ``load_weights(..., training=...)`` resumes exactly
+        where this run is.
+    metadata : mapping, optional
+        The caller's own JSON-able values (an epoch, a loss, a configuration): a dict with str
+        keys holding dicts, lists, tuples, str, bool, None, int and finite float values;
+        anything else is refused naming where it is. ``load_weights(...,
+        return_metadata=True)`` gives it back (tuples as lists).
     """
     kind, layers = _elements(model)
+    extras = _training_elements(training, layers)
+    user = _user_metadata(metadata)
     arrays: dict[str, Any] = {}
     meta: dict[str, Any] = {}
     for name, layer in layers.items():
@@ -179,12 +206,105 @@ def save_weights(path: PathLike | IO[bytes], model: Model) -> None:
                 arrays[f"{name}/{key}"] = value
             else:
                 meta[name][key] = value
-    header = json.dumps({"format": _FORMAT, "kind": kind, "layers": meta})
+    contents: dict[str, Any] = {"format": _FORMAT, "kind": kind, "layers": meta}
+    if extras:
+        contents["training"] = {name: _training_entry(name, element, arrays)
+                                for name, element in extras.items()}
+        contents["random"] = {name: layer._runtime_state() for name, layer in layers.items()
+                              if isinstance(layer, Filter) and layer._runtime_state()}
+    if user is not None:
+        contents["metadata"] = user
+    header = json.dumps(contents, allow_nan=False)
     if isinstance(path, (str, os.PathLike)) and not weights_path(path).endswith(".npz"):
         _safetensors.write(weights_path(path), arrays, header)
         return
     arrays["__meta__"] = np.array(header)
     np.savez(weights_path(path) if isinstance(path, (str, os.PathLike)) else path, **arrays)
+
+
+def _training_elements(training: object, layers: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked ``training`` argument of :func:`save_weights`: optimizers and schedules by
+    names that are usable and not the model's layer names."""
+    where = "save_weights(training)"
+    if training is None:
+        return {}
+    if not isinstance(training, Mapping):
+        rule = "a mapping of name to optimizer or schedule, e.g. {'optimizer': adam}"
+        raise InvalidParameterError(must_be(where, rule, type(training).__name__))
+    for name, element in training.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise InvalidParameterError(must_be(f"{where} keys", "non-empty names without '/'", name))
+        if name in layers:
+            rule = f"names other than the model's layer names ({', '.join(layers)})"
+            raise InvalidParameterError(must_be(f"{where} keys", rule, name))
+        if not isinstance(element, (Optimizer, LearningRateSchedule)):
+            rule = "a bnnsfw optimizer or learning-rate schedule"
+            raise InvalidParameterError(must_be(f"{where}[{name!r}]", rule, type(element).__name__))
+    return dict(training)
+
+
+def _schedule_structure(schedule: LearningRateSchedule) -> Any:
+    """What a file records of a schedule's kind: its class, and a sequence's parts and milestones."""
+    if isinstance(schedule, SequentialSchedule):
+        return {"class": type(schedule).__name__, "milestones": list(schedule.milestones),
+                "schedules": [_schedule_structure(part) for part in schedule.schedules]}
+    return {"class": type(schedule).__name__}
+
+
+def _training_entry(name: str, element: Any, arrays: dict[str, Any]) -> dict[str, Any]:
+    """The JSON entry of an optimizer or a schedule; an optimizer's state arrays go into
+    ``arrays`` as ``<name>/<state name>.<position>``."""
+    if isinstance(element, LearningRateSchedule):
+        return {"type": "schedule", **_schedule_structure(element), **element.state_dict()}
+    state: dict[str, Any] = element.state_dict()
+    count = int(state["parameter_count"])
+    names = state.get("parameter_names")
+    hyperparameters = {field.name: getattr(element, field.name) for field in element._hyperparameter_fields()}
+    for key, value in state.items():
+        if isinstance(value, np.ndarray) and key != "parameter_names" and not key.startswith("shape."):
+            arrays[f"{name}/{key}"] = value
+    return {"type": "optimizer", "class": type(element).__name__, "hyperparameters": hyperparameters,
+            "learning_rate": element.learning_rate, "step_count": state["step_count"],
+            "parameter_names": None if names is None else [str(n) for n in names],
+            "shapes": [[int(n) for n in state[f"shape.{i}"]] for i in range(count)]}
+
+
+#: How deeply the caller's metadata may nest (JSON readers have limits; a real one is shallow).
+_MAX_METADATA_DEPTH = 32
+
+
+def _user_metadata(metadata: object) -> dict[str, Any] | None:
+    """The caller's metadata, checked to be plain JSON: refused naming the first value that is not."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise InvalidParameterError(must_be("save_weights(metadata)", "a dict of JSON-able values",
+                                            type(metadata).__name__))
+    plain: dict[str, Any] = _plain_json("save_weights(metadata)", metadata, 0)
+    return plain
+
+
+def _plain_json(where: str, value: object, depth: int) -> Any:
+    if depth > _MAX_METADATA_DEPTH:
+        rule = f"nested at most {_MAX_METADATA_DEPTH} levels deep"
+        raise InvalidParameterError(must_be(where, rule, "a deeper value"))
+    if value is None or type(value) in (bool, str, int):
+        return value
+    if type(value) is float:
+        if not math.isfinite(value):
+            rule = "a finite number (JSON has no NaN or infinity)"
+            raise InvalidParameterError(must_be(where, rule, value))
+        return value
+    if isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str):
+                raise InvalidParameterError(must_be(f"{where} keys", "str (JSON object keys)", key))
+        return {key: _plain_json(f"{where}[{key!r}]", item, depth + 1) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_json(f"{where}[{i}]", item, depth + 1) for i, item in enumerate(value)]
+    rule = ("a dict, list, tuple, str, int, finite float, bool or None (convert NumPy values with "
+            ".item() or .tolist())")
+    raise InvalidParameterError(must_be(where, rule, type(value).__name__))
 
 
 def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | None,
@@ -368,7 +488,8 @@ def _layers(where: str, meta: Any) -> dict[str, Any]:
 
 def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters | None = None, *,
                  into: Model | None = None, ignore: Collection[str] | None = (),
-                 max_elements: int = MAX_ELEMENTS) -> Any:
+                 max_elements: int = MAX_ELEMENTS, training: Training | None = None,
+                 return_metadata: bool = False) -> Any:
     """Read a file written by :func:`save_weights`, in either form, whatever it is called.
 
     Parameters
@@ -403,13 +524,26 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
         them. Every other size is checked against the arrays that carry it. A shape beyond the
         limit is refused before anything is allocated, naming the layer and the field; raise
         the limit for a file you trust.
+    training : mapping of name to optimizer or schedule, optional
+        Objects to restore from a checkpoint, by the names ``save_weights(training=)`` gave
+        them, each of the saved kind (the same optimizer class, the same schedule classes
+        and milestones; create them as for the saved run). An optimizer gets the saved
+        moments, step count and learning rate (its other hyperparameters stay its own); the
+        saved parameter names, shapes and dtypes must be those of the model's
+        ``parameters()``, or the load is refused naming the differences. A schedule gets
+        its epoch and base and sets its optimizer's learning rate. Everything is checked
+        before anything changes.
+    return_metadata : bool
+        Return ``(model, metadata)``: the ``metadata`` given to :func:`save_weights` (an
+        empty dict when none was).
 
     Returns
     -------
     layer, Sequential or dict of name to layer
         What was saved, rebuilt as new open layers: a layer for a layer, a
         :class:`~bnnsfw.Sequential` for a container, a dict for a mapping. With ``into``,
-        ``into`` itself.
+        ``into`` itself. LSTMs continue the dropout-generator stream saved with a
+        checkpoint. With ``return_metadata``, a tuple of it and the metadata.
 
     The file is untrusted input: anything but a sound file written by :func:`save_weights`
     raises a bnnsfw error naming the file and the problem — random bytes, an empty, truncated
@@ -426,6 +560,10 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
                                             filter_parameters))
     targets = None if into is None else _targets(into)
     ignored = _ignored(ignore, targets)
+    requested = _requested(training)
+    if not isinstance(return_metadata, bool):
+        raise InvalidParameterError(must_be("load_weights(return_metadata)", "True or False",
+                                            return_metadata))
     if isinstance(path, (str, os.PathLike)):
         source: str | IO[bytes] = _readable_path(path)
         where = f"load_weights({source!r})"
@@ -436,7 +574,9 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
                                             type(path).__name__))
     if isinstance(source, str) and _safetensors.is_safetensors(source):
         arrays, text = _safetensors.read(source)
-        kind, layers = _contents(where, parse_metadata(where, text))
+        meta = parse_metadata(where, text)
+        kind, layers = _contents(where, meta)
+        saved = _saved_training(where, meta, arrays, requested, layers)
         dtypes = {key: array.dtype for key, array in arrays.items()}
         loaded = _rebuild(where, layers, arrays, dtypes, filter_parameters, _Budget(max_elements))
     else:
@@ -445,7 +585,9 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
             source.seek(start)
         try:
             with np.load(source, allow_pickle=False) as data:
-                kind, layers = _contents(where, _metadata(where, data))
+                meta = _metadata(where, data)
+                kind, layers = _contents(where, meta)
+                saved = _saved_training(where, meta, data, requested, layers)
                 loaded = _rebuild(where, layers, data, dtypes, filter_parameters, _Budget(max_elements))
         except (zipfile.BadZipFile, EOFError, zlib.error) as error:  # damaged after the check
             _refuse(where, "a readable .npz archive", f"a damaged one ({type(error).__name__}: {error})")
@@ -453,15 +595,204 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
     if kind != "layers":
         model = loaded["layer"] if kind == "layer" else Sequential(loaded)
     if into is None or targets is None:
-        return model
+        try:
+            saved.check(where, model, loaded)
+        except BaseException:
+            for layer in loaded.values():
+                if isinstance(layer, Filter):
+                    layer.close()
+            raise
+        saved.apply(loaded)
+        return (model, saved.metadata) if return_metadata else model
     try:
         _check_configuration(where, kind, loaded, into, targets, ignored)
+        saved.check(where, into, targets)
         _copy_into(into, targets, _flat_state(model))
     finally:
         for layer in loaded.values():
             if isinstance(layer, Filter):
                 layer.close()
-    return into
+    saved.apply(targets)
+    return (into, saved.metadata) if return_metadata else into
+
+
+def _requested(training: object) -> dict[str, Any]:
+    """The checked ``training`` argument of :func:`load_weights`."""
+    where = "load_weights(training)"
+    if training is None:
+        return {}
+    if not isinstance(training, Mapping):
+        rule = "a mapping of name to optimizer or schedule, as save_weights(training=) was given"
+        raise InvalidParameterError(must_be(where, rule, type(training).__name__))
+    for name, element in training.items():
+        if not isinstance(element, (Optimizer, LearningRateSchedule)):
+            rule = "a bnnsfw optimizer or learning-rate schedule"
+            raise InvalidParameterError(must_be(f"{where}[{name!r}]", rule, type(element).__name__))
+    return dict(training)
+
+
+class _SavedTraining:
+    """What a checkpoint holds beside the layers, read and checked before anything changes:
+    each requested optimizer's state (a :meth:`~bnnsfw.optimizers.Optimizer.state_dict`) and
+    learning rate, each requested schedule's state, the LSTMs' dropout-generator states and
+    the caller's metadata."""
+
+    def __init__(self) -> None:
+        self.optimizers: dict[str, tuple[Optimizer, dict[str, object], float]] = {}
+        self.schedules: dict[str, tuple[LearningRateSchedule, dict[str, Any]]] = {}
+        self.random: dict[str, Any] = {}
+        self.metadata: dict[str, Any] = {}
+
+    def check(self, where: str, model: Any, layers: Mapping[str, Any]) -> None:
+        """Refuse states that do not fit ``model`` (its parameters' names, shapes and dtypes)
+        or the given objects, trying each on a copy."""
+        parameters = _named_parameters(model) if self.optimizers else {}
+        for name, (optimizer, state, rate) in self.optimizers.items():
+            label = f"{where}: training[{name!r}]"
+            saved_names = state.get("parameter_names")
+            if isinstance(saved_names, np.ndarray):
+                _check_parameters(label, [str(n) for n in saved_names], state, parameters)
+            trial = copy.deepcopy(optimizer)
+            try:
+                trial.load_state_dict(state)
+                trial.learning_rate = rate
+            except BNNSError as error:
+                raise type(error)(f"{label}: {error}") from error
+        for name, (schedule, state) in self.schedules.items():
+            try:
+                copy.deepcopy(schedule).load_state_dict(state)
+            except BNNSError as error:
+                raise type(error)(f"{where}: training[{name!r}]: {error}") from error
+        for name, generators in self.random.items():
+            layer = layers.get(name)
+            runtime = layer._runtime_state() if isinstance(layer, Filter) else {}
+            if not isinstance(generators, dict) or set(generators) != set(runtime):
+                got = sorted(generators) if isinstance(generators, dict) else generators
+                rule = f"the random state of the model's layer ({sorted(runtime)})"
+                _refuse(f"{where}: random[{name!r}]", rule, got)
+            for key, value in generators.items():
+                try:
+                    np.random.default_rng().bit_generator.state = value
+                except (TypeError, ValueError, KeyError, OverflowError) as error:
+                    rule = "a random generator state as save_weights writes it"
+                    _refuse(f"{where}: random[{name!r}][{key!r}]", rule, f"{type(error).__name__}: {error}")
+
+    def apply(self, layers: Mapping[str, Any]) -> None:
+        """Restore every state (all checked by :meth:`check`)."""
+        for name, state in self.random.items():
+            layers[name]._set_runtime_state(state)
+        for optimizer, state, rate in self.optimizers.values():
+            optimizer.load_state_dict(state)
+            optimizer.learning_rate = rate
+        for schedule, state in self.schedules.values():
+            schedule.load_state_dict(state)
+
+
+def _named_parameters(model: Any) -> dict[str, np.ndarray]:
+    """A model's trainable arrays by the names its optimizer steps them under."""
+    if isinstance(model, (Filter, Sequential)):
+        return model.parameters()
+    return {f"{name}.{key}": array for name, layer in model.items() if isinstance(layer, Filter)
+            for key, array in layer.parameters().items()}
+
+
+def _check_parameters(where: str, names: list[str], state: Mapping[str, object],
+                      parameters: Mapping[str, np.ndarray]) -> None:
+    """Refuse an optimizer state whose parameters are not the model's: names, then shapes and
+    dtypes."""
+    unknown = [name for name in names if name not in parameters]
+    if unknown:
+        rule = "an optimizer state over the model's parameters (some or all of them)"
+        raise InvalidParameterError(must_be(where, rule, f"names the model does not have: {unknown}"))
+    for i, name in enumerate(names):
+        array = parameters[name]
+        shape = tuple(int(n) for n in np.asarray(state[f"shape.{i}"]))
+        dtypes = {value.dtype for key, value in state.items()
+                  if key.endswith(f".{i}") and not key.startswith("shape.") and isinstance(value, np.ndarray)}
+        if shape != array.shape or any(dtype != array.dtype for dtype in dtypes):
+            saved = f"shape {shape} {', '.join(sorted(d.name for d in dtypes)) or ''}".strip()
+            rule = f"of the model's shape {array.shape} and dtype {array.dtype.name}"
+            raise InvalidParameterError(must_be(f"{where} state of {name!r}", rule, saved))
+
+
+def _saved_training(where: str, meta: dict[str, Any], data: Any, requested: Mapping[str, Any],
+                    layers: Mapping[str, Any]) -> _SavedTraining:
+    """Read a checkpoint's training entries for the ``requested`` objects, its random states
+    and its metadata, checking their form (their fit to the model comes later)."""
+    saved = _SavedTraining()
+    user = meta.get("metadata", {})
+    if not isinstance(user, dict):
+        _refuse(f"{where}: metadata", "a JSON object", type(user).__name__)
+    saved.metadata = user
+    random = meta.get("random", {})
+    if not isinstance(random, dict) or not set(random) <= set(layers):
+        _refuse(f"{where}: random", "a JSON object by the file's layer names", random)
+    saved.random = random
+    entries = meta.get("training", {})
+    if not isinstance(entries, dict):
+        rule = "a JSON object of name to optimizer or schedule"
+        _refuse(f"{where}: training", rule, type(entries).__name__)
+    absent = [name for name in requested if name not in entries]
+    if absent:
+        rule = f"names the file holds ({', '.join(entries) or 'none: it is no checkpoint'})"
+        _refuse(f"{where}: training keys", rule, absent)
+    for name, target in requested.items():
+        entry, label = entries[name], f"{where}: training[{name!r}]"
+        if not isinstance(entry, dict):
+            _refuse(label, "a JSON object", type(entry).__name__)
+        try:
+            if isinstance(target, LearningRateSchedule):
+                saved.schedules[name] = (target, _schedule_state(label, entry, target))
+            else:
+                state, rate = _optimizer_state(label, name, entry, target, data)
+                saved.optimizers[name] = (target, state, rate)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as error:
+            if isinstance(error, BNNSError):
+                raise
+            _refuse(label, "a training state as save_weights writes it", f"{type(error).__name__}: {error}")
+    return saved
+
+
+def _schedule_state(label: str, entry: dict[str, Any], schedule: LearningRateSchedule) -> dict[str, Any]:
+    if entry.get("type") != "schedule":
+        _refuse(label, "a schedule, as the object given", entry.get("type"))
+    structure = _schedule_structure(schedule)
+    saved = {key: entry.get(key) for key in structure}
+    if saved != structure:
+        _refuse(label, f"a schedule like the one given ({structure})", saved)
+    return {"epoch": entry.get("epoch"), "base_learning_rate": entry.get("base_learning_rate")}
+
+
+def _optimizer_state(label: str, name: str, entry: dict[str, Any], optimizer: Optimizer,
+                     data: Any) -> tuple[dict[str, object], float]:
+    """An optimizer's ``state_dict()`` made again from its entry and arrays, and its learning rate."""
+    if entry.get("type") != "optimizer" or entry.get("class") != type(optimizer).__name__:
+        what = entry.get("class") if entry.get("type") == "optimizer" else entry.get("type")
+        _refuse(label, f"the state of a {type(optimizer).__name__}, as the optimizer given", what)
+    if not isinstance(entry.get("hyperparameters"), dict):
+        _refuse(f"{label} hyperparameters", "a JSON object", entry.get("hyperparameters"))
+    shapes, names, rate = entry.get("shapes"), entry.get("parameter_names"), entry.get("learning_rate")
+    if not isinstance(shapes, list) or not all(
+            isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape) for shape in shapes):
+        _refuse(f"{label} shapes", "a list of shapes (lists of integers >= 0)", shapes)
+    if names is not None and (not isinstance(names, list) or len(names) != len(shapes)
+                              or not all(isinstance(n, str) for n in names)):
+        _refuse(f"{label} parameter_names", f"None or {len(shapes)} names (one per shape)", names)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+        _refuse(f"{label} learning_rate", "a number", rate)
+    state: dict[str, object] = {"step_count": entry.get("step_count"), "parameter_count": len(shapes)}
+    if names is not None:
+        state["parameter_names"] = np.array(names, dtype=str)
+    for i, shape in enumerate(shapes):
+        state[f"shape.{i}"] = np.array(shape, dtype=np.int64)
+    prefix = f"{name}/"
+    for key in data.files:
+        if key.startswith(prefix):
+            if key[len(prefix):] in state:
+                rule = "state arrays only (counts, names and shapes are in the metadata)"
+                _refuse(f"{label} arrays", rule, key)
+            state[key[len(prefix):]] = np.array(data[key])
+    return state, float(rate)
 
 
 def _contents(where: str, meta: Any) -> tuple[str, dict[str, Any]]:

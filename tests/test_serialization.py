@@ -543,3 +543,184 @@ def test_final_state_and_softmax_elements_come_back(tmp_path, rng):
     x = rng.standard_normal((2, 4, 2)).astype(np.float32)
     np.testing.assert_array_equal(loaded(x), model(x))
     load_weights(tmp_path / "model", into=model)
+
+
+# Checkpoints: optimizers, schedules, dropout generators and the caller's metadata in the same file.
+def _recurrent_model(seed, backend_name="numpy"):
+    options = bf.FilterParameters(backend=backend_name)
+    return bf.Sequential({
+        "lstm": bf.LSTMLayer(bf.LSTMParameters.random(input_size=2, hidden_size=3, num_layers=2, dropout=0.5,
+                                                      seed=seed, dtype=np.float64), options),
+        "last": bf.LastStep(),
+        "head": bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(
+            input_size=3, output_size=1, seed=seed + 1, dtype=np.float64), options),
+    })
+
+
+def _training(optimizer=None):
+    """An Adam driven by a warm-up then a cosine, the checkpoint's training objects by name."""
+    optimizer = optimizer or bf.optimizers.Adam(lr=0.05)
+    schedule = bf.SequentialSchedule(optimizer, [bf.LinearWarmup(optimizer, 0.5, total_steps=2),
+                                                 bf.CosineAnnealing(optimizer, t_max=3)], milestones=[2])
+    return {"optimizer": optimizer, "schedule": schedule}
+
+
+def _train(model, training, x, steps):
+    for _ in range(steps):  # the loss ½‖y‖², one "epoch" per step
+        grads = model.apply_backward(model.apply(x, training=True))
+        training["optimizer"].step(model.parameters(), grads.parameters())
+        training["schedule"].step()
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
+def test_a_checkpoint_resumes_bit_for_bit(tmp_path, backend_name, suffix):
+    x = np.random.default_rng(3).standard_normal((4, 2, 2))
+    model, training = _recurrent_model(0, backend_name), _training()
+    _train(model, training, x, 2)
+    path = tmp_path / f"checkpoint{suffix}"
+    save_weights(path, model, training=training, metadata={"epoch": 2})
+    _train(model, training, x, 2)
+
+    fresh, fresh_training = _recurrent_model(7, backend_name), _training(bf.optimizers.Adam(lr=0.9))
+    _, metadata = load_weights(path, into=fresh, training=fresh_training, return_metadata=True)
+    assert metadata == {"epoch": 2}
+    assert fresh_training["optimizer"].step_count == 2 and fresh_training["schedule"].epoch == 2
+    _train(fresh, fresh_training, x, 2)
+    rebuilt_training = _training()
+    rebuilt = load_weights(path, bf.FilterParameters(backend=backend_name), training=rebuilt_training)
+    _train(rebuilt, rebuilt_training, x, 2)
+    for resumed, resumed_training in ((fresh, fresh_training), (rebuilt, rebuilt_training)):
+        assert resumed_training["optimizer"].learning_rate == training["optimizer"].learning_rate
+        assert resumed_training["optimizer"].state_dict().keys() == training["optimizer"].state_dict().keys()
+        for name, array in model.parameters().items():  # the same code on both sides: bitwise
+            np.testing.assert_array_equal(resumed.parameters()[name], array, err_msg=name)
+        resumed.close()
+    model.close()
+
+
+def test_checkpoint_metadata_is_plain_json_and_the_rest_is_refused_naming_where(tmp_path):
+    head = bf.FullyConnectedLayer(bf.FullyConnectedParameters.random(input_size=2, output_size=1))
+    kept = {"epoch": 3, "loss": 0.25, "note": "ok", "flags": [True, None], "shape": (2, 3),
+            "nested": {"a": {}}}
+    save_weights(tmp_path / "m", head, metadata=kept)
+    layer, metadata = load_weights(tmp_path / "m", return_metadata=True)
+    assert metadata == {**kept, "shape": [2, 3]}
+    layer.close()
+    save_weights(tmp_path / "plain", head)
+    assert load_weights(tmp_path / "plain", return_metadata=True)[1] == {}
+    for bad, match in [
+        ({"loss": np.float32(0.5)},
+         r"save_weights\(metadata\)\['loss'\] must be a dict, list, tuple, str, int, finite float, bool or "
+         r"None \(convert NumPy values"),
+        ({"loss": float("nan")}, r"save_weights\(metadata\)\['loss'\] must be a finite number"),
+        ({"runs": [1, {2: "x"}]}, r"save_weights\(metadata\)\['runs'\]\[1\] keys must be str"),
+        ({"tags": {"a", "b"}}, r"save_weights\(metadata\)\['tags'\] must be a dict, .*got 'set'"),
+        ([("epoch", 1)], r"save_weights\(metadata\) must be a dict of JSON-able values; got 'list'"),
+    ]:
+        with pytest.raises(bf.InvalidParameterError, match=match):
+            save_weights(tmp_path / "bad", head, metadata=bad)
+    assert not (tmp_path / "bad.safetensors").exists()
+    head.close()
+
+
+def test_checkpoint_training_objects_are_checked_on_save_and_load(tmp_path):
+    model, training = _recurrent_model(0), _training()
+    x = np.random.default_rng(3).standard_normal((4, 2, 2))
+    _train(model, training, x, 1)
+    for bad, match in [({"lstm": training["optimizer"]}, r"keys must be names other than the model's layer"),
+                       ({"a/b": training["optimizer"]}, "without '/'"),
+                       ({"loss": bf.losses.MeanSquaredError()}, r"\['loss'\] must be a bnnsfw optimizer or")]:
+        with pytest.raises(bf.InvalidParameterError, match=match):
+            save_weights(tmp_path / "c", model, training=bad)
+    save_weights(tmp_path / "plain", model)
+    match = r"plain.safetensors'\): training keys must be names the file holds \(none: it is no checkpoint\)"
+    with pytest.raises(bf.InvalidParameterError, match=match):
+        load_weights(tmp_path / "plain", into=model, training={"optimizer": bf.optimizers.Adam()})
+    save_weights(tmp_path / "c", model, training=training)
+    sgd = bf.optimizers.SGD(lr=0.1)
+    match = r"training\['optimizer'\] must be the state of a SGD, as the optimizer given; got 'Adam'"
+    with pytest.raises(bf.InvalidParameterError, match=match):
+        load_weights(tmp_path / "c", into=model, training={"optimizer": sgd})
+    other = bf.optimizers.Adam()
+    other_schedule = bf.StepDecay(other, 2)
+    match = r"training\['schedule'\] must be a schedule like the one given"
+    with pytest.raises(bf.InvalidParameterError, match=match):
+        load_weights(tmp_path / "c", into=model, training={"optimizer": other, "schedule": other_schedule})
+    assert other.step_count == 0 and sgd.step_count == 0  # nothing was loaded
+    model.close()
+
+
+def test_an_optimizer_state_over_other_parameters_is_refused_naming_them(tmp_path):
+    model = _recurrent_model(0)
+    named = {f"renamed.{key}": array for key, array in model.parameters().items() if key.startswith("head.")}
+    elsewhere = bf.optimizers.Adam()
+    elsewhere.step(named, {key: np.ones_like(a) for key, a in named.items()})
+    save_weights(tmp_path / "c", model, training={"optimizer": elsewhere})
+    fresh = bf.optimizers.Adam()
+    match = (r"training\['optimizer'\] must be an optimizer state over the model's parameters \(some or all "
+             r"of them\); got \"names the model does not have: "
+             r"\['renamed.head.weights', 'renamed.head.bias'\]")
+    with pytest.raises(bf.InvalidParameterError, match=match):
+        load_weights(tmp_path / "c", into=model, training={"optimizer": fresh})
+    single = {"head.weights": model.parameters()["head.weights"].astype(np.float32)}
+    in_float32 = bf.optimizers.Adam()
+    in_float32.step(single, {"head.weights": np.ones_like(single["head.weights"])})
+    save_weights(tmp_path / "c", model, training={"optimizer": in_float32})
+    match = (r"state of 'head.weights' must be of the model's shape \(1, 3\) and dtype float64; "
+             r"got 'shape \(1, 3\) float32")
+    with pytest.raises(bf.InvalidParameterError, match=match):
+        load_weights(tmp_path / "c", into=model, training={"optimizer": fresh})
+    assert fresh.step_count == 0
+    model.close()
+
+
+def _optimizer(meta):
+    return meta["training"]["optimizer"]
+
+
+def _tampered(tmp_path, change):
+    """A checkpoint (``.npz``) whose metadata ``change`` edited."""
+    model, training = _recurrent_model(0), _training()
+    x = np.random.default_rng(3).standard_normal((4, 2, 2))
+    _train(model, training, x, 1)
+    save_weights(tmp_path / "c.npz", model, training=training)
+    model.close()
+    with np.load(tmp_path / "c.npz") as data:
+        arrays = {key: data[key] for key in data.files}
+    meta = json.loads(str(arrays.pop("__meta__")))
+    change(meta, arrays)
+    np.savez(tmp_path / "bad.npz", __meta__=np.array(json.dumps(meta)), **arrays)
+    return tmp_path / "bad.npz"
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda m, a: _optimizer(m).update(shapes="lots"), r"training\['optimizer'\] shapes must be a list"),
+    (lambda m, a: _optimizer(m).update(step_count=-1), r"\['step_count'\] must be an integer >= 0"),
+    (lambda m, a: _optimizer(m).update(parameter_names=[1, 2]), r"parameter_names must be None or"),
+    (lambda m, a: _optimizer(m).update(learning_rate=-1.0), r"learning_rate must be a finite number >= 0"),
+    (lambda m, a: _optimizer(m).update(learning_rate="fast"), r"learning_rate must be a number"),
+    (lambda m, a: m["training"]["schedule"].update(epoch=1.5), r"\['epoch'\] must be an integer >= 0"),
+    (lambda m, a: m["training"].update(optimizer=[]), r"training\['optimizer'\] must be a JSON object"),
+    (lambda m, a: a.update({"optimizer/shape.0": np.zeros(1, np.int64)}),
+     r"arrays must be state arrays only"),
+    (lambda m, a: a.update({"optimizer/exp_avg.0": np.zeros(1)}), r"\['exp_avg.0'\] must be of shape"),
+    (lambda m, a: a.pop("optimizer/exp_avg_sq.1"), r"missing keys \['exp_avg_sq.1'\]"),
+    (lambda m, a: m["random"]["lstm"].update(dropout_generator={"bit_generator": "MT19937"}),
+     r"random\['lstm'\]\['dropout_generator'\] must be a random generator state"),
+    (lambda m, a: m["random"].update(head={"x": 1}),
+     r"random\['head'\] must be the random state of the model's"),
+    (lambda m, a: m.update(random=[]), r"random must be a JSON object by the file's layer names"),
+    (lambda m, a: m.update(metadata=[1]), r"metadata must be a JSON object"),
+])
+def test_a_tampered_checkpoint_is_refused_and_changes_nothing(tmp_path, change, match):
+    path = _tampered(tmp_path, change)
+    model, training = _recurrent_model(5), _training()
+    before = {key: array.copy() for key, array in model.state_dict().items()}
+    generator = model.layers["lstm"]._runtime_state()
+    with pytest.raises(bf.BNNSError, match=match):  # InvalidParameterError, ShapeError or DTypeError
+        load_weights(path, into=model, training=training, return_metadata=True)
+    assert training["optimizer"].step_count == 0 and training["optimizer"].learning_rate == 0.025
+    assert training["schedule"].epoch == 0 and model.layers["lstm"]._runtime_state() == generator
+    for key, array in model.state_dict().items():
+        np.testing.assert_array_equal(array, before[key])
+    model.close()

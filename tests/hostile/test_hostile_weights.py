@@ -218,6 +218,68 @@ def test_load_weights_on_damaged_files(tmp_path_factory: pytest.TempPathFactory,
 
 
 
+#: A checkpoint's entries beside the layers, and what an optimizer or a schedule given to
+#: load_weights holds of each when the file's value is accepted (None: nothing to check).
+CHECKPOINT_KEYS = {
+    ("optimizer", "learning_rate"): lambda t: t["optimizer"].learning_rate,
+    ("optimizer", "step_count"): lambda t: t["optimizer"].step_count,
+    ("optimizer", "type"): None, ("optimizer", "class"): None, ("optimizer", "shapes"): None,
+    ("optimizer", "parameter_names"): None, ("optimizer", "hyperparameters"): None,
+    ("schedule", "epoch"): lambda t: t["schedule"].epoch,
+    ("schedule", "base_learning_rate"): lambda t: t["schedule"].base_learning_rate,
+    ("schedule", "type"): None, ("schedule", "class"): None,
+    ("random", "lstm"): None, ("random", "dropout_generator"): None,
+}
+
+
+def checkpoint_objects() -> dict[str, Any]:
+    optimizer = bf.optimizers.Adam(lr=0.01)
+    return {"optimizer": optimizer, "schedule": bf.StepDecay(optimizer, step_size=2)}
+
+
+@settings(HOSTILE, max_examples=60)
+@given(key=st.sampled_from(sorted(CHECKPOINT_KEYS)), value=st.sampled_from(HOSTILE_VALUES))
+def test_load_weights_on_damaged_checkpoints(tmp_path_factory: pytest.TempPathFactory, key: tuple[str, str],
+                                             value: Any) -> None:
+    """A checkpoint's optimizer, schedule or random-generator entry given a value of another
+    type or range: refused naming the file, with nothing restored, or (for a valid value)
+    restored as the file says."""
+    path = tmp_path_factory.mktemp("checkpoint") / "model.npz"
+    layers, training = model(), checkpoint_objects()
+    parameters = {f"{name}.{k}": a for name, layer in layers.items() for k, a in layer.parameters().items()}
+    training["optimizer"].step(parameters, {k: np.ones_like(a) for k, a in parameters.items()})
+    training["schedule"].step()
+    save_weights(path, layers, training=training)
+    entries = members(path)
+    meta = meta_of(entries)
+    entry, field = key
+    if entry == "random":
+        target = meta["random"] if field == "lstm" else meta["random"]["lstm"]
+        target[field] = value
+    else:
+        if meta["training"][entry].get(field) == value:
+            value = "abc"
+        meta["training"][entry][field] = value
+    entries["__meta__.npy"] = npy(np.array(json.dumps(meta, allow_nan=True)))
+    write_members(path, entries)
+    fresh = checkpoint_objects()
+    # The schedule, restored after the optimizer, sets the learning rate of its epoch.
+    requested = {entry: fresh[entry]} if entry != "random" else fresh
+    ok, result = attempt("weights", load_weights, path, training=requested)
+    if not ok:
+        if str(path) not in str(result):
+            raise wrong("weights", f"{key}: the error does not name the file: {result}")
+        if fresh["optimizer"].step_count or fresh["schedule"].epoch:
+            raise wrong("weights", f"{key}: refused after restoring a state")
+        return
+    held = CHECKPOINT_KEYS[key]
+    if held is None and not (key == ("optimizer", "hyperparameters") and isinstance(value, dict)):
+        raise wrong("weights", f"{key} = {value!r}: accepted")
+    if held is not None and held(fresh) != value:
+        raise wrong("weights", f"{key} = {value!r} in the file was loaded as {held(fresh)!r}")
+    answered("weights")
+
+
 SIZES = [("lstm", "input_size"), ("lstm", "hidden_size"), ("lstm", "num_layers"), ("norm", "input_shape"),
          ("head", "input_size"), ("head", "output_size")]
 
