@@ -62,6 +62,7 @@ from .sequential import FinalState, LastStep, Sequential, SequentialGradients, S
 from .serialization import load_weights, save_weights
 from .optimizers import clip_gradients
 from .schedules import CosineAnnealing, LearningRateSchedule, LinearWarmup, SequentialSchedule, StepDecay
+from .workers import init_worker, worker_environment, worker_threads
 from . import losses, optimizers, schedules
 
 try:
@@ -119,6 +120,10 @@ __all__ = [
     "CosineAnnealing",
     "LinearWarmup",
     "SequentialSchedule",
+    # worker processes
+    "worker_threads",
+    "worker_environment",
+    "init_worker",
     # backends
     "Backend",
     "available_backends",

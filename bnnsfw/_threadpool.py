@@ -18,7 +18,7 @@ import contextlib
 import threading
 from typing import Any, Callable, NamedTuple
 
-__all__ = ["blas_controller", "blas_limit", "current_limit"]
+__all__ = ["blas_controller", "blas_limit", "current_limit", "set_blas_threads"]
 
 _controller: Any = None
 _lock = threading.Lock()
@@ -135,3 +135,14 @@ def current_limit() -> int:
     """The BLAS thread limit :func:`blas_limit` blocks hold now (the smallest), 0 for none."""
     with _limit_lock:
         return min(_active) if _active else 0
+
+
+def set_blas_threads(n_threads: int) -> None:
+    """Set every BLAS library loaded now to ``n_threads`` threads, as the process's own count
+    (what :func:`blas_limit` blocks return to). The libraries are looked up afresh, not kept:
+    a worker's initializer calls it before the backends have loaded theirs."""
+    from threadpoolctl import ThreadpoolController
+
+    with _limit_lock:
+        for library in ThreadpoolController().select(user_api="blas").lib_controllers:
+            _switch(library).set(n_threads)
