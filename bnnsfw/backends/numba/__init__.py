@@ -139,7 +139,8 @@ class NumbaBackend(ScipyBlasBackend):
         activations, any peepholes, any lengths); otherwise the per-sequence kernels of
         :meth:`_lstm_sequence_kernels`, with the weight gradients made from their gate
         gradients. Full peepholes keep the steps on the calling thread: their products need
-        every unit's cell.
+        every unit's cell, and so does a process forked from one running Numba's GNU OpenMP
+        threads, which cannot start a parallel region (:func:`._tiers.forked_from_openmp`).
 
         With exactly two threads for the steps, the two directions of a bidirectional layer
         run at the same time, each on one thread (``pair``), instead of each step's units being
@@ -153,7 +154,7 @@ class NumbaBackend(ScipyBlasBackend):
         EPYC), and their kernels took about 32 s of the 82 s its first training step compiled."""
         if _lstm.serves(plan) and _tiers.compiled_now():
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
-            parts = 1 if full else _lstm.step_parts(plan.hidden_size, batch)
+            parts = 1 if full or _tiers.forked_from_openmp() else _lstm.step_parts(plan.hidden_size, batch)
             return _compiled_kernels(parts)
         return super()._lstm_direction_kernels(plan, lengths, batch, dtype)
 
@@ -211,9 +212,12 @@ class NumbaBackend(ScipyBlasBackend):
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
         """Compiled for the statistics of the batch and the identity activation (not for RMS
-        normalization), when :class:`._tiers.Tiers` says so for this kind of call."""
+        normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
+        process forked from one running GNU OpenMP threads (every compiled normalization kernel
+        is a parallel region: :func:`._tiers.forked_from_openmp`)."""
         r = request
         if not (r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+                and not _tiers.forked_from_openmp()
                 and self._tiers.decide("normalization_forward", request)):
             return super().normalization_forward(request)
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -228,9 +232,11 @@ class NumbaBackend(ScipyBlasBackend):
 
     def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
         """Compiled for the statistics of the batch and the identity activation (not for RMS
-        normalization), when :class:`._tiers.Tiers` says so for this kind of call."""
+        normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
+        forked process as :meth:`normalization_forward` says."""
         r = request
         if not (r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+                and not _tiers.forked_from_openmp()
                 and self._tiers.decide("normalization_backward", request)):
             return super().normalization_backward(request)
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -271,6 +271,57 @@ class CompileStatus:
     numba_version: str
 
 
+# --------------------------------------------------------------------------------------
+# A process forked from one whose parallel regions ran on GNU OpenMP.
+# --------------------------------------------------------------------------------------
+#: Whether this process is a ``fork`` (``multiprocessing``'s default start method on Linux up
+#: to Python 3.13) of a process whose compiled kernels had started Numba's GNU OpenMP threads.
+#: GNU OpenMP cannot start a parallel region in such a child (its pool names threads the
+#: child does not have), and Numba ends the child with SIGTERM at its first parallel region,
+#: which leaves a ``multiprocessing`` pool waiting for ever. In such a child no compiled call
+#: starts a parallel region (``NumbaBackend`` decides so): the LSTM's steps stay on the calling
+#: thread, and normalization, whose compiled kernels are all parallel regions, runs on
+#: ``scipy-blas``'s kernels. A child forked before the threads started, or from a process on
+#: Numba's ``tbb`` or ``workqueue`` layer, runs as any process.
+_forked_from_openmp = False
+_said_forked = False
+
+
+def _gnu_openmp_started() -> bool:
+    """Whether Numba's threading layer has started in this process and is GNU OpenMP."""
+    try:
+        if numba.threading_layer() != "omp":  # ValueError: no parallel region has run yet
+            return False
+        from numba.np.ufunc import omppool  # type: ignore[attr-defined]  # a C extension
+    except (ValueError, ImportError):
+        return False
+    return bool(getattr(omppool, "openmp_vendor", "GNU") == "GNU")
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from_openmp
+    _forked_from_openmp = _forked_from_openmp or _gnu_openmp_started()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forked_from_openmp() -> bool:
+    """Whether this process is a fork of one running Numba's GNU OpenMP threads, where no
+    parallel region can start (:data:`_forked_from_openmp`); the first time it is, one line on
+    the ``bnnsfw`` logger says what to do instead."""
+    global _said_forked
+    if _forked_from_openmp and not _said_forked:
+        _said_forked = True
+        _log.warning("backend 'numba': this process was forked from one whose compiled kernels ran on "
+                     "Numba's GNU OpenMP threads, which a forked process cannot use; its LSTMs run on "
+                     "one thread and its normalization on scipy-blas's kernels. Start worker processes "
+                     "with the 'spawn' or 'forkserver' method (multiprocessing.get_context('spawn')) "
+                     "to use the threads.")
+    return _forked_from_openmp
+
+
 class Tiers:
     """Which kinds of call run compiled in this process, and the background compiles asked
     for the others (module docstring)."""
