@@ -7,6 +7,7 @@ import pytest
 
 import bnnsfw as bf
 from bnnsfw import LSTMLayer, LSTMParameters
+from bnnsfw.layers import _lstm_weights
 from bnnsfw.losses import MeanSquaredError
 from bnnsfw.optimizers import SGD, Adam
 
@@ -122,6 +123,29 @@ def test_an_lstm_packs_once_until_its_arrays_leave_it_then_only_when_they_change
         np.testing.assert_array_equal(layer(x).output, second)
         assert packs == [0, 1, 2]
     assert not np.allclose(first, second)
+
+
+@pytest.mark.parametrize("memcmp", [True, False], ids=["memcmp", "numpy"])
+@pytest.mark.parametrize("client", [False, True], ids=["copy", "client"])
+def test_every_bit_of_a_handed_out_weight_is_watched(monkeypatch, pack_recorder, rng, memcmp, client):
+    """−0.0 for 0.0 is a change, the same NaN is not; compared with memcmp or with NumPy."""
+    if not memcmp:
+        monkeypatch.setattr(_lstm_weights, "_memcmp", None)
+        monkeypatch.setattr(_lstm_weights, "_memcmp_loaded", True)
+    params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=0, dtype=np.float64)
+    x = rng.standard_normal((2, 1, 2))
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=pack_recorder, use_client_pointer=client)) as layer:
+        bias = layer.parameters()["layer0.forward.forget_gate.bias"]
+        bias[0] = 0.0
+        layer(x)
+        packs = len(pack_recorder.versions)
+        bias[0] = -0.0
+        layer(x)
+        assert len(pack_recorder.versions) == packs + 1
+        bias[1] = np.nan
+        layer(x)
+        layer(x)
+        assert len(pack_recorder.versions) == packs + 2
 
 
 def test_layer_parameters_are_read_only_views_of_the_live_copies(backend_name):

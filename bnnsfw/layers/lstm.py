@@ -73,7 +73,14 @@ from ._lstm_parameters import (
 )
 from ._lstm_results import LSTMGateGradients, LSTMGradients, LSTMLayerNormGradients, LSTMOutput
 from ._lstm_stream import LSTMStream
-from ._lstm_weights import DIRECTION_NAMES, _copied, _named_layer_arrays, _parameter_arrays, _with_arrays
+from ._lstm_weights import (
+    DIRECTION_NAMES,
+    _copied,
+    _named_layer_arrays,
+    _parameter_arrays,
+    _WeightsWatch,
+    _with_arrays,
+)
 from ._lstm_workspace import _Workspace
 
 __all__ = [
@@ -174,11 +181,12 @@ class LSTMLayer(Filter):
         client = self.filter_parameters.use_client_pointer
         public = parameters
         # The arrays to compare when the weights are watched (see _packed_weights).
-        self._watched_arrays = _parameter_arrays(parameters)
+        watched = _parameter_arrays(parameters)
         if not client:  # BNNS copies the weights at creation
             parameters, flat = _copied(parameters)
-            self._watched_arrays = [flat]
+            watched = [flat]
             public = _with_arrays(parameters, read_only)
+        self._watch = _WeightsWatch(watched)
         self._params = parameters
         self._public = public
         # Whether the weight arrays may change outside the layer: the caller's (client
@@ -190,7 +198,6 @@ class LSTMLayer(Filter):
         self._pack_lock = threading.Lock()
         self._weights_digests: dict[int, int] = {}  # by packed version
         self._packed: LSTMPackedWeights | None = None
-        self._snapshot: list[np.ndarray] = []  # watched weights: their values as last packed
         self._packed_weights()
         self._rng: np.random.Generator | None = np.random.default_rng(parameters.seed)
         self._workspace: _Workspace | None = _Workspace()
@@ -221,7 +228,7 @@ class LSTMLayer(Filter):
     def _share_arrays(self) -> None:
         with self._pack_lock:
             if not self._watched:
-                self._snapshot = [np.array(a, copy=True) for a in self._watched_arrays]
+                self._watch.take()
                 self._watched = True
 
     def _state_written(self) -> None:
@@ -533,11 +540,11 @@ class LSTMLayer(Filter):
         left it pays nothing.
         """
         packed = self._packed
-        if packed is not None and not self._stale and not (self._watched and self._weights_changed()):
+        if packed is not None and not self._stale and not (self._watched and self._watch.changed()):
             return packed
         with self._pack_lock:
             packed = self._packed
-            if packed is not None and not self._stale and not (self._watched and self._weights_changed()):
+            if packed is not None and not self._stale and not (self._watched and self._watch.changed()):
                 return packed
             params = self._params
             version = 0 if packed is None else packed.version + 1
@@ -545,24 +552,13 @@ class LSTMLayer(Filter):
                 config=self._config, gates=params.gates, version=version,
                 projection=params.projection_weights, layer_norm=params.layer_norm))
             if self._watched:
-                self._snapshot = [np.array(a, copy=True) for a in self._watched_arrays]
+                self._watch.take()
             self._stale = False
             # What a training cache is stamped with: the weights it was computed from.
             self._weights_digests = {v: d for v, d in self._weights_digests.items() if v > version - 4}
             self._weights_digests[version] = digest(*_parameter_arrays(params), size=8)
             self._packed = packed
             return packed
-
-    def _weights_changed(self) -> bool:
-        """Whether any bit of the watched weights differs from the copy taken at the last packing.
-
-        The arrays are compared as unsigned integers of their item size: bit for bit (a NaN
-        equals itself, −0.0 differs from 0.0, as packing would see them), and about twice as
-        fast as comparing floats. The layer's own copies live in one buffer, compared at once.
-        """
-        bits = np.dtype(f"u{self._dtype.itemsize}")
-        pairs = zip(self._watched_arrays, self._snapshot)
-        return not all(np.array_equal(a.view(bits), b.view(bits)) for a, b in pairs)
 
     def _gradient_buffers(self, seq_len: int, batch: int) -> LSTMGradientBuffers:
         """Gradients in the public structure (written by the backend), ``input`` time-major."""
@@ -790,8 +786,7 @@ class LSTMLayer(Filter):
     # Filter hooks.
     def _release(self) -> None:
         self._packed = None
-        self._snapshot = []
-        self._watched_arrays = []
+        self._watch.release()
         self._workspace = None
         self._rng = None
 
