@@ -6,7 +6,9 @@ the variants of SPEC §4.1; normalization: every type including RMS, fused activ
 moving statistics, both phases, the forward's statistics, sizes the fast paths take; fully
 connected: bias, activation, 2-D and 3-D inputs), runs it forward and
 backward on the backend under test and on the reference backend (``numpy``), and compares
-every output and gradient within the contract's tolerance (:data:`TOLERANCE`). BNNS's LSTM
+every output and gradient within the contract's tolerance (:data:`TOLERANCE`). A backend that
+offers the optional ``lstm_prepare_forward`` has its prepared forwards compared with its own
+``lstm_forward`` on the same requests, training caches included (through ``lstm_backward``). BNNS's LSTM
 cell in one layer and one direction is also compared with the readable LSTM
 (:mod:`bnnsfw.backends.numpy.lstm_bptt`), written apart from every backend's kernels, the reference's
 included. It reports every disagreement with the configuration that produced it.
@@ -27,11 +29,20 @@ import numpy as np
 
 from . import backends
 from .activation import Activation
-from .backends.contract import TOLERANCE, GemmRequest
+from .backends.contract import (
+    TOLERANCE,
+    GemmRequest,
+    LSTMBackwardRequest,
+    LSTMCacheRequest,
+    LSTMForwardRequest,
+    LSTMGradientBuffers,
+    LSTMPackRequest,
+)
 from .backends.numpy import lstm_bptt as _bptt
 from .filter import FilterParameters
+from .layers._lstm_workspace import _Workspace
 from .layers.fully_connected import FullyConnectedLayer, FullyConnectedParameters
-from .layers.lstm import LSTMActivations, LSTMLayer, LSTMParameters
+from .layers.lstm import LSTMActivations, LSTMGateGradients, LSTMLayer, LSTMParameters, _configuration
 from .layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
 
 __all__ = ["check_backend", "ConformanceReport", "ConformanceError"]
@@ -277,6 +288,102 @@ def _check_lstm_bptt(compare: _Comparison, backend: Any, case: dict[str, Any]) -
     compare.run(where, check)
 
 
+def _prepared_cases(quick: bool) -> Iterator[dict[str, Any]]:
+    dtypes = (np.float64,) if quick else (np.float32, np.float64)
+    stacks = ((1, False, None), (2, True, "diagonal"))
+    for dtype, (layers, bidirectional, peepholes), training, states in itertools.product(
+            dtypes, stacks, (False, True), (False, True)):
+        yield dict(dtype=dtype, num_layers=layers, bidirectional=bidirectional, peepholes=peepholes,
+                   training=training, states=states)
+    yield dict(dtype=np.float64, num_layers=2, bidirectional=False, peepholes=None, training=True,
+               states=True, variant="clip", lengths=True)
+
+
+def _gradients_like(gate: Any) -> LSTMGateGradients:
+    """Empty gradient arrays shaped like one gate's weights."""
+    def like(a: Any) -> Any:
+        return None if a is None else np.empty_like(a)
+
+    return LSTMGateGradients(input_weights=(like(gate.input_weights[0]), like(gate.input_weights[1])),
+                             hidden_weights=like(gate.hidden_weights), cell_weights=like(gate.cell_weights),
+                             bias=like(gate.bias))
+
+
+def _check_prepared_lstm(compare: _Comparison, backend: Any, case: dict[str, Any]) -> None:
+    """The backend's prepared forward against its own ``lstm_forward``: two calls of one kind
+    on other values each (nothing of the first may leak into the second), outputs, final
+    states, and in training the gradients ``lstm_backward`` makes from each one's cache."""
+    prepare = getattr(backend, "lstm_prepare_forward", None)
+    if prepare is None:
+        return
+    where = "LSTM prepared forward " + _describe(case)
+    dtype = np.dtype(case["dtype"])
+    params = LSTMParameters.random(
+        input_size=3, hidden_size=4, num_layers=case["num_layers"], bidirectional=case["bidirectional"],
+        peepholes=case["peepholes"], seed=11, dtype=dtype, dropout=0.3 if case["num_layers"] > 1 else 0.0,
+        clip=0.5 if case.get("variant") == "clip" else None)
+    config = _configuration(params)
+    seq_len, batch, size_ld = 4, 3, params.num_layers * params.num_directions
+    width, h = params.num_directions * params.hidden_size, params.hidden_size
+    training = case["training"]
+    rng = np.random.default_rng(12)
+    lengths = np.array([4, 1, 3], np.int64) if case.get("lengths") else None
+    layout = backend.lstm_cache_layout(LSTMCacheRequest(config=config, seq_len=seq_len, batch_size=batch))
+    nbytes = layout.nbytes
+
+    def request(weights: Any, x: Any, h0: Any, c0: Any, masks: Any) -> LSTMForwardRequest:
+        """A request of the case's kind, on new outputs, cache and workspace."""
+        return LSTMForwardRequest(
+            config=config, weights=weights, x=x, hidden=h0, cell=c0, sequence_lengths=lengths,
+            output=np.empty((seq_len, batch, width), dtype), hidden_out=np.empty((size_ld, batch, h), dtype),
+            cell_out=np.empty((size_ld, batch, h), dtype), training=training,
+            cache=np.zeros(nbytes, np.uint8) if training else None, dropout_masks=masks if training else None,
+            workspace=_Workspace())
+
+    def results(r: LSTMForwardRequest) -> dict[str, Any]:
+        out: dict[str, Any] = dict(output=r.output, hidden=r.hidden_out, cell=r.cell_out)
+        if r.training:
+            assert r.cache is not None
+            gates = tuple(_gradients_like(g) for g in params.gates)
+            grads = LSTMGradientBuffers(input=np.empty_like(r.x), hidden=np.empty_like(r.hidden_out),
+                                        cell=np.empty_like(r.cell_out), gates=gates)  # type: ignore[arg-type]
+            backend.lstm_backward(LSTMBackwardRequest(
+                config=config, weights=r.weights, x=r.x, cache=r.cache,
+                output_gradient=np.ones_like(r.output), hidden_gradient=None, cell_gradient=None,
+                sequence_lengths=lengths, gradients=grads, workspace=_Workspace()))
+            out.update(d_input=grads.input, d_hidden=grads.hidden, d_cell=grads.cell,
+                       d_forget_hidden_weights=gates[1].hidden_weights, d_output_bias=gates[3].bias)
+        return out
+
+    def check() -> None:
+        weights = backend.lstm_pack_weights(LSTMPackRequest(config=config, gates=params.gates))
+        prepared = None
+        for call in range(2):
+            x = rng.standard_normal((seq_len, batch, 3)).astype(dtype)
+            if lengths is not None:
+                x[np.arange(seq_len)[:, None] >= lengths[None, :]] = 0.0
+            h0 = rng.standard_normal((size_ld, batch, h)).astype(dtype) if case["states"] else None
+            c0 = rng.standard_normal((size_ld, batch, h)).astype(dtype) if case["states"] else None
+            masks = None
+            if config.dropout > 0.0:
+                masks = (None, *((rng.random((seq_len, batch, width)) >= config.dropout).astype(dtype) / 0.7
+                                 for _ in range(1, params.num_layers)))
+            unprepared = request(weights, x, h0, c0, masks)
+            backend.lstm_forward(unprepared)
+            r = request(weights, x, h0, c0, masks)
+            if prepared is None:  # made from the first call's request, used for both
+                prepared = prepare(r)
+                if prepared is None:  # nothing prepared for this kind: lstm_forward serves it
+                    return
+            prepared(r.x, r.hidden, r.cell, r.output, r.hidden_out, r.cell_out, r.cache, r.dropout_masks,
+                     r.workspace)
+            want, got = results(unprepared), results(r)
+            for name, expected in want.items():
+                compare.arrays(where, f"call {call + 1}: {name}", got[name], expected)
+
+    compare.run(where, check)
+
+
 _NORMALIZATION_SHAPES = {"small": (3, 4, 3, 5), "large": (4, 8, 40, 40)}
 
 
@@ -424,6 +531,8 @@ def check_backend(backend: Any, *, rtol: float | None = None, atol: float | None
     _check_gemm(compare, candidate, reference)
     for case in _lstm_cases(quick):
         _check_lstm(compare, candidate, reference, case)
+    for case in _prepared_cases(quick):
+        _check_prepared_lstm(compare, candidate, case)
     for case in _lstm_bptt_cases(quick):
         _check_lstm_bptt(compare, candidate, case)
     for case in _normalization_cases(quick):

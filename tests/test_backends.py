@@ -9,7 +9,7 @@ import pytest
 import bnnsfw as bf
 from bnnsfw import backends
 from bnnsfw.backends.contract import OPERATIONS, GemmRequest, GemmResult
-from bnnsfw.testing import ConformanceError, check_backend
+from bnnsfw.testing import ConformanceError, _check_prepared_lstm, _Comparison, _prepared_cases, check_backend
 
 
 def gemm(backend, a, b, out=None, **options):
@@ -593,3 +593,40 @@ def test_numba_streamed_gate_rows_are_non_temporal_stores():
     block = np.zeros((6 * h, 16), np.float32)
     assert "movntp" in _forward_step_asm(block, stream=True)
     assert np.all(np.isfinite(block[h:])) and np.any(block[h:] != 0)  # the rows were written
+
+
+# ------------------------------------------------------------------------------------------
+# The optional prepared forward: the kit compares it with the backend's own lstm_forward.
+# ------------------------------------------------------------------------------------------
+def test_the_kit_compares_each_built_in_prepared_forward_with_the_unprepared_one(backend_name):
+    compare = _Comparison(None, None)
+    for case in _prepared_cases(quick=True):
+        _check_prepared_lstm(compare, bf.backends.get_backend(backend_name), case)
+    assert compare.failures == [] and compare.compared > 50
+
+
+class LeaksTheFirstCall(bf.backends.NumpyBackend):
+    """A prepared forward that keeps the first call's output: the second gets it again."""
+
+    name = "leaks"
+
+    def lstm_prepare_forward(self, request):
+        inner = super().lstm_prepare_forward(request)
+        if inner is None:
+            return None
+        kept = []
+
+        def call(x, hidden, cell, output, *rest):
+            inner(x, hidden, cell, output, *rest)
+            if kept:
+                output[...] = kept[0]
+            kept.append(output.copy())
+
+        return call
+
+
+def test_the_kit_catches_a_prepared_forward_that_keeps_a_call_s_values():
+    compare = _Comparison(None, None)
+    for case in _prepared_cases(quick=True):
+        _check_prepared_lstm(compare, LeaksTheFirstCall(), case)
+    assert compare.failures and all("call 2: output differs" in f for f in compare.failures)

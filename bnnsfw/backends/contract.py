@@ -25,6 +25,12 @@ workspace arrays it is given, agrees with the reference backend (``numpy``) with
 :data:`TOLERANCE` for the dtype, and gives bitwise the same results for the same inputs on
 the same machine and thread count.
 
+One operation is optional (:data:`OPTIONAL_OPERATIONS`): ``lstm_prepare_forward`` takes an
+:class:`LSTMForwardRequest` as a template and returns an :class:`LSTMForwardCall`, the same
+forward made ready for every request of that kind (or ``None``). A layer that calls with
+the same shapes again and again (one step at a time) then pays the backend's choices once;
+a backend without it is called through ``lstm_forward`` as before.
+
 ``docs/backends.md`` is the guide for backend authors; :func:`bnnsfw.testing.check_backend`
 checks a backend against the reference.
 """
@@ -44,6 +50,7 @@ from ..errors import BackendError, InvalidParameterError, ShapeError, must_be
 __all__ = [
     "Backend",
     "OPERATIONS",
+    "OPTIONAL_OPERATIONS",
     "TOLERANCE",
     "Workspace",
     "contract_problems",
@@ -59,6 +66,7 @@ __all__ = [
     "LSTMCacheLayout",
     "LSTMForwardRequest",
     "LSTMForwardResult",
+    "LSTMForwardCall",
     "LSTMGradientBuffers",
     "LSTMBackwardRequest",
     "LSTMBackwardResult",
@@ -386,6 +394,23 @@ class LSTMForwardResult:
     cell: Array
 
 
+class LSTMForwardCall(Protocol):
+    """``lstm_forward`` made ready for one kind of request (``lstm_prepare_forward``).
+
+    The kind is the template request's ``config``, ``weights`` (that very packing),
+    ``sequence_lengths`` (their values), ``training`` and ``threads``, and for every array
+    field whether it is given and its shape, dtype, strides and flags. The layer calls it only
+    with arrays of that kind (and, in training, a cache and dropout masks as the template
+    had them), each time with the workspace of that call; the call writes what
+    ``lstm_forward`` writes for the request made of these arrays and returns nothing. It must
+    not keep the template's arrays: they belong to the call that made it.
+    """
+
+    def __call__(self, x: Array, hidden: Array | None, cell: Array | None, output: Array,
+                 hidden_out: Array, cell_out: Array, cache: Array | None,
+                 dropout_masks: tuple[Array | None, ...] | None, workspace: Workspace) -> None: ...
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class LSTMGradientBuffers:
     """Where backward writes (overwrites) every gradient.
@@ -561,6 +586,10 @@ class Backend(Protocol):
         """The LSTM stack backward (:class:`LSTMBackwardRequest`)."""
         ...
 
+    # Optional (OPTIONAL_OPERATIONS): a backend may leave it out.
+    # def lstm_prepare_forward(self, request: LSTMForwardRequest) -> LSTMForwardCall | None:
+    #     """The forward made ready for every request of the template's kind, or None."""
+
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
         """A normalization forward (:class:`NormalizationForwardRequest`)."""
         ...
@@ -581,8 +610,22 @@ OPERATIONS: Mapping[str, tuple[type, type]] = {
     "normalization_backward": (NormalizationBackwardRequest, NormalizationBackwardResult),
 }
 
+#: Operations a backend may offer, checked like the others when it does: name → (request
+#: type, what it returns). ``lstm_prepare_forward`` returns an :class:`LSTMForwardCall` or
+#: ``None`` (nothing quicker than ``lstm_forward`` for that kind of request).
+OPTIONAL_OPERATIONS: Mapping[str, tuple[type, Any]] = {
+    "lstm_prepare_forward": (LSTMForwardRequest, LSTMForwardCall),
+}
 
-def _annotation_problem(operation: str, method: Any, request_type: type, result_type: type) -> str | None:
+
+def _not_subclass(kind: type, expected: Any) -> bool:
+    try:
+        return not issubclass(kind, expected)
+    except TypeError:  # a protocol (LSTMForwardCall): what a class offers is not checked here
+        return False
+
+
+def _annotation_problem(operation: str, method: Any, request_type: type, result_type: Any) -> str | None:
     """What is wrong with the annotations of ``method``, if it has any."""
     try:
         hints = typing.get_type_hints(method)
@@ -593,7 +636,7 @@ def _annotation_problem(operation: str, method: Any, request_type: type, result_
     for annotation in hints.values():  # the one parameter left
         if isinstance(annotation, type) and not issubclass(request_type, annotation):
             return f"{operation} takes a {annotation.__name__}, not a {request_type.__name__}"
-    if isinstance(returned, type) and not issubclass(returned, result_type):
+    if isinstance(returned, type) and returned is not result_type and _not_subclass(returned, result_type):
         return f"{operation} returns a {returned.__name__}, not a {result_type.__name__}"
     return None
 
@@ -601,9 +644,10 @@ def _annotation_problem(operation: str, method: Any, request_type: type, result_
 def contract_problems(candidate: object) -> list[str]:
     """Everything that keeps ``candidate`` from being a backend (empty when it is one).
 
-    Checks the ``name`` and, for every operation in :data:`OPERATIONS`, that it exists, is
-    callable with exactly one positional argument, and, where it is annotated, takes the
-    operation's request type and returns its result type.
+    Checks the ``name`` and, for every operation in :data:`OPERATIONS` (and each one of
+    :data:`OPTIONAL_OPERATIONS` the candidate has), that it exists, is callable with exactly
+    one positional argument, and, where it is annotated, takes the operation's request type
+    and returns its result type.
     """
     if isinstance(candidate, type):
         return [f"an instance, not the class {candidate.__name__} (register a class with register_backend)"]
@@ -611,11 +655,12 @@ def contract_problems(candidate: object) -> list[str]:
     name = getattr(candidate, "name", None)
     if not isinstance(name, str) or not name:
         problems.append(f"name must be a non-empty string (got {name!r})")
-    for operation, (request_type, result_type) in OPERATIONS.items():
+    for operation, (request_type, result_type) in (*OPERATIONS.items(), *OPTIONAL_OPERATIONS.items()):
         wanted = f"{operation}({request_type.__name__}) -> {result_type.__name__}"
         method = getattr(candidate, operation, None)
         if method is None:
-            problems.append(f"missing {wanted}")
+            if operation not in OPTIONAL_OPERATIONS:
+                problems.append(f"missing {wanted}")
             continue
         if not callable(method):
             problems.append(f"{operation} must be a method {wanted} (got {type(method).__name__})")

@@ -582,10 +582,18 @@ def finish_layer_output(request: LSTMForwardRequest, layer: int, target: np.ndar
     zeros past each sequence's length (``active`` (T, N), None when all run), then, in
     training and below the last layer, the dropout mask drawn for the next layer applied and
     kept in the cache's ``mask``."""
+    finish_output(request.config.num_layers, layer, target, active, mask,
+                  request.dropout_masks if request.training else None)
+
+
+def finish_output(num_layers: int, layer: int, target: np.ndarray, active: np.ndarray | None,
+                  mask: np.ndarray | None, dropout_masks: tuple[np.ndarray | None, ...] | None) -> None:
+    """:func:`finish_layer_output` from the request's parts (``dropout_masks`` None outside
+    training)."""
     if active is not None:
         target[~active] = 0.0
-    if layer < request.config.num_layers - 1 and request.training and request.dropout_masks is not None:
-        drawn = request.dropout_masks[layer + 1]
+    if layer < num_layers - 1 and dropout_masks is not None:
+        drawn = dropout_masks[layer + 1]
         assert mask is not None and drawn is not None
         np.copyto(mask, drawn)
         np.multiply(target, mask, out=target)

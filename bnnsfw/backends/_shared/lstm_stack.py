@@ -26,6 +26,11 @@ hang off :meth:`LSTMStack._lstm_sequence_kernels`) ever sees such a configuratio
 Sequences of length 0 are handled here for both: zero outputs, zero final states and zero
 gradients with respect to their initial states.
 
+:meth:`LSTMStack.lstm_forward` runs a :class:`PreparedForward` made for its request; the
+contract's optional ``lstm_prepare_forward`` hands one out for every request of a kind, so
+what a forward works out from the request alone (the cache layout, the step masks, which
+kernels run) is worked out once for calls that repeat.
+
 The directions of a layer run one after the other, or, where the backend's
 :class:`DirectionKernels` give a ``pair``, the two of a bidirectional layer at the same time
 (:func:`run_directions`): the reverse direction then takes scratch of its own and makes its
@@ -50,6 +55,7 @@ from ..contract import (
     LSTMCacheLayout,
     LSTMCacheRequest,
     LSTMConfig,
+    LSTMForwardCall,
     LSTMForwardRequest,
     LSTMForwardResult,
     LSTMGateArrays,
@@ -63,7 +69,7 @@ from .lstm_general import (
     GeneralCacheLayout,
     GeneralLSTM,
     GeneralPacked,
-    finish_layer_output,
+    finish_output,
 )
 from .lstm_kernels import (
     INTERNAL_ORDER,
@@ -75,7 +81,7 @@ from .lstm_kernels import (
     repeated,
 )
 
-__all__ = ["LSTMStack", "CacheLayout", "CACHE_FORMAT", "DirectionKernels", "CallArguments",
+__all__ = ["LSTMStack", "PreparedForward", "CacheLayout", "CACHE_FORMAT", "DirectionKernels", "CallArguments",
            "scatter_gradients"]
 
 #: The name of the payload layout below; backends that share it share caches.
@@ -327,6 +333,86 @@ def _zero_length_states(lengths: np.ndarray | None, *states: np.ndarray) -> None
             state[:, empty] = 0.0
 
 
+class PreparedForward:
+    """The forward of every request of one kind (:class:`~..contract.LSTMForwardCall`): what
+    each call of :meth:`LSTMStack.lstm_forward` works out from the configuration, shapes and
+    lengths (the cache layout, the step masks, which kernels run) is worked out once here.
+
+    Per layer and direction the forward kernel runs the input projection and the recurrence
+    and writes that direction's columns of the output (or of the next layer's input, kept in
+    the cache). ``kernels`` None asks the backend for them at each call.
+    """
+
+    def __init__(self, backend: LSTMStack, request: LSTMForwardRequest,
+                 kernels: DirectionKernels | None) -> None:
+        config = request.config
+        packed: _Packed = request.weights.payload
+        self._backend = backend
+        self._plan, self._weights = packed.plan, packed.weights
+        self._seq_len, self._batch = request.x.shape[:2]
+        self._num_layers, self._size_d = config.num_layers, config.num_directions
+        self._h, self._input_size = config.hidden_size, config.input_size
+        self._dtype = np.dtype(config.dtype)
+        self._training = request.training
+        self._layout = CacheLayout(self._plan, config, self._seq_len, self._batch, training=request.training)
+        lengths = request.sequence_lengths
+        self._lengths = None if lengths is None else np.array(lengths)
+        self._active, self._inactive = _step_masks(self._lengths, self._seq_len)
+        self._kernels = kernels
+        #: Whether the kernels were chosen here (else at each call).
+        self.kernels_fixed = kernels is not None
+        self._bound: tuple[np.ndarray | None, CacheViews | None] = (None, None)  # inference scratch
+
+    def _views(self, cache: np.ndarray | None, workspace: Workspace) -> CacheViews:
+        if self._training:
+            assert cache is not None
+            return self._layout.bind(cache)
+        scratch = workspace.bytes("lstm_forward_steps", self._layout.nbytes)
+        base, views = self._bound  # the workspace hands back the same memory from call to call
+        if views is None or scratch.base is not base or base is None:
+            views = self._layout.bind(scratch)
+            self._bound = (scratch.base, views)
+        return views
+
+    def __call__(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
+                 hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
+                 dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> None:
+        plan, weights, lengths, inactive = self._plan, self._weights, self._lengths, self._inactive
+        seq_len, batch, size_d, h = self._seq_len, self._batch, self._size_d, self._h
+        views = self._views(cache, workspace)
+        kernels = self._kernels
+        if kernels is None:
+            kernels = self._backend._lstm_direction_kernels(plan, lengths, batch, self._dtype)
+        pair = kernels.pair if size_d == 2 else None
+        together = pair is not None
+        forward = kernels.forward if pair is None else pair[0]
+        last = self._num_layers - 1
+        masks = dropout_masks if self._training else None
+        layer_input = x.reshape(seq_len * batch, self._input_size)
+        for layer in range(self._num_layers):
+            target = output if layer == last else views.inputs[layer + 1]
+            assert target is not None
+            calls = []
+            for d in range(size_d):
+                index = layer * size_d + d
+                scratch = _Scoped(workspace, "reverse.") if together and d else workspace
+                calls.append(functools.partial(
+                    forward, plan, weights[layer][d], layer_input, None if hidden is None else hidden[index],
+                    None if cell is None else cell[index], views.steps[layer][d], views.pre[layer][d],
+                    views.hidden[layer][d], target[:, :, d * h:(d + 1) * h],
+                    hidden_out[index], cell_out[index], reverse=d == 1, lengths=lengths, inactive=inactive,
+                    workspace=scratch))
+            if len(calls) == 1:
+                calls[0]()
+            else:
+                run_directions(calls, together)
+            finish_output(self._num_layers, layer, target, self._active,
+                          None if layer == last else views.masks[layer + 1], masks)
+            if layer < last:
+                layer_input = target.reshape(seq_len * batch, size_d * h)
+        _zero_length_states(lengths, hidden_out, cell_out)
+
+
 class LSTMStack(LSTMKernels, GeneralLSTM):
     """The contract's LSTM operations, built on per-sequence kernels."""
 
@@ -368,65 +454,38 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         return LSTMCacheLayout(nbytes=layout.nbytes, format=CACHE_FORMAT)
 
     def lstm_forward(self, request: LSTMForwardRequest) -> LSTMForwardResult:
-        """All layers forward; writes the cache, the output and the final states.
-
-        Per layer and direction the forward kernel runs the input projection and the
-        recurrence and writes that direction's columns of the output (or of the next
-        layer's input, kept in the cache).
-        """
-        config = request.config
+        """All layers forward; writes the cache, the output and the final states
+        (:class:`PreparedForward`, made for this one request)."""
         if isinstance(request.weights.payload, GeneralPacked):
             self.general_forward(request)
             _zero_length_states(request.sequence_lengths, request.hidden_out, request.cell_out)
-            return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
-        packed: _Packed = request.weights.payload
-        plan, weights = packed.plan, packed.weights
-        seq_len, batch = request.x.shape[:2]
-        size_d, h = config.num_directions, config.hidden_size
-        layout = CacheLayout(plan, config, seq_len, batch, training=request.training)
-        workspace = request.workspace
-        if request.training:
-            assert request.cache is not None
-            views = layout.bind(request.cache)
         else:
-            views = layout.bind(workspace.bytes("lstm_forward_steps", layout.nbytes))
-        lengths = request.sequence_lengths
-        kernels = self._lstm_direction_kernels(plan, lengths, batch, np.dtype(config.dtype))
-        pair = kernels.pair if size_d == 2 else None
-        together = pair is not None
-        forward = kernels.forward if pair is None else pair[0]
-        active, inactive = _step_masks(lengths, seq_len)
-        h0, c0 = request.hidden, request.cell
-
-        def target_of(layer: int) -> np.ndarray:
-            target = request.output if layer == config.num_layers - 1 else views.inputs[layer + 1]
-            assert target is not None
-            return target
-
-        def arguments(layer: int, d: int, layer_input: np.ndarray, scratch: Workspace) -> CallArguments:
-            index = layer * size_d + d
-            return CallArguments(
-                (plan, weights[layer][d], layer_input, None if h0 is None else h0[index],
-                 None if c0 is None else c0[index], views.steps[layer][d], views.pre[layer][d],
-                 views.hidden[layer][d], target_of(layer)[:, :, d * h:(d + 1) * h], request.hidden_out[index],
-                 request.cell_out[index]),
-                dict(reverse=d == 1, lengths=lengths, inactive=inactive, workspace=scratch))
-
-        layer_input = request.x.reshape(seq_len * batch, config.input_size)
-        for layer in range(config.num_layers):
-            calls = []
-            for d in range(size_d):
-                call = arguments(layer, d, layer_input,
-                                 _Scoped(workspace, "reverse.") if together and d else workspace)
-                calls.append(functools.partial(forward, *call.args, **call.keywords))
-            run_directions(calls, together)
-            last = layer == config.num_layers - 1
-            finish_layer_output(request, layer, target_of(layer), active,
-                                None if last else views.masks[layer + 1])
-            if not last:
-                layer_input = target_of(layer).reshape(seq_len * batch, size_d * h)
-        _zero_length_states(lengths, request.hidden_out, request.cell_out)
+            r = request
+            self._prepared_forward(r)(r.x, r.hidden, r.cell, r.output, r.hidden_out, r.cell_out, r.cache,
+                                      r.dropout_masks, r.workspace)
         return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
+
+    def lstm_prepare_forward(self, request: LSTMForwardRequest) -> LSTMForwardCall | None:
+        """:class:`PreparedForward` for requests of this kind (the contract's optional
+        operation); None for the variants of SPEC §4.1, whose general kernels have nothing
+        to choose ahead."""
+        if isinstance(request.weights.payload, GeneralPacked):
+            return None
+        return self._prepared_forward(request)
+
+    def _prepared_forward(self, request: LSTMForwardRequest) -> PreparedForward:
+        packed: _Packed = request.weights.payload
+        seq_len, batch = request.x.shape[:2]
+        kernels = None
+        if self._lstm_kernels_fixed(packed.plan, batch):
+            kernels = self._lstm_direction_kernels(packed.plan, request.sequence_lengths, batch,
+                                                   np.dtype(request.config.dtype))
+        return PreparedForward(self, request, kernels)
+
+    def _lstm_kernels_fixed(self, plan: LSTMStepPlan, batch: int) -> bool:
+        """Whether :meth:`_lstm_direction_kernels` gives the same kernels to every call of this
+        cell and batch (a backend whose choice depends on the threads in force says no)."""
+        return True
 
     def lstm_backward(self, request: LSTMBackwardRequest) -> LSTMBackwardResult:
         """All layers backward, top layer first: per layer and direction the backward kernel

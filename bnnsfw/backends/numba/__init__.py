@@ -22,11 +22,12 @@ import numpy as np
 
 from . import _cells, _lstm, _normalization, _tiers
 from .._shared.lstm_kernels import LSTMStepPlan, LSTMWeights
-from .._shared.lstm_stack import (BackwardKernel, CacheViews, DirectionKernels, ForwardKernel, _Packed,
-                                  scatter_gradients)
+from .._shared.lstm_stack import (BackwardKernel, CacheViews, DirectionKernels, ForwardKernel,
+                                  PreparedForward, _Packed, scatter_gradients)
 from ..contract import (
     LSTMBackwardRequest,
     LSTMBackwardResult,
+    LSTMForwardCall,
     LSTMForwardRequest,
     LSTMForwardResult,
     LSTMGateArrays,
@@ -121,6 +122,55 @@ def _compiled_kernels(parts: int) -> DirectionKernels:
                             functools.partial(_compiled_backward, parts=parts), pair)
 
 
+class _TieredForward:
+    """``lstm_forward`` prepared for one kind of request (``lstm_prepare_forward``), compiled or
+    not as :class:`._tiers.Tiers` decides: one :class:`PreparedForward` for each tier, each
+    with the kernels that tier runs. The tiers are asked at each call until they say
+    compiled outside the modes that compile in the process (then that kind's kernels are
+    ready for good and nothing is asked again); in ``wait`` mode no request is made at all."""
+
+    def __init__(self, backend: NumbaBackend, request: LSTMForwardRequest) -> None:
+        self._backend = backend
+        self._config, self._weights = request.config, request.weights
+        lengths = request.sequence_lengths  # values, part of the kind: kept as a copy
+        self._lengths = None if lengths is None else np.array(lengths)
+        self._training = request.training
+        self._threads = request.threads
+        self._prepared: dict[bool, PreparedForward] = {}
+        for compiled in (True, False):
+            with _tiers.compiled_as(compiled):
+                self._prepared[compiled] = backend._prepared_forward(request)
+        self._ready_for: _tiers.Tiers | None = None  # the tiers that said compiled for good
+
+    def _compiled(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
+                  hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
+                  dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> bool:
+        tiers = self._backend._tiers
+        if self._ready_for is tiers or tiers.compiles_in_process():
+            return True
+        request = LSTMForwardRequest(
+            config=self._config, weights=self._weights, x=x, hidden=hidden, cell=cell,
+            sequence_lengths=self._lengths, output=output, hidden_out=hidden_out, cell_out=cell_out,
+            training=self._training, cache=cache, dropout_masks=dropout_masks, workspace=workspace,
+            threads=self._threads)
+        if tiers.decide("lstm_forward", request):
+            self._ready_for = tiers
+            return True
+        return False
+
+    def __call__(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
+                 hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
+                 dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> None:
+        arrays = (x, hidden, cell, output, hidden_out, cell_out, cache, dropout_masks, workspace)
+        compiled = self._compiled(*arrays)
+        prepared = self._prepared[compiled]
+        if prepared.kernels_fixed:
+            prepared(*arrays)
+            return
+        with _tiers.compiled_as(compiled):  # the kernels are chosen in the call, in its tier
+            prepared(*arrays)
+
+
 class NumbaBackend(ScipyBlasBackend):
     """Compiled LSTM time loops and normalization row kernels; ``scipy-blas`` for the rest."""
 
@@ -192,6 +242,19 @@ class NumbaBackend(ScipyBlasBackend):
             return run(request)
         with self._tiers.serving(operation, request):
             return run(request)
+
+    def lstm_prepare_forward(self, request: LSTMForwardRequest) -> LSTMForwardCall | None:
+        """For the cells the compiled kernels serve, a forward that asks the tiers only until
+        its kind runs compiled for good (:class:`_TieredForward`); ``scipy-blas``'s otherwise."""
+        payload = request.weights.payload
+        if not (isinstance(payload, _Packed) and (_lstm.serves(payload.plan) or _cells.serves(payload.plan))):
+            return super().lstm_prepare_forward(request)
+        return _TieredForward(self, request)
+
+    def _lstm_kernels_fixed(self, plan: LSTMStepPlan, batch: int) -> bool:
+        """The compiled kernels share large steps out over the threads in force
+        (:func:`._lstm.step_parts`): those are chosen at each call."""
+        return not _lstm.threads_matter(plan.hidden_size, batch)
 
     def lstm_pack_weights(self, request: LSTMPackRequest) -> LSTMPackedWeights:
         """``scipy-blas``'s packing; for the cells the compiled kernels serve, with ``U`` and

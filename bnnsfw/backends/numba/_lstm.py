@@ -185,13 +185,19 @@ def _cheap_parallel_regions() -> bool:
     return bool(numba.threading_layer() in ("omp", "tbb"))
 
 
+def threads_matter(hidden_size: int, batch: int) -> bool:
+    """Whether :func:`step_parts` depends on the threads in force: steps of at least
+    :data:`THREADED_STEP_MIN` multiply-adds over several sequences."""
+    return batch >= 2 and 4 * hidden_size * hidden_size * batch >= THREADED_STEP_MIN
+
+
 def step_parts(hidden_size: int, batch: int) -> int:
     """Threads that share out the units of each step and the products of a call
     (:func:`_forward_threads`, :func:`_backward_threads`): Numba's thread count for steps of
     at least :data:`THREADED_STEP_MIN` multiply-adds over several sequences when parallel
     regions are cheap, else 1 (the steps on the calling thread, BLAS's own threads in the
     products). A thread limit in force (a layer's ``n_threads``, :func:`blas_limit`) caps it."""
-    if batch < 2 or 4 * hidden_size * hidden_size * batch < THREADED_STEP_MIN:
+    if not threads_matter(hidden_size, batch):
         return 1
     threads = numba.get_num_threads()
     limit = current_limit()

@@ -94,6 +94,16 @@ def compiled_now() -> bool:
     return _compiled.get()
 
 
+@contextlib.contextmanager
+def compiled_as(compiled: bool) -> Iterator[None]:
+    """Within the block :func:`compiled_now` is ``compiled`` (the tiers decided it already)."""
+    token = _compiled.set(compiled)
+    try:
+        yield
+    finally:
+        _compiled.reset(token)
+
+
 # --------------------------------------------------------------------------------------
 # The kind of a call.
 # --------------------------------------------------------------------------------------
@@ -377,18 +387,23 @@ class Tiers:
     def serving(self, operation: str, request: Any) -> Iterator[None]:
         """Within the block the call runs compiled or not (:func:`compiled_now`), as
         :meth:`decide` says."""
-        token = _compiled.set(self.decide(operation, request))
-        try:
+        with compiled_as(self.decide(operation, request)):
             yield
-        finally:
-            _compiled.reset(token)
+
+    @staticmethod
+    def compiles_in_process() -> bool:
+        """Whether every call runs compiled, compiling in this process when it must (``wait``
+        mode, or ``background`` in a frozen application)."""
+        mode = compile_mode()
+        return mode == "wait" or (mode == "background" and _FROZEN)
 
     def decide(self, operation: str, request: Any) -> bool:
         """Whether this call runs compiled: always in ``wait`` mode, else when its kind has a
-        marker; in ``background`` mode, a compile asked for when it has none."""
-        mode = compile_mode()
-        if mode == "wait" or (mode == "background" and _FROZEN):
+        marker; in ``background`` mode, a compile asked for when it has none. Outside the
+        modes of :meth:`compiles_in_process`, a kind that runs compiled once always does."""
+        if self.compiles_in_process():
             return True
+        mode = compile_mode()
         kind = self._kind(operation, request)
         if kind in self._ready:
             return True
