@@ -6,9 +6,10 @@ layer's backend through the contract like any other (an ``LSTMForwardRequest`` w
 the states passed in), so every backend and every causal variant streams as it applies.
 
 What the stepper owns, made once: a copy of the weights, packed by the backend (taken again by
-:meth:`~LSTMStream.reset`, packed again only when they changed), two sets of state buffers that
-the steps write in turn (a request's outputs may not overlap its inputs), an input buffer and a
-workspace. A step with ``out`` given therefore allocates no array.
+:meth:`~LSTMStream.reset`, packed again only when they changed) with the backend's forward
+prepared for each kind of step (``lstm_prepare_forward``, when it has one), two sets of state
+buffers that the steps write in turn (a request's outputs may not overlap its inputs), an input
+buffer and a workspace. A step with ``out`` given therefore allocates no array.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from .._validation import as_input, as_output, overlap
 from ..backends.contract import LSTMForwardRequest, LSTMPackedWeights, LSTMPackRequest
 from ..errors import InvalidParameterError, ShapeError, must_be
+from ._lstm_prepared import PreparedForwards, array_kind
 from ._lstm_weights import _copied, _parameter_arrays
 from ._lstm_workspace import _Workspace
 
@@ -43,6 +45,8 @@ class _WeightsSnapshot:
         self._copies = _parameter_arrays(self._params)
         self._version = 0
         self.packed = self._pack()
+        #: The backend's forward prepared for each kind of step on this packing.
+        self.prepared = PreparedForwards()
 
     def _pack(self) -> LSTMPackedWeights:
         params = self._params
@@ -59,6 +63,7 @@ class _WeightsSnapshot:
         for copy, array in zip(self._copies, live):
             np.copyto(copy, array)
         self._version += 1
+        self.prepared = PreparedForwards()
         self.packed = self._pack()
 
 
@@ -218,13 +223,27 @@ class LSTMStream:
             x3 = self._x
         current, following = self._current, 1 - self._current
         layer = self._layer
-        request = LSTMForwardRequest(
-            config=layer._config, weights=self._weights.packed, x=x3, hidden=self._hidden[current],
-            cell=self._cell[current], sequence_lengths=None, output=target,
-            hidden_out=self._hidden[following], cell_out=self._cell[following], training=False, cache=None,
-            dropout_masks=None, workspace=self._workspace, threads=layer.filter_parameters.n_threads)
+        weights = self._weights
+        # The states, the workspace and the weights are the stepper's own: x and out make the kind.
+        key = (array_kind(x3), array_kind(target))
+        call = weights.prepared.get(key)
+        request = None
+        if call is None:
+            request = LSTMForwardRequest(
+                config=layer._config, weights=weights.packed, x=x3, hidden=self._hidden[current],
+                cell=self._cell[current], sequence_lengths=None, output=target,
+                hidden_out=self._hidden[following], cell_out=self._cell[following], training=False,
+                cache=None, dropout_masks=None, workspace=self._workspace,
+                threads=layer.filter_parameters.n_threads)
+            if not weights.prepared.asked(key):
+                call = weights.prepared.prepare(key, layer.backend, request)
         with layer._threads():
-            layer.backend.lstm_forward(request)
+            if call is not None:
+                call(x3, self._hidden[current], self._cell[current], target, self._hidden[following],
+                     self._cell[following], None, None, self._workspace)
+            else:
+                assert request is not None
+                layer.backend.lstm_forward(request)
         self._current = following  # the workspace is not trimmed: the next step reuses all of it
         return result
 

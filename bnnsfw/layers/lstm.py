@@ -18,15 +18,17 @@ direction, per-direction activations (:class:`LSTMActivations`), a projection
 How it runs: the layer validates, keeps the parameters and the training-cache frame, and
 hands each call to its backend through the contract (:mod:`bnnsfw.backends.contract`):
 ``lstm_pack_weights`` once (again only when client-pointer weights change),
-``lstm_forward`` for the whole stack, and ``lstm_backward``, which returns the input, state
-and weight gradients. How the built-in backends compute is in ``docs/lstm.md``.
+``lstm_forward`` for the whole stack (or the forward the backend prepared for that kind of
+call, ``lstm_prepare_forward``), and ``lstm_backward``, which returns the input, state and
+weight gradients. How the built-in backends compute is in ``docs/lstm.md``.
 
 This module is the layer. Its pieces sit beside it: the parameter objects and their
 validation (``_lstm_parameters.py``), the weight arrays in order and by name
 (``_lstm_weights.py``), the results of ``apply`` and ``apply_backward`` (``_lstm_results.py``),
 the training cache's frame (``_lstm_cache.py``), the layer's scratch memory
-(``_lstm_workspace.py``) and the stepper of :meth:`LSTMLayer.stream` (``_lstm_stream.py``);
-every public name is importable from here.
+(``_lstm_workspace.py``), the prepared forwards it keeps (``_lstm_prepared.py``) and the
+stepper of :meth:`LSTMLayer.stream` (``_lstm_stream.py``); every public name is importable
+from here.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from ._lstm_cache import (
     read_header,
     write_header,
 )
+from ._lstm_prepared import PreparedForwards, array_kind
 from ._lstm_parameters import (
     _LAYER_NORM_FIELDS,
     GATE_FIELDS,
@@ -198,6 +201,7 @@ class LSTMLayer(Filter):
         self._pack_lock = threading.Lock()
         self._weights_digests: dict[int, int] = {}  # by packed version
         self._packed: LSTMPackedWeights | None = None
+        self._prepared = PreparedForwards()  # the backend's forward per kind of call, these weights
         self._packed_weights()
         self._rng: np.random.Generator | None = np.random.default_rng(parameters.seed)
         self._workspace: _Workspace | None = _Workspace()
@@ -477,13 +481,33 @@ class LSTMLayer(Filter):
                  c0: np.ndarray | None, lengths: np.ndarray | None, output_tm: np.ndarray,
                  h_out: np.ndarray, c_out: np.ndarray, payload: np.ndarray | None,
                  workspace: _Workspace) -> None:
-        """One forward through the backend; a training forward when ``payload`` is given."""
+        """One forward through the backend; a training forward when ``payload`` is given.
+
+        Full-length sequences go through the forward the backend prepared for their kind of
+        call (``lstm_prepare_forward``, made at the first call of that kind, kept in
+        :attr:`_prepared` until the weights are packed again); other calls, and backends
+        without it, through ``lstm_forward``."""
         training = payload is not None
         masks = self._dropout_masks(x.shape[0], x.shape[1], workspace) if training else None
-        self.backend.lstm_forward(LSTMForwardRequest(
+        key = call = None
+        if lengths is None:  # (lengths are values: each would be a kind of its own)
+            # The outputs, the cache's payload and the masks are the layer's own, made alike
+            # for each T and N, which x's kind holds.
+            key = (weights.version, training, array_kind(x), array_kind(h0), array_kind(c0))
+            call = self._prepared.get(key)
+            if call is not None:
+                call(x, h0, c0, output_tm, h_out, c_out, payload, masks, workspace)
+                return
+        request = LSTMForwardRequest(
             config=self._config, weights=weights, x=x, hidden=h0, cell=c0, sequence_lengths=lengths,
             output=output_tm, hidden_out=h_out, cell_out=c_out, training=training, cache=payload,
-            dropout_masks=masks, workspace=workspace, threads=self.filter_parameters.n_threads))
+            dropout_masks=masks, workspace=workspace, threads=self.filter_parameters.n_threads)
+        if key is not None and not self._prepared.asked(key):
+            call = self._prepared.prepare(key, self.backend, request)
+        if call is not None:
+            call(x, h0, c0, output_tm, h_out, c_out, payload, masks, workspace)
+        else:
+            self.backend.lstm_forward(request)
 
     def _dropout_masks(self, seq_len: int, batch: int,
                        workspace: _Workspace) -> tuple[np.ndarray | None, ...] | None:
@@ -554,6 +578,7 @@ class LSTMLayer(Filter):
             if self._watched:
                 self._watch.take()
             self._stale = False
+            self._prepared.clear()
             # What a training cache is stamped with: the weights it was computed from.
             self._weights_digests = {v: d for v, d in self._weights_digests.items() if v > version - 4}
             self._weights_digests[version] = digest(*_parameter_arrays(params), size=8)
@@ -786,6 +811,7 @@ class LSTMLayer(Filter):
     # Filter hooks.
     def _release(self) -> None:
         self._packed = None
+        self._prepared.clear()
         self._watch.release()
         self._workspace = None
         self._rng = None

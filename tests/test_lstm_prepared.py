@@ -1,0 +1,130 @@
+"""The prepared forwards an LSTM layer and a stream keep (``lstm_prepare_forward``), and the
+watch on handed-out weights: one prepared forward per kind of call, a few at most, forgotten
+whenever the weights are packed again; results as the unprepared path gives them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bnnsfw as bf
+from bnnsfw.backends.contract import OPERATIONS, TOLERANCE
+from bnnsfw.layers._lstm_prepared import PreparedForwards
+
+
+class Counting:
+    """Another backend's operations, counting the forwards it prepares (``prepare=False``:
+    offering none, so the layer calls ``lstm_forward``)."""
+
+    name = "counting"
+
+    def __init__(self, inner, prepare=True):
+        self.inner = inner
+        self.prepared = 0
+        for operation in OPERATIONS:
+            setattr(self, operation, getattr(inner, operation))
+        if prepare:
+            self.lstm_prepare_forward = self._prepare
+
+    def _prepare(self, request):
+        self.prepared += 1
+        return self.inner.lstm_prepare_forward(request)
+
+
+def _layer(backend, *, dtype=np.float64, **options):
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, seed=3, dtype=dtype, **options)
+    return bf.LSTMLayer(params, bf.FilterParameters(backend=backend))
+
+
+def _close(got, want):
+    rtol, atol = TOLERANCE[np.dtype(want.dtype)]
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("options", [{}, {"num_layers": 2, "bidirectional": True, "dropout": 0.2}],
+                         ids=["one-layer", "stacked"])
+def test_prepared_and_unprepared_forwards_agree(backend_name, options, rng):
+    """Inference and training (forward and its cache, read by backward), with and without states."""
+    inner = bf.backends.get_backend(backend_name)
+    with _layer(Counting(inner), **options) as prepared, \
+            _layer(Counting(inner, prepare=False), **options) as plain:
+        size_ld = prepared.layer_parameters.num_layers * prepared.layer_parameters.num_directions
+        for states in (False, True):
+            x = rng.standard_normal((3, 2, 3))
+            h0, c0 = (rng.standard_normal((size_ld, 2, 4)) if states else None for _ in range(2))
+            for _ in range(2):  # the second call runs the forward the first one prepared
+                got, want = prepared.apply(x, h0, c0), plain.apply(x, h0, c0)
+                for name in ("output", "hidden", "cell"):
+                    _close(getattr(got, name), getattr(want, name))
+            got, want = prepared.apply(x, h0, c0, training=True), plain.apply(x, h0, c0, training=True)
+            _close(got.output, want.output)
+            dy = rng.standard_normal(got.output.shape)
+            got_grads = prepared.apply_backward(x, dy, h0, c0, training_cache=got.training_cache)
+            want_grads = plain.apply_backward(x, dy, h0, c0, training_cache=want.training_cache)
+            for name, gradient in want_grads.parameters().items():
+                _close(got_grads.parameters()[name], gradient)
+            _close(got_grads.input, want_grads.input)
+        assert prepared.backend.prepared == 4  # (no states, states) x (inference, training)
+        assert plain.backend.prepared == 0
+
+
+def test_each_kind_of_call_is_prepared_once(rng):
+    """Keyed by everything the backend may choose by: shape, dtype, strides, flags, which
+    states are given, training; the same kind again reuses the forward."""
+    backend = Counting(bf.backends.get_backend("numpy"))
+    with _layer(backend) as layer:
+        x = rng.standard_normal((3, 2, 3))
+        h0 = rng.standard_normal((1, 2, 4))
+        layer(x)
+        layer(x.copy())
+        assert backend.prepared == 1
+        frozen = x.copy()
+        frozen.setflags(write=False)                     # flags
+        layer(frozen)
+        layer(x[:2])                                     # shape (T)
+        layer(x, h0)                                     # which states
+        layer(x, None, h0)
+        layer(x, h0, h0)
+        layer(x, np.asfortranarray(h0), h0)              # strides
+        layer.apply(x, training=True)                    # training
+        assert backend.prepared == 8
+        layer(x, sequence_lengths=[3, 1])                # lengths are values: never prepared
+        assert backend.prepared == 8 and len(layer._prepared) <= PreparedForwards.LIMIT
+
+
+def test_the_prepared_forwards_are_bounded_and_forgotten_when_the_weights_change(rng):
+    backend = Counting(bf.backends.get_backend("numpy"))
+    with _layer(backend) as layer:
+        for steps in range(1, 2 * PreparedForwards.LIMIT):
+            layer(rng.standard_normal((steps, 1, 3)))
+        assert len(layer._prepared) == PreparedForwards.LIMIT
+        x = rng.standard_normal((2, 2, 3))
+        layer(x)
+        layer.load_state_dict(layer.state_dict())      # the layer wrote its weights
+        before = backend.prepared
+        layer(x)
+        assert backend.prepared == before + 1 and len(layer._prepared) == 1
+        named = layer.parameters()
+        named["layer0.forward.output_gate.hidden_weights"][0, 0] += 1.0  # in place, handed out
+        got = layer(x).output
+        assert backend.prepared == before + 2 and len(layer._prepared) == 1
+        with bf.LSTMLayer(layer.layer_parameters, bf.FilterParameters(backend="numpy")) as fresh:
+            _close(got, fresh(x).output)
+
+
+def test_a_stream_steps_with_the_forward_prepared_for_its_kind_of_step(backend_name, rng):
+    inner = bf.backends.get_backend(backend_name)
+    with _layer(Counting(inner), num_layers=2) as layer, \
+            _layer(Counting(inner, prepare=False), num_layers=2) as plain:
+        stream, reference = layer.stream(batch_size=2), plain.stream(batch_size=2)
+        out = np.empty((4, 2)).T                                     # another kind: a strided out
+        for step in range(3):
+            x = rng.standard_normal((2, 3))
+            _close(stream.step(x), reference.step(x))
+            _close(stream.step(x, out=out), reference.step(x, out=out.copy()))
+        assert layer.backend.prepared == 2
+        layer.parameters()["layer1.forward.input_gate.bias"][...] += 1.0
+        stream.reset()
+        reference.reset()  # its layer's weights did not change: nothing new for it
+        stream.step(x)
+        assert layer.backend.prepared == 3
