@@ -52,12 +52,13 @@ def test_prepared_and_unprepared_forwards_agree(backend_name, options, rng):
         for states in (False, True):
             x = rng.standard_normal((3, 2, 3))
             h0, c0 = (rng.standard_normal((size_ld, 2, 4)) if states else None for _ in range(2))
-            for _ in range(2):  # the second call runs the forward the first one prepared
+            for _ in range(3):  # the second call prepares the forward, the third reuses it
                 got, want = prepared.apply(x, h0, c0), plain.apply(x, h0, c0)
                 for name in ("output", "hidden", "cell"):
                     _close(getattr(got, name), getattr(want, name))
-            got, want = prepared.apply(x, h0, c0, training=True), plain.apply(x, h0, c0, training=True)
-            _close(got.output, want.output)
+            for _ in range(2):  # prepared at the second call of a kind
+                got, want = prepared.apply(x, h0, c0, training=True), plain.apply(x, h0, c0, training=True)
+                _close(got.output, want.output)
             dy = rng.standard_normal(got.output.shape)
             got_grads = prepared.apply_backward(x, dy, h0, c0, training_cache=got.training_cache)
             want_grads = plain.apply_backward(x, dy, h0, c0, training_cache=want.training_cache)
@@ -70,25 +71,30 @@ def test_prepared_and_unprepared_forwards_agree(backend_name, options, rng):
 
 def test_each_kind_of_call_is_prepared_once(rng):
     """Keyed by everything the backend may choose by: shape, dtype, strides, flags, which
-    states are given, training; the same kind again reuses the forward."""
+    states are given, training; prepared at the second call of a kind, reused after."""
     backend = Counting(bf.backends.get_backend("numpy"))
     with _layer(backend) as layer:
         x = rng.standard_normal((3, 2, 3))
         h0 = rng.standard_normal((1, 2, 4))
         layer(x)
+        assert backend.prepared == 0                     # one call of a kind: not prepared
         layer(x.copy())
+        layer(x)
         assert backend.prepared == 1
         frozen = x.copy()
-        frozen.setflags(write=False)                     # flags
-        layer(frozen)
-        layer(x[:2])                                     # shape (T)
-        layer(x, h0)                                     # which states
-        layer(x, None, h0)
-        layer(x, h0, h0)
-        layer(x, np.asfortranarray(h0), h0)              # strides
-        layer.apply(x, training=True)                    # training
+        frozen.setflags(write=False)
+        kinds = [lambda: layer(frozen),                  # flags
+                 lambda: layer(x[:2]),                   # shape (T)
+                 lambda: layer(x, h0),                   # which states
+                 lambda: layer(x, None, h0),
+                 lambda: layer(x, h0, h0),
+                 lambda: layer(x, np.asfortranarray(h0), h0),  # strides
+                 lambda: layer.apply(x, training=True)]  # training
+        for call in kinds + kinds:
+            call()
         assert backend.prepared == 8
-        layer(x, sequence_lengths=[3, 1])                # lengths are values: never prepared
+        for _ in range(3):
+            layer(x, sequence_lengths=[3, 1])            # lengths are values: never prepared
         assert backend.prepared == 8 and len(layer._prepared) <= PreparedForwards.LIMIT
 
 
@@ -96,16 +102,22 @@ def test_the_prepared_forwards_are_bounded_and_forgotten_when_the_weights_change
     backend = Counting(bf.backends.get_backend("numpy"))
     with _layer(backend) as layer:
         for steps in range(1, 2 * PreparedForwards.LIMIT):
-            layer(rng.standard_normal((steps, 1, 3)))
+            x = rng.standard_normal((steps, 1, 3))
+            layer(x)
+            layer(x)
         assert len(layer._prepared) == PreparedForwards.LIMIT
         x = rng.standard_normal((2, 2, 3))
+        layer(x)
         layer(x)
         layer.load_state_dict(layer.state_dict())      # the layer wrote its weights
         before = backend.prepared
         layer(x)
+        assert len(layer._prepared) == 0
+        layer(x)
         assert backend.prepared == before + 1 and len(layer._prepared) == 1
         named = layer.parameters()
         named["layer0.forward.output_gate.hidden_weights"][0, 0] += 1.0  # in place, handed out
+        layer(x)
         got = layer(x).output
         assert backend.prepared == before + 2 and len(layer._prepared) == 1
         with bf.LSTMLayer(layer.layer_parameters, bf.FilterParameters(backend="numpy")) as fresh:
@@ -126,5 +138,7 @@ def test_a_stream_steps_with_the_forward_prepared_for_its_kind_of_step(backend_n
         layer.parameters()["layer1.forward.input_gate.bias"][...] += 1.0
         stream.reset()
         reference.reset()  # its layer's weights did not change: nothing new for it
+        stream.step(x)
+        assert layer.backend.prepared == 2
         stream.step(x)
         assert layer.backend.prepared == 3

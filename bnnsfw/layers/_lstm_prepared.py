@@ -4,7 +4,9 @@ each kind of call (the contract's optional ``lstm_prepare_forward``), a few at m
 A kind is everything about the call's arrays a backend may have chosen by: for each whether
 it is given and its shape, dtype, strides and flags, with the weights' packing and whether
 the call trains. The keeper forgets every prepared forward when the weights are packed
-again; the layer also keys them by the packing's version.
+again; the layer also keys them by the packing's version. A kind is prepared at its second
+call: in a training loop the optimizer changes the weights at every step, so each packing
+serves one forward, which preparing would only make dearer.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class PreparedForwards:
 
     def __init__(self) -> None:
         self._calls: dict[Hashable, LSTMForwardCall | None] = {}
+        self._seen: set[Hashable] = set()  # kinds called once, not prepared yet
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -45,9 +48,18 @@ class PreparedForwards:
         """The prepared forward of ``key``; None when the backend has none or was not asked."""
         return self._calls.get(key)
 
-    def asked(self, key: Hashable) -> bool:
-        """Whether the backend was asked for the forward of ``key`` (and said what it has)."""
-        return key in self._calls
+    def wanted(self, key: Hashable) -> bool:
+        """Whether to ask the backend for the forward of ``key`` now: at the second call of
+        that kind (the first is remembered here), never again once asked."""
+        if key in self._calls:
+            return False
+        if key in self._seen:
+            return True
+        with self._lock:
+            if len(self._seen) >= 4 * self.LIMIT:
+                self._seen.clear()
+            self._seen.add(key)
+        return False
 
     def prepare(self, key: Hashable, backend: Any, request: LSTMForwardRequest) -> LSTMForwardCall | None:
         """Ask ``backend`` to prepare the forward of ``request``'s kind and keep the answer."""
@@ -58,9 +70,11 @@ class PreparedForwards:
             if len(self._calls) >= self.LIMIT:
                 self._calls.pop(next(iter(self._calls)))
             self._calls[key] = call
+            self._seen.discard(key)
         return call
 
     def clear(self) -> None:
         """Forget every prepared forward (the weights were packed again)."""
         with self._lock:
             self._calls.clear()
+            self._seen.clear()

@@ -235,7 +235,7 @@ class LSTMStream:
                 hidden_out=self._hidden[following], cell_out=self._cell[following], training=False,
                 cache=None, dropout_masks=None, workspace=self._workspace,
                 threads=layer.filter_parameters.n_threads)
-            if not weights.prepared.asked(key):
+            if weights.prepared.wanted(key):
                 call = weights.prepared.prepare(key, layer.backend, request)
         with layer._threads():
             if call is not None:

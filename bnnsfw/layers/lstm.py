@@ -514,7 +514,7 @@ class LSTMLayer(Filter):
         """One forward through the backend; a training forward when ``payload`` is given.
 
         Full-length sequences go through the forward the backend prepared for their kind of
-        call (``lstm_prepare_forward``, made at the first call of that kind, kept in
+        call (``lstm_prepare_forward``, made at the second call of that kind, kept in
         :attr:`_prepared` until the weights are packed again); other calls, and backends
         without it, through ``lstm_forward``."""
         training = payload is not None
@@ -532,7 +532,7 @@ class LSTMLayer(Filter):
             config=self._config, weights=weights, x=x, hidden=h0, cell=c0, sequence_lengths=lengths,
             output=output_tm, hidden_out=h_out, cell_out=c_out, training=training, cache=payload,
             dropout_masks=masks, workspace=workspace, threads=self.filter_parameters.n_threads)
-        if key is not None and not self._prepared.asked(key):
+        if key is not None and self._prepared.wanted(key):
             call = self._prepared.prepare(key, self.backend, request)
         if call is not None:
             call(x, h0, c0, output_tm, h_out, c_out, payload, masks, workspace)
