@@ -150,7 +150,8 @@ class Sequential:
     -----
     The container owns its layers: :meth:`close` closes them. It keeps the intermediate
     arrays of the last training :meth:`apply` for :meth:`apply_backward` (one forward at a
-    time: a container is not for concurrent training from several threads). LSTMs inside
+    time: a container is not for concurrent training from several threads); inference
+    forwards in between leave it alone. LSTMs inside
     start from zero states and take full-length sequences; for initial states or
     ``sequence_lengths`` use the layers directly. It pickles and deep-copies with its layers
     (:meth:`__reduce__`), without a pending training forward.
@@ -272,13 +273,14 @@ class Sequential:
         training : bool
             Training forward: LSTMs write their training caches and apply dropout,
             normalizations use (and update) batch statistics, and the container keeps what
-            :meth:`apply_backward` needs. Otherwise an inference forward, which forgets any
-            earlier training forward.
+            :meth:`apply_backward` needs, until the next training forward. Otherwise an
+            inference forward, which leaves a kept training forward alone.
         """
         self._check_open("apply")
         if not isinstance(training, (bool, np.bool_)):
             raise InvalidParameterError(must_be("Sequential.apply(training)", "True or False", training))
-        self._saved = None
+        if training:
+            self._saved = None
         contexts: list[Any] = []
         flow = _Flow(sequence=None, width=None)
         for layer in self._layers.values():
@@ -304,7 +306,7 @@ class Sequential:
         if self._saved is None:
             raise InvalidParameterError(must_be(
                 "Sequential.apply_backward()", "called after a training forward, apply(x, training=True)",
-                "no training forward since the last inference forward or creation"))
+                "no training forward yet (a copy has none)"))
         contexts, shape = self._saved
         dy = as_input("Sequential.apply_backward(output_gradient)", output_gradient, self._dtype, shape)
         grads: dict[str, LayerGradients] = {}

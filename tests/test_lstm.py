@@ -400,6 +400,25 @@ def test_backward_can_run_twice_from_one_cache(backend_name, rng):
     np.testing.assert_array_equal(first.forget_gate.input_weights[1], second.forget_gate.input_weights[1])
 
 
+
+def test_an_inference_forward_between_leaves_the_training_cache_usable(backend_name, rng):
+    """train → evaluate on other data → backward: the gradients of the training forward,
+    dropout masks included (the evaluation draws none)."""
+    params = LSTMParameters.random(input_size=2, hidden_size=3, num_layers=2, dropout=0.5, seed=0,
+                                   dtype=np.float64)
+    x, x_val = rng.standard_normal((4, 2, 2)), rng.standard_normal((3, 5, 2))
+    lengths = [4, 2]
+    with layer_for(params, backend_name) as layer, layer_for(params, backend_name) as twin:
+        out = layer.apply(x, sequence_lengths=lengths, training=True)
+        dy = rng.standard_normal(out.output.shape)
+        expected = layer.apply_backward(x, dy, sequence_lengths=lengths, training_cache=out.training_cache)
+        twin_out = twin.apply(x, sequence_lengths=lengths, training=True)
+        twin(x_val)
+        got = twin.apply_backward(x, dy, sequence_lengths=lengths, training_cache=twin_out.training_cache)
+    np.testing.assert_allclose(got.input, expected.input, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got.forget_gate.input_weights[1], expected.forget_gate.input_weights[1],
+                               rtol=1e-12, atol=1e-14)
+
 # ------------------------------------------------------------------------------------------
 # Dropout.
 # ------------------------------------------------------------------------------------------
