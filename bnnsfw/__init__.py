@@ -58,7 +58,7 @@ from .layers.normalization import (
     NormalizationParameters,
     NormalizationType,
 )
-from .sequential import FinalState, LastStep, Sequential, SequentialGradients, Softmax
+from .sequential import FinalState, LastStep, Sequential, SequentialGradients, SequentialOutput, Softmax
 from .serialization import load_weights, save_weights
 from .optimizers import clip_gradients
 from .schedules import CosineAnnealing, LearningRateSchedule, LinearWarmup, SequentialSchedule, StepDecay
@@ -107,6 +107,7 @@ __all__ = [
     "FinalState",
     "Softmax",
     "SequentialGradients",
+    "SequentialOutput",
     # training
     "IncompatibleKeys",
     "save_weights",

@@ -17,17 +17,19 @@ Each element is a layer (:class:`~bnnsfw.LSTMLayer`, :class:`~bnnsfw.Normalizati
 :class:`~bnnsfw.FullyConnectedLayer`), :class:`LastStep`, :class:`FinalState` or
 :class:`Softmax`. Between them flows one array:
 an LSTM passes its ``output`` (every step: "all steps"), :class:`LastStep` keeps the last
-step, :class:`FinalState` each direction's final state, :class:`Softmax` normalizes the last
-axis, a normalization of per-sample shape ``(C,)`` given a sequence normalizes every step
-(each ``(t, n)`` is a sample), and a fully connected layer works on any leading axes. The
-container checks at creation that the sizes and dtypes chain.
+step (each sequence's last valid step, given lengths), :class:`FinalState` each direction's final
+state, :class:`Softmax` normalizes the last axis, a normalization of per-sample shape ``(C,)``
+given a sequence normalizes every step (each ``(t, n)`` is a sample), and a fully connected layer
+works on any leading axes. The container checks at creation that the sizes and dtypes chain.
+``sequence_lengths`` given to :meth:`Sequential.apply` reach every LSTM, :class:`LastStep` and
+:class:`FinalState`; initial states reach the LSTMs.
 """
 
 from __future__ import annotations
 
 import types
 from collections.abc import Iterator, Mapping
-from typing import Any, Union
+from typing import Any, Literal, NamedTuple, Union, overload
 
 import attrs
 import numpy as np
@@ -40,16 +42,19 @@ from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer
 from .layers.lstm import LSTMGradients, LSTMLayer
 from .layers.normalization import NormalizationGradients, NormalizationLayer
 
-__all__ = ["FinalState", "LastStep", "Sequential", "SequentialGradients", "Softmax"]
+__all__ = ["FinalState", "LastStep", "Sequential", "SequentialGradients", "SequentialOutput", "Softmax"]
 
 
 class LastStep:
     """A :class:`Sequential` element that keeps the last time step of a sequence.
 
     ``(T, N, F)`` becomes ``(N, F)`` — ``(N, T, F)`` when the LSTM before it is batch-first,
-    and an unbatched ``(T, F)`` becomes ``(F,)`` — as ``output[-1]`` does in PyTorch. Its
-    backward puts the gradient at that step and zeros elsewhere. For a bidirectional LSTM the
-    last step holds the forward direction's final state beside the reverse direction's first.
+    and an unbatched ``(T, F)`` becomes ``(F,)`` — as ``output[-1]`` does in PyTorch. With
+    ``sequence_lengths`` given to :meth:`Sequential.apply` it keeps each sequence's last
+    valid step, ``length − 1`` (zeros for a sequence of length 0). Its backward puts the
+    gradient at that step and zeros elsewhere. For a bidirectional LSTM the step holds the
+    forward direction's final state beside the reverse direction's first step (the state
+    after reading that step alone, as the reverse direction starts at the last valid step).
     It has no weights.
     """
 
@@ -66,7 +71,10 @@ class FinalState:
     LSTM is batch-first; an unbatched ``(T, 2·H)`` becomes ``(2·H,)``): the last layer's
     ``hidden`` states side by side, what Keras's ``Bidirectional(LSTM(…))`` returns without
     ``return_sequences``. Its backward puts each half of the gradient at its step and zeros
-    elsewhere. With ``num_directions=1`` it is :class:`LastStep`.
+    elsewhere. With ``num_directions=1`` it is :class:`LastStep`. Given ``sequence_lengths``
+    (:meth:`Sequential.apply`), the forward direction's final state is each sequence's step
+    ``length − 1``, the reverse direction's still step 0 (it starts at the last valid step),
+    and a sequence of length 0 gives zeros, as the LSTM's ``hidden`` does.
 
     Parameters
     ----------
@@ -113,18 +121,83 @@ class SequentialGradients:
     input : ndarray
         Gradient with respect to the model's input, shaped like it.
     layers : Mapping[str, gradients]
-        Each layer's gradients result by the layer's name (:class:`LastStep` elements have
+        Each layer's gradients result by the layer's name (elements without weights have
         none).
+    hidden, cell : Mapping[str, ndarray]
+        The gradients with respect to each LSTM's initial hidden and cell states, by the
+        LSTM's name, shaped like the states (given also when the states were zeros); the
+        same arrays as ``layers[name].hidden`` and ``layers[name].cell``.
     """
 
     input: np.ndarray
     layers: Mapping[str, LayerGradients]
+    hidden: Mapping[str, np.ndarray] = attrs.field(factory=dict)
+    cell: Mapping[str, np.ndarray] = attrs.field(factory=dict)
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The weight gradients under the names of :meth:`Sequential.parameters`
         (``"<layer name>.<name in the layer>"``)."""
         return {f"{name}.{key}": array for name, grads in self.layers.items()
                 for key, array in grads.parameters().items()}
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class SequentialOutput:
+    """What :meth:`Sequential.apply` returns with ``return_states=True``.
+
+    Attributes
+    ----------
+    output : ndarray
+        The last element's output (what ``apply`` returns otherwise).
+    hidden, cell : Mapping[str, ndarray]
+        Each LSTM's final hidden and cell states by the LSTM's name, ``(L·D, N, P)`` and
+        ``(L·D, N, H)`` (without N for an unbatched input): the states to start the next
+        chunk of a long sequence from.
+    """
+
+    output: np.ndarray
+    hidden: Mapping[str, np.ndarray]
+    cell: Mapping[str, np.ndarray]
+
+
+#: What reaches a layer or takes state gradients: an array for a model with one LSTM, or a
+#: mapping of LSTM name to array.
+States = Union[np.ndarray, Mapping[str, Any], None]
+
+
+class _LSTMRun(NamedTuple):
+    """One LSTM's forward in a container: what its backward needs, and its final states."""
+
+    x: Any
+    cache: Any
+    lengths: np.ndarray | None
+    hidden: np.ndarray | None
+    cell: np.ndarray | None
+    final_hidden: np.ndarray
+    final_cell: np.ndarray
+
+
+@attrs.frozen
+class _Route:
+    """What the caller gave one element beside the flowing array: lengths, and an LSTM's
+    initial states (forward) or the gradients of its final states (backward)."""
+
+    lengths: np.ndarray | None = None
+    hidden: np.ndarray | None = None
+    cell: np.ndarray | None = None
+
+
+_NO_ROUTE = _Route()
+
+
+@attrs.frozen
+class _Pending:
+    """A training forward kept for the backward."""
+
+    contexts: list[Any]
+    shape: tuple[int, ...]
+    batch: int
+    unbatched: bool
 
 
 @attrs.frozen
@@ -151,9 +224,9 @@ class Sequential:
     The container owns its layers: :meth:`close` closes them. It keeps the intermediate
     arrays of the last training :meth:`apply` for :meth:`apply_backward` (one forward at a
     time: a container is not for concurrent training from several threads); inference
-    forwards in between leave it alone. LSTMs inside
-    start from zero states and take full-length sequences; for initial states or
-    ``sequence_lengths`` use the layers directly. It pickles and deep-copies with its layers
+    forwards in between leave it alone. ``sequence_lengths`` reach every LSTM and
+    :class:`LastStep`; initial states reach the LSTMs (an array when the model has one LSTM,
+    else a mapping by LSTM name). It pickles and deep-copies with its layers
     (:meth:`__reduce__`), without a pending training forward.
 
     Examples
@@ -200,7 +273,7 @@ class Sequential:
                 raise InvalidParameterError(must_be(where, rule, f"the layer also named {others[0]!r}"))
         self._layers: dict[str, Element] = named
         self._dtype = self._check_chain()
-        self._saved: tuple[list[Any], tuple[int, ...]] | None = None  # contexts, output shape
+        self._saved: _Pending | None = None
         self._closed = False
 
     # ----------------------------------------------------------------------------------
@@ -262,7 +335,16 @@ class Sequential:
     # ----------------------------------------------------------------------------------
     # Forward and backward.
     # ----------------------------------------------------------------------------------
-    def apply(self, x: Any, training: bool = False) -> np.ndarray:
+    @overload
+    def apply(self, x: Any, training: bool = ..., *, sequence_lengths: Any = ..., hidden: States = ...,
+              cell: States = ..., return_states: Literal[False] = ...) -> np.ndarray: ...
+
+    @overload
+    def apply(self, x: Any, training: bool = ..., *, sequence_lengths: Any = ..., hidden: States = ...,
+              cell: States = ..., return_states: Literal[True]) -> SequentialOutput: ...
+
+    def apply(self, x: Any, training: bool = False, *, sequence_lengths: Any = None, hidden: States = None,
+              cell: States = None, return_states: bool = False) -> np.ndarray | SequentialOutput:
         """Run every element in order and return the last one's output.
 
         Parameters
@@ -275,47 +357,175 @@ class Sequential:
             normalizations use (and update) batch statistics, and the container keeps what
             :meth:`apply_backward` needs, until the next training forward. Otherwise an
             inference forward, which leaves a kept training forward alone.
+        sequence_lengths : N integers in [0, T], optional
+            Each sequence's length (one integer for an unbatched ``x``), for every LSTM (see
+            :meth:`LSTMLayer.apply <bnnsfw.LSTMLayer.apply>`) and every :class:`LastStep`,
+            which then keeps each sequence's last valid step. The backward uses them too.
+        hidden, cell : array or mapping of LSTM name to array, optional
+            Initial states, ``(L·D, N, P)`` and ``(L·D, N, H)`` (without N for an unbatched
+            ``x``): an array when the model has one LSTM, else a mapping from LSTM names to
+            arrays (an LSTM it leaves out starts from zeros).
+        return_states : bool
+            Return a :class:`SequentialOutput`, which also holds each LSTM's final states.
         """
         self._check_open("apply")
         if not isinstance(training, (bool, np.bool_)):
             raise InvalidParameterError(must_be("Sequential.apply(training)", "True or False", training))
+        routes, batch, unbatched = self._routes(x, sequence_lengths, hidden, cell)
         if training:
             self._saved = None
         contexts: list[Any] = []
         flow = _Flow(sequence=None, width=None)
-        for layer in self._layers.values():
-            x, context, flow = _forward(layer, x, bool(training), flow)
+        for name, layer in self._layers.items():
+            x, context, flow = _forward(layer, x, bool(training), flow, routes.get(name, _NO_ROUTE))
             contexts.append(context)
         output = np.asarray(x)
         if training:
-            self._saved = (contexts, output.shape)
-        return output
+            self._saved = _Pending(contexts, output.shape, batch, unbatched)
+        if not return_states:
+            return output
+        runs = {name: run for name, run in zip(self._layers, contexts) if isinstance(run, _LSTMRun)}
+        hidden_out = {name: run.final_hidden for name, run in runs.items()}
+        cell_out = {name: run.final_cell for name, run in runs.items()}
+        return SequentialOutput(output=output, hidden=types.MappingProxyType(hidden_out),
+                                cell=types.MappingProxyType(cell_out))
 
     def __call__(self, x: Any) -> np.ndarray:
         """``model(x)`` is ``model.apply(x)``: an inference forward."""
         return self.apply(x)
 
-    def apply_backward(self, output_gradient: Any) -> SequentialGradients:
+    def apply_backward(self, output_gradient: Any, hidden_gradient: States = None,
+                       cell_gradient: States = None) -> SequentialGradients:
         """Backpropagate ``output_gradient`` (shaped like the last :meth:`apply` output) through
-        every element in reverse, using what the last training :meth:`apply` kept.
+        every element in reverse, using what the last training :meth:`apply` kept (its
+        ``sequence_lengths`` and initial states included).
 
-        Returns the input gradient and every layer's gradients; ``grads.parameters()`` names
-        them like :meth:`parameters`.
+        Parameters
+        ----------
+        output_gradient : array like the output, or None
+            ``None`` when only the final states carry gradient.
+        hidden_gradient, cell_gradient : array or mapping of LSTM name to array, optional
+            Gradients with respect to the LSTMs' final states (as :class:`SequentialOutput`
+            gives them), in the forms :meth:`apply` takes initial states; zeros when omitted.
+
+        Returns
+        -------
+        SequentialGradients
+            The input gradient, every layer's gradients (``grads.parameters()`` names them
+            like :meth:`parameters`) and the gradients of the LSTMs' initial states.
         """
         self._check_open("apply_backward")
         if self._saved is None:
             raise InvalidParameterError(must_be(
                 "Sequential.apply_backward()", "called after a training forward, apply(x, training=True)",
                 "no training forward yet (a copy has none)"))
-        contexts, shape = self._saved
-        dy = as_input("Sequential.apply_backward(output_gradient)", output_gradient, self._dtype, shape)
+        pending = self._saved
+        where = "Sequential.apply_backward"
+        final_hidden = self._states(f"{where}(hidden_gradient)", hidden_gradient, pending.batch,
+                                    pending.unbatched, hidden=True)
+        final_cell = self._states(f"{where}(cell_gradient)", cell_gradient, pending.batch, pending.unbatched)
+        if output_gradient is None:
+            dy = np.zeros(pending.shape, self._dtype)
+        else:
+            dy = as_input(f"{where}(output_gradient)", output_gradient, self._dtype, pending.shape)
         grads: dict[str, LayerGradients] = {}
-        for (name, layer), context in zip(reversed(self._layers.items()), reversed(contexts)):
-            dy, layer_grads = _backward(layer, dy, context)
+        for (name, layer), context in zip(reversed(self._layers.items()), reversed(pending.contexts)):
+            route = _Route(hidden=final_hidden.get(name), cell=final_cell.get(name))
+            dy, layer_grads = _backward(layer, dy, context, route)
             if layer_grads is not None:
                 grads[name] = layer_grads
         ordered = {name: grads[name] for name in self._layers if name in grads}
-        return SequentialGradients(input=np.asarray(dy), layers=types.MappingProxyType(ordered))
+        lstms = {name: g for name, g in ordered.items() if isinstance(g, LSTMGradients)}
+        return SequentialGradients(
+            input=np.asarray(dy), layers=types.MappingProxyType(ordered),
+            hidden=types.MappingProxyType({name: g.hidden for name, g in lstms.items()}),
+            cell=types.MappingProxyType({name: g.cell for name, g in lstms.items()}))
+
+    # ----------------------------------------------------------------------------------
+    # What the caller gives beside x: lengths and states, checked before any layer runs.
+    # ----------------------------------------------------------------------------------
+    def _routes(self, x: Any, lengths: Any, hidden: States,
+                cell: States) -> tuple[dict[str, _Route], int, bool]:
+        """The lengths and initial states for each element by name, N, and whether ``x`` is
+        unbatched (``(T, F)``)."""
+        where = "Sequential.apply"
+        lstm_names = [name for name, layer in self._layers.items() if isinstance(layer, LSTMLayer)]
+        first = self._layers[lstm_names[0]] if lstm_names else None
+        time_axis = 1 if isinstance(first, LSTMLayer) and first.layer_parameters.batch_first else 0
+        try:
+            shape = np.shape(x)
+        except ValueError:  # ragged: the first layer says so
+            shape = ()
+        unbatched = len(shape) == 2
+        if len(shape) == 3:
+            seq_len, batch = shape[time_axis], shape[1 - time_axis]
+        else:
+            seq_len, batch = (shape[0] if shape else 0), 1
+        given = lengths is not None or hidden is not None or cell is not None
+        if given and len(shape) not in (2, 3):
+            rule = ("of shape (T, N, F), (N, T, F) when batch-first, or unbatched (T, F) "
+                    "with sequence_lengths or states")
+            raise ShapeError(must_be(f"{where}(x)", rule, f"shape {tuple(shape)}"))
+        checked = self._lengths(f"{where}(sequence_lengths)", lengths, seq_len, batch, unbatched)
+        if checked is not None and not lstm_names and not any(
+                isinstance(layer, LastStep) for layer in self._layers.values()):
+            raise InvalidParameterError(must_be(f"{where}(sequence_lengths)",
+                                                "None for a model without an LSTMLayer or LastStep",
+                                                checked.tolist()))
+        h0 = self._states(f"{where}(hidden)", hidden, batch, unbatched, hidden=True)
+        c0 = self._states(f"{where}(cell)", cell, batch, unbatched)
+        routes = {name: _Route(lengths=checked, hidden=h0.get(name), cell=c0.get(name))
+                  for name, layer in self._layers.items()
+                  if isinstance(layer, (LSTMLayer, LastStep, FinalState))}
+        return routes, batch, unbatched
+
+    @staticmethod
+    def _lengths(where: str, value: Any, seq_len: int, batch: int, unbatched: bool) -> np.ndarray | None:
+        """The lengths as N int64 values in [0, T] (N = 1 for an unbatched ``x``)."""
+        if value is None:
+            return None
+        lengths = np.asarray(value)
+        if unbatched and lengths.ndim == 0:
+            lengths = lengths.reshape(1)
+        if lengths.shape != (batch,):
+            text = "one integer for an unbatched x" if unbatched else "one length per sequence"
+            raise ShapeError(must_be(where, f"of shape ({batch},) ({text})", f"shape {tuple(lengths.shape)}"))
+        if lengths.dtype.kind not in "iu":
+            raise InvalidParameterError(must_be(where, "integers", lengths.dtype.name))
+        if lengths.min() < 0 or lengths.max() > seq_len:
+            rule = f"in [0, {seq_len}] (T = {seq_len})"
+            raise InvalidParameterError(must_be(where, rule, lengths.tolist()))
+        return lengths.astype(np.int64)
+
+    def _states(self, where: str, value: States, batch: int, unbatched: bool, *,
+                hidden: bool = False) -> dict[str, np.ndarray]:
+        """States (or their gradients) by LSTM name, each checked against its LSTM: an array
+        for a model with one LSTM, or a mapping of LSTM name to array."""
+        if value is None:
+            return {}
+        lstms = {name: layer for name, layer in self._layers.items() if isinstance(layer, LSTMLayer)}
+        if isinstance(value, Mapping):
+            unknown = [name for name in value if name not in lstms]
+            if unknown:
+                rule = f"names of the model's LSTMs {list(lstms)}"
+                raise InvalidParameterError(must_be(f"{where} names", rule, unknown))
+            named = {name: (f"{where[:-1]}[{name!r}])", array) for name, array in value.items()
+                     if array is not None}
+        elif len(lstms) == 1:
+            named = {next(iter(lstms)): (where, value)}
+        else:
+            rule = f"a mapping of LSTM name ({list(lstms)}) to array for a model with {len(lstms)} LSTMs"
+            raise InvalidParameterError(must_be(where, rule, type(value).__name__))
+        checked = {}
+        for name, (place, array) in named.items():
+            p = lstms[name].layer_parameters
+            size, letter = (p.output_size, "P") if hidden else (p.hidden_size, "H")
+            size_ld = p.num_layers * p.num_directions
+            shape = (size_ld, size) if unbatched else (size_ld, batch, size)
+            text = (f"(L·D, {letter}) = {shape} for an unbatched x" if unbatched
+                    else f"(L·D, N, {letter}) = {shape}")
+            checked[name] = as_input(place, array, self._dtype, shape, shape_text=text)
+        return checked
 
     # ----------------------------------------------------------------------------------
     # Lifecycle.
@@ -381,7 +591,7 @@ class Sequential:
     def _check_chain(self) -> np.dtype:
         """The sizes and dtypes chain from one element to the next; returns the shared dtype."""
         dtypes = {name: layer.layer_parameters.dtype for name, layer in self._layers.items()
-                  if not isinstance(layer, _WEIGHTLESS)}
+                  if isinstance(layer, _LAYERS)}
         if not dtypes:
             raise InvalidParameterError(must_be("Sequential(layers)", "at least one layer with weights",
                                                 "only elements without weights"))
@@ -460,28 +670,35 @@ def _next_flow(where: str, previous: str, layer: Element, flow: _Flow) -> _Flow:
 # --------------------------------------------------------------------------------------
 # One element forward and backward. The context is what the backward needs.
 # --------------------------------------------------------------------------------------
-def _forward(layer: Element, x: Any, training: bool, flow: _Flow) -> tuple[Any, Any, _Flow]:
+def _forward(layer: Element, x: Any, training: bool, flow: _Flow, route: _Route) -> tuple[Any, Any, _Flow]:
     if isinstance(layer, LSTMLayer):
         p = layer.layer_parameters
-        out = layer.apply(x, training=training)
-        return out.output, (x, out.training_cache), _Flow(sequence=True, width=None,
-                                                          time_axis=1 if p.batch_first else 0)
+        out = layer.apply(x, route.hidden, route.cell, route.lengths, training=training)
+        run = _LSTMRun(x, out.training_cache, route.lengths, route.hidden, route.cell, out.hidden, out.cell)
+        return out.output, run, _Flow(sequence=True, width=None, time_axis=1 if p.batch_first else 0)
     if isinstance(layer, LastStep):
         array = np.asarray(x)
+        if route.lengths is not None:
+            return _valid_steps(array, route.lengths, flow)
         if array.ndim == 2 or flow.time_axis == 0:  # unbatched (T, F), or time-major (T, N, F)
             last = array[-1]
             index: Any = -1
         else:
             last = array[:, -1]
             index = (slice(None), -1)
-        context = (array.shape, array.dtype, index)
+        context = (array.shape, array.dtype, index, None)
         return np.ascontiguousarray(last), context, _Flow(sequence=False, width=None)
     if isinstance(layer, FinalState):
         array = np.asarray(x)
         axis = 0 if array.ndim == 2 or flow.time_axis == 0 else 1
-        indexes = _final_state_indexes(array.shape, axis, layer.num_directions)
-        final = np.concatenate([array[index] for index in indexes], axis=-1)
-        return final, (array.shape, array.dtype, indexes), _Flow(sequence=False, width=None)
+        # Given lengths, an unbatched (T, F) is a batch of one.
+        rows = array[:, None] if array.ndim == 2 and route.lengths is not None else array
+        indexes, valid = _final_state_indexes(rows.shape, axis, layer.num_directions, route.lengths)
+        final = np.concatenate([rows[index] for index in indexes], axis=-1)
+        if valid is not None:  # a sequence of length 0 has no state but the zeros it started from
+            final = np.where(valid[:, None], final, 0.0).astype(array.dtype, copy=False)
+        context = (array.shape, rows.shape, array.dtype, indexes, valid)
+        return (final[0] if rows is not array else final), context, _Flow(sequence=False, width=None)
     if isinstance(layer, Softmax):
         array = np.asarray(x)
         shifted = np.exp(array - array.max(axis=-1, keepdims=True))
@@ -498,22 +715,30 @@ def _forward(layer: Element, x: Any, training: bool, flow: _Flow) -> tuple[Any, 
     return y, (x, y), flow
 
 
-def _backward(layer: Element, dy: Any, context: Any) -> tuple[Any, LayerGradients | None]:
+def _backward(layer: Element, dy: Any, context: Any, route: _Route) -> tuple[Any, LayerGradients | None]:
     if isinstance(layer, LSTMLayer):
-        x, cache = context
-        lstm_grads = layer.apply_backward(x, dy, training_cache=cache)
+        run = context
+        lstm_grads = layer.apply_backward(run.x, dy, hidden=run.hidden, cell=run.cell,
+                                          hidden_gradient=route.hidden, cell_gradient=route.cell,
+                                          sequence_lengths=run.lengths, training_cache=run.cache)
         return lstm_grads.input, lstm_grads
     if isinstance(layer, LastStep):
-        shape, dtype, index = context
+        shape, dtype, index, valid = context
         dx = np.zeros(shape, dtype)
-        dx[index] = dy
+        if valid is None:
+            dx[index] = dy
+        else:  # each sequence's last valid step; nothing reaches a sequence of length 0
+            rows = dx if len(shape) == 3 else dx[:, None]
+            rows[index] = np.where(valid[:, None], np.reshape(dy, (len(valid), -1)), 0.0)
         return dx, None
     if isinstance(layer, FinalState):
-        shape, dtype, indexes = context
-        dx = np.zeros(shape, dtype)
-        for index, part in zip(indexes, np.split(np.asarray(dy), len(indexes), axis=-1)):
-            dx[index] = part
-        return dx, None
+        shape, rows_shape, dtype, indexes, valid = context
+        dx = np.zeros(rows_shape, dtype)
+        parts = np.split(np.reshape(dy, (-1, shape[-1]) if rows_shape != shape else np.shape(dy)),
+                         len(indexes), axis=-1)
+        for index, part in zip(indexes, parts):
+            dx[index] = part if valid is None else np.where(valid[:, None], part, 0.0)
+        return dx.reshape(shape), None
     if isinstance(layer, Softmax):
         y = context
         dy = np.asarray(dy)
@@ -528,12 +753,43 @@ def _backward(layer: Element, dy: Any, context: Any) -> tuple[Any, LayerGradient
     return dense_grads.input, dense_grads
 
 
-def _final_state_indexes(shape: tuple[int, ...], time_axis: int, num_directions: int) -> list[Any]:
+def _final_state_indexes(shape: tuple[int, ...], time_axis: int, num_directions: int,
+                         lengths: np.ndarray | None) -> tuple[list[Any], np.ndarray | None]:
     """Where each direction's final state sits in an LSTM output of ``shape``: the last step
-    of the first ``H`` features, then step 0 of the reverse direction's ``H``."""
+    (each sequence's step ``length − 1``, given lengths) of the first ``H`` features, then step
+    0 of the reverse direction's ``H``; and which sequences have any step (None: all)."""
     h = shape[-1] // num_directions
     lead: tuple[slice, ...] = (slice(None),) * time_axis
-    indexes: list[Any] = [(*lead, -1, Ellipsis, slice(0, h))]
+    if lengths is None:
+        indexes: list[Any] = [(*lead, -1, Ellipsis, slice(0, h))]
+        valid = None
+    else:
+        if len(shape) != 3 or shape[1 - time_axis] != len(lengths):
+            raise ShapeError(must_be("FinalState with sequence_lengths",
+                                     f"given (T, N, F) or (N, T, F) with N = {len(lengths)} (the lengths)",
+                                     f"shape {shape}"))
+        steps, batch = np.maximum(lengths - 1, 0), np.arange(len(lengths))
+        indexes = [(steps, batch, slice(0, h)) if time_axis == 0 else (batch, steps, slice(0, h))]
+        valid = lengths > 0
     if num_directions == 2:
         indexes.append((*lead, 0, Ellipsis, slice(h, 2 * h)))
-    return indexes
+    return indexes, valid
+
+
+def _valid_steps(array: np.ndarray, lengths: np.ndarray, flow: _Flow) -> tuple[np.ndarray, Any, _Flow]:
+    """:class:`LastStep` with lengths: each sequence's step ``length − 1`` (zeros for a
+    sequence of length 0), from ``(T, N, F)``, ``(N, T, F)`` or an unbatched ``(T, F)``."""
+    if array.ndim not in (2, 3):
+        raise ShapeError(must_be("LastStep with sequence_lengths", "given (T, N, F), (N, T, F) or (T, F)",
+                                 f"shape {array.shape}"))
+    rows = array if array.ndim == 3 else array[:, None]  # an unbatched sequence as a batch of one
+    time_axis = 0 if array.ndim == 2 else flow.time_axis
+    if rows.shape[1 - time_axis] != len(lengths) or lengths.max(initial=0) > rows.shape[time_axis]:
+        rule = f"given {len(lengths)} sequences of at least {lengths.max(initial=0)} steps (the lengths)"
+        raise ShapeError(must_be("LastStep with sequence_lengths", rule, f"shape {array.shape}"))
+    valid = lengths > 0
+    steps, batch = np.maximum(lengths - 1, 0), np.arange(len(lengths))
+    index = (steps, batch) if time_axis == 0 else (batch, steps)
+    last = np.where(valid[:, None], rows[index], 0.0).astype(array.dtype, copy=False)
+    context = (array.shape, array.dtype, index, valid)
+    return (last if array.ndim == 3 else last[0]), context, _Flow(sequence=False, width=None)

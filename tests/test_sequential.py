@@ -299,6 +299,113 @@ def test_final_state_must_follow_its_lstm(backend_name):
         bf.Sequential(bf.Softmax())
 
 
+# Sequence lengths and states routed to the LSTMs; LastStep at each sequence's last valid step.
+# ------------------------------------------------------------------------------------------
+def _classifier(backend_name, *, batch_first=False, bidirectional=True):
+    width = 2 * 2 if bidirectional else 2
+    return bf.Sequential({
+        "lstm": _lstm(backend_name, hidden_size=2, num_layers=1, batch_first=batch_first,
+                      bidirectional=bidirectional),
+        "last": bf.LastStep(),
+        "head": _dense(backend_name, width, 2),
+    })
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_padded_batch_with_lengths_equals_each_sequence_alone(backend_name, batch_first, rng):
+    lengths = np.array([4, 1, 3, 0])
+    x = rng.standard_normal((4, 4, 2))                                      # (T, N, I)
+    padded = x.copy()
+    padded[np.arange(4)[:, None] >= lengths] = np.nan                      # padding is never read
+    if batch_first:
+        x, padded = x.transpose(1, 0, 2).copy(), padded.transpose(1, 0, 2).copy()
+    with _classifier(backend_name, batch_first=batch_first) as model:
+        y = model.apply(padded, sequence_lengths=lengths)
+        for n, length in enumerate(lengths[:3]):
+            alone = x[n:n + 1, :length] if batch_first else x[:length, n:n + 1]
+            np.testing.assert_allclose(y[n], model(alone)[0], rtol=1e-12, atol=1e-12)
+        # A sequence of length 0: the LSTM's zeros, so the head's bias alone.
+        np.testing.assert_allclose(y[3], model.layers["head"].bias, rtol=1e-12)
+        assert np.array_equal(model.apply(padded, training=True, sequence_lengths=lengths), y)
+        grads = model.apply_backward(np.ones((4, 2)))
+        steps = np.arange(4)[None] if batch_first else np.arange(4)[:, None]
+        lengths_by_row = lengths[:, None] if batch_first else lengths[None]
+        assert np.all(grads.input[steps >= lengths_by_row] == 0.0)
+
+
+def test_lengths_gradients_match_finite_differences(backend_name, rng):
+    """LSTM → LastStep at the valid step → head, batch-first and bidirectional, float64."""
+    lengths = np.array([3, 1])
+    x = rng.standard_normal((2, 3, 2))
+    with _classifier(backend_name, batch_first=True) as model:
+        weights = rng.standard_normal((2, 2))
+
+        def loss() -> float:
+            return float(np.sum(weights * model.apply(x, training=True, sequence_lengths=lengths)))
+
+        model.apply(x, training=True, sequence_lengths=lengths)
+        grads = model.apply_backward(weights)                    # the lengths are not given again
+        assert_gradient_close(grads.input, numerical_gradient(loss, x), rtol=1e-6, atol=1e-8, name="input")
+        named, parameters = grads.parameters(), model.parameters()
+        for name in ("lstm.layer0.reverse.input_gate.hidden_weights", "lstm.layer0.forward.output_gate.bias",
+                     "head.weights"):
+            numeric = numerical_gradient(loss, parameters[name])
+            assert_gradient_close(named[name], numeric, rtol=1e-6, atol=1e-8, name=name)
+
+
+def test_initial_states_and_final_state_gradients_match_finite_differences(backend_name, rng):
+    """States in, final states out (return_states), their gradients against finite differences,
+    with lengths."""
+    model = _classifier(backend_name, bidirectional=False)
+    lstm, head = model.layers["lstm"], model.layers["head"]
+    x, lengths = rng.standard_normal((3, 2, 2)), np.array([2, 3])
+    h0, c0 = rng.standard_normal((1, 2, 2)), rng.standard_normal((1, 2, 2))
+    out = model.apply(x, hidden=h0, cell=c0, sequence_lengths=lengths, return_states=True)
+    by_hand = lstm.apply(x, h0, c0, sequence_lengths=lengths)
+    np.testing.assert_allclose(out.hidden["lstm"], by_hand.hidden, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out.cell["lstm"], by_hand.cell, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out.output, head(by_hand.hidden[0]), rtol=1e-12, atol=1e-14)  # last valid step
+    w_y, w_h, w_c = (rng.standard_normal(shape) for shape in ((2, 2), (1, 2, 2), (1, 2, 2)))
+
+    def loss() -> float:
+        run = model.apply(x, training=True, hidden=h0, cell={"lstm": c0}, sequence_lengths=lengths,
+                          return_states=True)
+        states = np.sum(w_h * run.hidden["lstm"]) + np.sum(w_c * run.cell["lstm"])
+        return float(np.sum(w_y * run.output) + states)
+
+    loss()
+    grads = model.apply_backward(w_y, hidden_gradient=w_h, cell_gradient={"lstm": w_c})
+    assert grads.hidden["lstm"] is grads.layers["lstm"].hidden
+    for name, analytic, array in (("hidden", grads.hidden["lstm"], h0), ("cell", grads.cell["lstm"], c0),
+                                  ("input", grads.input, x)):
+        assert_gradient_close(analytic, numerical_gradient(loss, array), rtol=1e-6, atol=1e-8, name=name)
+    # Only the final states carry gradient (after a forward of x itself: the loop perturbed it).
+    loss()
+    only_states = model.apply_backward(None, hidden_gradient=w_h)
+    assert np.any(only_states.input != 0.0)
+    model.close()
+
+
+def test_states_reach_lstms_by_name(backend_name, rng):
+    first, second = _lstm(backend_name, hidden_size=3, num_layers=1), _lstm(backend_name, input_size=3,
+                                                                            num_layers=1)
+    with bf.Sequential({"a": first, "b": second, "last": bf.LastStep()}) as model:
+        x, h0 = rng.standard_normal((3, 2, 2)), rng.standard_normal((1, 2, 3))
+        out = model.apply(x, hidden={"b": h0}, return_states=True)
+        expected = second.apply(first.apply(x).output, h0)
+        np.testing.assert_allclose(out.output, expected.output[-1], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(out.hidden["b"], expected.hidden, rtol=1e-12, atol=1e-14)
+        assert list(out.hidden) == ["a", "b"]
+        with pytest.raises(bf.InvalidParameterError,
+                           match=r"Sequential.apply\(hidden\) must be a mapping of LSTM name "
+                                 r"\(\['a', 'b'\]\) to array for a model with 2 LSTMs; got 'ndarray'"):
+            model.apply(x, hidden=h0)
+        with pytest.raises(bf.InvalidParameterError,
+                           match=r"Sequential.apply\(cell\) names must be names of the model's LSTMs "
+                                 r"\['a', 'b'\]; got \['last'\]"):
+            model.apply(x, cell={"last": h0})
+
+
 def test_a_pending_training_step_survives_an_inference_forward(backend_name, rng):
     """train → evaluate → backward gives the gradients of train → backward (the twin)."""
     def model() -> bf.Sequential:
@@ -316,3 +423,33 @@ def test_a_pending_training_step_survives_an_inference_forward(backend_name, rng
         for name, array in expected.parameters().items():
             np.testing.assert_allclose(got.parameters()[name], array, rtol=1e-12, atol=1e-14, err_msg=name)
         np.testing.assert_allclose(got.input, expected.input, rtol=1e-12, atol=1e-14)
+
+
+def test_lengths_and_states_errors_name_the_argument(backend_name, rng):
+    x = rng.standard_normal((4, 3, 2))
+    with _classifier(backend_name, bidirectional=False) as model:
+        with pytest.raises(bf.ShapeError, match=r"Sequential.apply\(sequence_lengths\) must be of shape "
+                                                r"\(3,\) \(one length per sequence\); got 'shape \(2,\)'"):
+            model.apply(x, sequence_lengths=[4, 4])
+        with pytest.raises(bf.InvalidParameterError, match=r"apply\(sequence_lengths\) must be in \[0, 4\] "
+                                                           r"\(T = 4\); got \[4, 5, 1\]"):
+            model.apply(x, sequence_lengths=[4, 5, 1])
+        with pytest.raises(bf.InvalidParameterError, match=r"apply\(sequence_lengths\) must be integers; "
+                                                           r"got 'float64'"):
+            model.apply(x, sequence_lengths=[4.0, 2.0, 1.0])
+        with pytest.raises(bf.ShapeError, match=r"Sequential.apply\(cell\) must be of shape \(L·D, N, H\) = "
+                                                r"\(1, 3, 2\); got 'shape \(1, 2, 2\) float64'"):
+            model.apply(x, cell=np.zeros((1, 2, 2)))
+        with pytest.raises(bf.ShapeError, match=r"Sequential.apply\(x\) must be of shape \(T, N, F\)"):
+            model.apply(x[None], sequence_lengths=[1])
+        model.apply(x, training=True)
+        with pytest.raises(bf.ShapeError, match=r"apply_backward\(hidden_gradient\['lstm'\]\) must be of "
+                                                r"shape \(L·D, N, P\) = \(1, 3, 2\)"):
+            model.apply_backward(np.ones((3, 2)), hidden_gradient={"lstm": np.ones((1, 2))})
+        # Unbatched: one integer, states without N.
+        y = model.apply(x[:, 0], sequence_lengths=2, hidden=np.zeros((1, 2)))
+        np.testing.assert_allclose(y, model(x[:2, 0]), rtol=1e-12)
+    with bf.Sequential(_dense(backend_name, 2, 2)) as dense:
+        with pytest.raises(bf.InvalidParameterError, match=r"sequence_lengths\) must be None for a model "
+                                                           r"without an LSTMLayer or LastStep"):
+            dense.apply(x, sequence_lengths=[1, 2, 3])
