@@ -58,7 +58,8 @@ from .layers.normalization import (
     NormalizationParameters,
     NormalizationType,
 )
-from .sequential import FinalState, LastStep, Sequential, SequentialGradients, SequentialOutput, Softmax
+from .sequential import (Dropout, FinalState, LastStep, Sequential, SequentialGradients, SequentialOutput,
+                         Softmax)
 from .serialization import load_weights, save_weights
 from .optimizers import clip_gradients
 from .schedules import CosineAnnealing, LearningRateSchedule, LinearWarmup, SequentialSchedule, StepDecay
@@ -106,6 +107,7 @@ __all__ = [
     "LastStep",
     "FinalState",
     "Softmax",
+    "Dropout",
     "SequentialGradients",
     "SequentialOutput",
     # training

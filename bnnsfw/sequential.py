@@ -14,15 +14,16 @@
     optimizer.step(model.parameters(), grads.parameters())
 
 Each element is a layer (:class:`~bnnsfw.LSTMLayer`, :class:`~bnnsfw.NormalizationLayer`,
-:class:`~bnnsfw.FullyConnectedLayer`), :class:`LastStep`, :class:`FinalState` or
-:class:`Softmax`. Between them flows one array:
+:class:`~bnnsfw.FullyConnectedLayer`), :class:`LastStep`, :class:`FinalState`, :class:`Softmax` or
+:class:`Dropout`. Between them flows one array:
 an LSTM passes its ``output`` (every step: "all steps"), :class:`LastStep` keeps the last
 step (each sequence's last valid step, given lengths), :class:`FinalState` each direction's final
-state, :class:`Softmax` normalizes the last axis, a normalization of per-sample shape ``(C,)``
-given a sequence normalizes every step (each ``(t, n)`` is a sample), and a fully connected layer
-works on any leading axes. The container checks at creation that the sizes and dtypes chain.
-``sequence_lengths`` given to :meth:`Sequential.apply` reach every LSTM, :class:`LastStep` and
-:class:`FinalState`; initial states reach the LSTMs.
+state, :class:`Softmax` normalizes the last axis, :class:`Dropout` zeros some features in
+training, a normalization of per-sample shape ``(C,)`` given a sequence normalizes every step
+(each ``(t, n)`` is a sample), and a fully connected layer works on any leading axes. The
+container checks at creation that the sizes and dtypes chain. ``sequence_lengths`` given to
+:meth:`Sequential.apply` reach every LSTM, :class:`LastStep` and :class:`FinalState`; initial
+states reach the LSTMs.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any, Literal, NamedTuple, Union, overload
 import attrs
 import numpy as np
 
-from ._validation import as_input
+from ._validation import as_input, finite_float, positive_int
 from .enums import LearningPhase
 from .errors import FilterClosedError, InvalidParameterError, ShapeError, must_be
 from .filter import Filter, IncompatibleKeys, load_named_state
@@ -42,7 +43,8 @@ from .layers.fully_connected import FullyConnectedGradients, FullyConnectedLayer
 from .layers.lstm import LSTMGradients, LSTMLayer
 from .layers.normalization import NormalizationGradients, NormalizationLayer
 
-__all__ = ["FinalState", "LastStep", "Sequential", "SequentialGradients", "SequentialOutput", "Softmax"]
+__all__ = ["Dropout", "FinalState", "LastStep", "Sequential", "SequentialGradients", "SequentialOutput",
+           "Softmax"]
 
 
 class LastStep:
@@ -104,11 +106,65 @@ class Softmax:
         return "Softmax()"
 
 
+
+class Dropout:
+    """A :class:`Sequential` element that zeros features at random while training.
+
+    Inverted dropout, as ``torch.nn.Dropout`` and ``keras.layers.Dropout``: in a training
+    forward each element is zeroed with probability ``rate`` and the kept ones are scaled by
+    ``1 / (1 − rate)``, so an inference forward is the identity. The backward uses the mask
+    of the training forward. It has no weights.
+
+    Parameters
+    ----------
+    rate : float in [0, 1)
+        The probability of zeroing an element.
+    seed : int >= 0, optional
+        Seeds the element's own generator (``numpy.random.default_rng(seed)``): the same seed
+        draws the same masks. The generator's state travels with a pickled or copied element.
+    """
+
+    def __init__(self, rate: float, seed: int | None = None) -> None:
+        self._rate = finite_float("Dropout(rate)", rate, low=0.0, high=1.0, high_open=True)
+        self._seed = None if seed is None else positive_int("Dropout(seed)", seed, minimum=0)
+        self._rng = np.random.default_rng(self._seed)
+
+    @property
+    def rate(self) -> float:
+        """The probability of zeroing an element in a training forward."""
+        return self._rate
+
+    @property
+    def seed(self) -> int | None:
+        """The seed the element was created with."""
+        return self._seed
+
+    def __repr__(self) -> str:
+        seed = "" if self._seed is None else f", seed={self._seed}"
+        return f"Dropout({self._rate}{seed})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and deep-copy as the rate, the seed and the generator's state (the copy draws
+        the masks the original would draw next)."""
+        return _dropout, (self._rate, self._seed, self._rng.bit_generator.state)
+
+    def _scale(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A new mask: 0 with probability ``rate``, else ``1 / (1 − rate)``."""
+        kept = self._rng.random(shape, dtype=dtype) >= self._rate
+        return np.multiply(kept, 1.0 / (1.0 - self._rate), dtype=dtype)
+
+
+def _dropout(rate: float, seed: int | None, state: dict[str, Any]) -> Dropout:
+    element = Dropout(rate, seed)
+    element._rng.bit_generator.state = state
+    return element
+
+
 #: What a :class:`Sequential` may hold.
-Element = Union[LSTMLayer, NormalizationLayer, FullyConnectedLayer, LastStep, FinalState, Softmax]
+Element = Union[LSTMLayer, NormalizationLayer, FullyConnectedLayer, LastStep, FinalState, Softmax, Dropout]
 _LAYERS = (LSTMLayer, NormalizationLayer, FullyConnectedLayer)
 #: The elements without weights.
-_WEIGHTLESS = (LastStep, FinalState, Softmax)
+_WEIGHTLESS = (LastStep, FinalState, Softmax, Dropout)
 LayerGradients = Union[LSTMGradients, NormalizationGradients, FullyConnectedGradients]
 
 
@@ -214,7 +270,7 @@ class Sequential:
 
     Parameters
     ----------
-    *layers : layer or LastStep
+    *layers : layer, LastStep, FinalState, Softmax or Dropout
         The elements in order, named ``"0"``, ``"1"``, … Or a single mapping of name to
         element (names without ``"."`` or ``"/"``), e.g. ``{"lstm": …, "last": LastStep(),
         "norm": …, "head": …}``.
@@ -262,8 +318,8 @@ class Sequential:
                 raise InvalidParameterError(must_be(where, "a layer (a mapping of them only alone)",
                                                     type(element).__name__))
             if not isinstance(element, (*_LAYERS, *_WEIGHTLESS)):
-                rule = ("an LSTMLayer, NormalizationLayer, FullyConnectedLayer, LastStep, FinalState "
-                        "or Softmax")
+                rule = ("an LSTMLayer, NormalizationLayer, FullyConnectedLayer, LastStep, FinalState, "
+                        "Softmax or Dropout")
                 raise InvalidParameterError(must_be(where, rule, type(element).__name__))
             if isinstance(element, Filter) and element.closed:
                 raise FilterClosedError(must_be(where, "an open layer", f"a closed {type(element).__name__}"))
@@ -354,9 +410,10 @@ class Sequential:
             or unbatched ``(T, I)``).
         training : bool
             Training forward: LSTMs write their training caches and apply dropout,
-            normalizations use (and update) batch statistics, and the container keeps what
-            :meth:`apply_backward` needs, until the next training forward. Otherwise an
-            inference forward, which leaves a kept training forward alone.
+            :class:`Dropout` elements draw their masks, normalizations use (and update) batch
+            statistics, and the container keeps what :meth:`apply_backward` needs, until the
+            next training forward. Otherwise an inference forward, which leaves a kept
+            training forward alone.
         sequence_lengths : N integers in [0, T], optional
             Each sequence's length (one integer for an unbatched ``x``), for every LSTM (see
             :meth:`LSTMLayer.apply <bnnsfw.LSTMLayer.apply>`) and every :class:`LastStep`,
@@ -468,7 +525,7 @@ class Sequential:
             raise ShapeError(must_be(f"{where}(x)", rule, f"shape {tuple(shape)}"))
         checked = self._lengths(f"{where}(sequence_lengths)", lengths, seq_len, batch, unbatched)
         if checked is not None and not lstm_names and not any(
-                isinstance(layer, LastStep) for layer in self._layers.values()):
+                isinstance(layer, (LastStep, FinalState)) for layer in self._layers.values()):
             raise InvalidParameterError(must_be(f"{where}(sequence_lengths)",
                                                 "None for a model without an LSTMLayer or LastStep",
                                                 checked.tolist()))
@@ -651,7 +708,7 @@ def _next_flow(where: str, previous: str, layer: Element, flow: _Flow) -> _Flow:
             raise InvalidParameterError(must_be(where, "given a sequence", "a FinalState after the time axis "
                                                 "was already removed"))
         return _Flow(sequence=False, width=flow.width)
-    if isinstance(layer, Softmax):
+    if isinstance(layer, (Softmax, Dropout)):
         return flow
     if isinstance(layer, NormalizationLayer):
         shape = layer.input_shape
@@ -704,6 +761,12 @@ def _forward(layer: Element, x: Any, training: bool, flow: _Flow, route: _Route)
         shifted = np.exp(array - array.max(axis=-1, keepdims=True))
         y = shifted / shifted.sum(axis=-1, keepdims=True)
         return y, y, flow
+    if isinstance(layer, Dropout):
+        if not training or layer.rate == 0.0:
+            return x, None, flow
+        array = np.asarray(x)
+        scale = layer._scale(array.shape, array.dtype)
+        return array * scale, scale, flow
     if isinstance(layer, NormalizationLayer):
         array = np.asarray(x)
         rank = len(layer.input_shape)
@@ -743,6 +806,8 @@ def _backward(layer: Element, dy: Any, context: Any, route: _Route) -> tuple[Any
         y = context
         dy = np.asarray(dy)
         return y * (dy - (dy * y).sum(axis=-1, keepdims=True)), None
+    if isinstance(layer, Dropout):
+        return (dy if context is None else dy * context), None
     if isinstance(layer, NormalizationLayer):
         flat, y, phase = context
         array = np.asarray(dy)

@@ -48,7 +48,7 @@ from .layers.lstm import LSTMLayer, LSTMParameters
 from .layers.normalization import NormalizationLayer, NormalizationParameters
 from .optimizers import Optimizer
 from .schedules import LearningRateSchedule, SequentialSchedule
-from .sequential import FinalState, LastStep, Sequential, Softmax
+from .sequential import Dropout, FinalState, LastStep, Sequential, Softmax
 
 __all__ = ["save_weights", "load_weights", "weights_path", "MAX_ELEMENTS"]
 
@@ -90,6 +90,7 @@ _KINDS = ("layers", "layer", "sequential")
 _LAST_STEP = "last_step"
 _FINAL_STATE = "final_state"  # with its num_directions
 _SOFTMAX = "softmax"
+_DROPOUT = "dropout"
 
 
 def weights_path(path: PathLike) -> str:
@@ -197,6 +198,9 @@ def save_weights(path: PathLike | IO[bytes], model: Model, *, training: Training
             continue
         if isinstance(layer, Softmax):
             meta[name] = {"type": _SOFTMAX}
+            continue
+        if isinstance(layer, Dropout):
+            meta[name] = {"type": _DROPOUT, "rate": layer.rate, "seed": layer.seed}
             continue
         layer.check_open("save_weights")
         type_name, state = _live_state(name, layer)
@@ -308,7 +312,7 @@ def _plain_json(where: str, value: object, depth: int) -> Any:
 
 
 def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | None,
-           budget: _Budget) -> Filter | LastStep | FinalState | Softmax:
+           budget: _Budget) -> Filter | LastStep | FinalState | Softmax | Dropout:
     """Rebuild the layer ``name`` from its JSON entry and its arrays."""
     state = dict(meta)
     type_name = state.pop("type", None)
@@ -318,6 +322,8 @@ def _build(name: str, meta: dict[str, Any], data: Any, fp: FilterParameters | No
         return FinalState(state["num_directions"])
     if type_name == _SOFTMAX:
         return Softmax()
+    if type_name == _DROPOUT:
+        return Dropout(state["rate"], state.get("seed"))
     if type_name not in _LAYER_TYPES:
         raise InvalidParameterError(must_be("type", _type_names(), type_name))
     prefix = f"{name}/"
@@ -808,7 +814,7 @@ def _rebuild(where: str, layers: dict[str, Any], data: Any, dtypes: Mapping[str,
              fp: FilterParameters | None, budget: _Budget) -> dict[str, Any]:
     """Every layer of the file's metadata, built from its arrays; each array must be floats of
     the layer's dtype, and any problem names the file and the layer."""
-    loaded: dict[str, Any] = {}  # layers, and LastStep elements of a container
+    loaded: dict[str, Any] = {}  # layers, and LastStep and Dropout elements of a container
     for name, entry in layers.items():
         declared = entry.get("dtype") if entry.get("dtype") in ("float32", "float64") else None
         for key, dtype in dtypes.items():
@@ -929,7 +935,7 @@ def _check_configuration(where: str, kind: str, loaded: dict[str, Any], into: ob
         return f"{where}: the model" if isinstance(into, Filter) else f"{where}: the model's layer {name!r}"
 
     if kind == "sequential" and isinstance(into, Sequential):
-        weightless = (LastStep, FinalState, Softmax)
+        weightless = (LastStep, FinalState, Softmax, Dropout)
         steps = {name for name, element in loaded.items() if isinstance(element, weightless)}
         their_steps = {name for name, element in targets.items() if isinstance(element, weightless)}
         if steps != their_steps or (set(loaded) == set(targets) and list(loaded) != list(targets)):
@@ -943,7 +949,7 @@ def _check_configuration(where: str, kind: str, loaded: dict[str, Any], into: ob
             rule = f"of type {type(saved).__name__}, as in the file"
             raise InvalidParameterError(must_be(model(name), rule, type(element).__name__))
         if not isinstance(saved, (LSTMLayer, NormalizationLayer, FullyConnectedLayer)):
-            continue  # an element without weights: its LSTM's configuration says the rest
+            continue  # no weights: its LSTM's configuration says the rest (a Dropout keeps its own rate)
         saved_parameters, parameters = saved.layer_parameters, element.layer_parameters
         theirs, ours = _configuration(saved_parameters), _configuration(parameters)
         differing = []

@@ -123,7 +123,7 @@ def test_training_page_example_runs(tmp_path, monkeypatch):
 
 
 def test_training_page_padded_example_runs():
-    """The padded classifier: lengths, LastStep at the valid step, an evaluation between."""
+    """The padded classifier: lengths, LastStep at the valid step, Dropout, an evaluation between."""
     blocks = [block for block in _python_blocks(DOCS / "training.md") if "sequence_lengths=lengths" in block]
     assert len(blocks) == 1
     namespace: dict = {}

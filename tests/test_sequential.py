@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
@@ -189,7 +192,7 @@ def test_construction_checks_that_the_layers_chain(backend_name):
         bf.Sequential(lstm, _dense(backend_name, 3, 1, dtype=np.float32))
     with pytest.raises(bf.InvalidParameterError,
                        match=r"layers\['x'\]\) must be an LSTMLayer, NormalizationLayer, "
-                             r"FullyConnectedLayer, LastStep, FinalState or Softmax"):
+                             r"FullyConnectedLayer, LastStep, FinalState, Softmax or Dropout"):
         bf.Sequential({"x": object()})
     with pytest.raises(bf.InvalidParameterError, match=r"names must be non-empty names without '.' or '/'"):
         bf.Sequential({"a.b": lstm})
@@ -409,14 +412,14 @@ def test_states_reach_lstms_by_name(backend_name, rng):
 def test_a_pending_training_step_survives_an_inference_forward(backend_name, rng):
     """train → evaluate → backward gives the gradients of train → backward (the twin)."""
     def model() -> bf.Sequential:
-        return bf.Sequential({"lstm": _lstm(backend_name, dropout=0.5), "last": bf.LastStep(),
-                              "head": _dense(backend_name, 3, 2)})
+        return bf.Sequential({"lstm": _lstm(backend_name, dropout=0.5), "drop": bf.Dropout(0.5, seed=1),
+                              "last": bf.LastStep(), "head": _dense(backend_name, 3, 2)})
 
-    x, x_val = rng.standard_normal((4, 2, 2)), rng.standard_normal((5, 3, 2))
+    x, x_val, lengths = rng.standard_normal((4, 2, 2)), rng.standard_normal((5, 3, 2)), [4, 3]
     with model() as reference, model() as evaluated:
-        reference.apply(x, training=True)
+        reference.apply(x, training=True, sequence_lengths=lengths)
         expected = reference.apply_backward(np.ones((2, 2)))
-        evaluated.apply(x, training=True)
+        evaluated.apply(x, training=True, sequence_lengths=lengths)
         evaluated(x_val)
         evaluated.apply(x_val)
         got = evaluated.apply_backward(np.ones((2, 2)))
@@ -453,3 +456,86 @@ def test_lengths_and_states_errors_name_the_argument(backend_name, rng):
         with pytest.raises(bf.InvalidParameterError, match=r"sequence_lengths\) must be None for a model "
                                                            r"without an LSTMLayer or LastStep"):
             dense.apply(x, sequence_lengths=[1, 2, 3])
+
+
+# ------------------------------------------------------------------------------------------
+# Dropout.
+# ------------------------------------------------------------------------------------------
+def _dropped(backend_name, rate=0.25, seed=3):
+    return bf.Sequential({"head": _dense(backend_name, 2, 40), "drop": bf.Dropout(rate, seed=seed)})
+
+
+def test_dropout_zeros_at_rate_and_scales_the_rest_in_training_only(backend_name, rng):
+    x = rng.standard_normal((100, 2))
+    with _dropped(backend_name) as model:
+        kept = model.layers["head"](x)
+        np.testing.assert_array_equal(model(x), kept)                       # identity at inference
+        y = model.apply(x, training=True)
+        zeros = y == 0.0
+        assert abs(zeros.mean() - 0.25) < 0.03                             # 4000 draws: σ ≈ 0.007
+        np.testing.assert_allclose(y[~zeros], kept[~zeros] / 0.75, rtol=1e-12)
+        dy = rng.standard_normal(y.shape)
+        grads = model.apply_backward(dy)                                   # the forward's mask
+        expected = model.layers["head"].apply_backward(x, np.where(zeros, 0.0, dy / 0.75))
+        np.testing.assert_allclose(grads.input, expected.input, rtol=1e-12, atol=1e-14)
+    with _dropped(backend_name, rate=0.0) as model:
+        np.testing.assert_array_equal(model.apply(x, training=True), model(x))
+
+
+def test_dropout_gradients_match_finite_differences_with_a_fixed_mask(backend_name, rng):
+    """Each evaluation runs a copy of a copy taken before the first forward: its generator draws
+    the mask of the model's forward."""
+    model = bf.Sequential({"lstm": _lstm(backend_name, num_layers=1), "drop": bf.Dropout(0.5, seed=7),
+                           "last": bf.LastStep(), "head": _dense(backend_name, 3, 2)})
+    frozen = copy.deepcopy(model)
+    x, weights = rng.standard_normal((3, 2, 2)), rng.standard_normal((2, 2))
+
+    def loss() -> float:
+        twin = copy.deepcopy(frozen)
+        value = float(np.sum(weights * twin.apply(x, training=True)))
+        twin.close()
+        return value
+
+    y = model.apply(x, training=True)
+    assert np.any(model.apply(x) != y)                            # dropout was active
+    grads = model.apply_backward(weights)
+    assert_gradient_close(grads.input, numerical_gradient(loss, x), rtol=1e-6, atol=1e-8, name="input")
+    name = "lstm.layer0.forward.candidate_gate.input_weights"
+    assert_gradient_close(grads.parameters()[name], numerical_gradient(loss, frozen.parameters()[name]),
+                          rtol=1e-6, atol=1e-8, name=name)
+    model.close()
+    frozen.close()
+
+
+def test_dropout_seeds_repeat_and_travel(backend_name, rng, tmp_path):
+    x = rng.standard_normal((8, 2))
+    with _dropped(backend_name, seed=5) as model, _dropped(backend_name, seed=5) as same, \
+            _dropped(backend_name, seed=6) as other:
+        first = model.apply(x, training=True)
+        np.testing.assert_array_equal(first, same.apply(x, training=True))
+        assert not np.array_equal(first, other.apply(x, training=True))
+        assert not np.array_equal(first, model.apply(x, training=True))   # a new mask each forward
+        travelled = pickle.loads(pickle.dumps(model))                     # the generator's state travels
+        np.testing.assert_array_equal(travelled.apply(x, training=True), model.apply(x, training=True))
+        assert repr(travelled.layers["drop"]) == "Dropout(0.25, seed=5)"
+        assert list(model.state_dict()) == ["head.weights", "head.bias"]
+        bf.save_weights(tmp_path / "m", model)
+        loaded = bf.load_weights(tmp_path / "m")
+        assert isinstance(loaded.layers["drop"], bf.Dropout) and loaded.layers["drop"].rate == 0.25
+        np.testing.assert_array_equal(loaded(x), model(x))
+        bf.load_weights(tmp_path / "m", into=other)
+        travelled.close()
+        loaded.close()
+
+
+@pytest.mark.parametrize(("rate", "seed", "message"), [
+    (1.0, None, r"Dropout\(rate\) must be in \[0.0, 1.0\); got 1.0"),
+    (-0.1, None, r"Dropout\(rate\) must be in \[0.0, 1.0\); got -0.1"),
+    (float("nan"), None, r"Dropout\(rate\) must be finite; got nan"),
+    ("0.5", None, r"Dropout\(rate\) must be a number; got '0.5'"),
+    (0.5, -1, r"Dropout\(seed\) must be an integer >= 0; got -1"),
+    (0.5, 1.5, r"Dropout\(seed\) must be an integer >= 0; got 1.5"),
+])
+def test_dropout_rate_and_seed_are_checked(rate, seed, message):
+    with pytest.raises(bf.InvalidParameterError, match=message):
+        bf.Dropout(rate, seed=seed)
