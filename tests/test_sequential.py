@@ -336,6 +336,24 @@ def test_padded_batch_with_lengths_equals_each_sequence_alone(backend_name, batc
         assert np.all(grads.input[steps >= lengths_by_row] == 0.0)
 
 
+def test_padded_classifier_matches_pytorch_packed_sequences(rng):
+    """PyTorch packs the padded batch; its output at length − 1 per sequence, then the head,
+    equals LSTM → LastStep → head with the lengths (bidirectional, batch-first)."""
+    torch = pytest.importorskip("torch")
+    from bnnsfw.interop import to_torch
+
+    lengths = np.array([4, 1, 3])
+    x = rng.standard_normal((3, 4, 2))
+    with _classifier("numpy", batch_first=True) as model:
+        lstm, head = to_torch(model.layers["lstm"]), to_torch(model.layers["head"])
+        packed = torch.nn.utils.rnn.pack_padded_sequence(torch.from_numpy(x), torch.from_numpy(lengths),
+                                                         batch_first=True, enforce_sorted=False)
+        with torch.no_grad():
+            output, _ = torch.nn.utils.rnn.pad_packed_sequence(lstm(packed)[0], batch_first=True)
+            expected = head(output[torch.arange(3), torch.from_numpy(lengths - 1)]).numpy()
+        np.testing.assert_allclose(model.apply(x, sequence_lengths=lengths), expected, rtol=1e-10, atol=1e-12)
+
+
 def test_lengths_gradients_match_finite_differences(backend_name, rng):
     """LSTM → LastStep at the valid step → head, batch-first and bidirectional, float64."""
     lengths = np.array([3, 1])
