@@ -549,7 +549,7 @@ class Sequential:
             raise ShapeError(must_be(where, f"of shape ({batch},) ({text})", f"shape {tuple(lengths.shape)}"))
         if lengths.dtype.kind not in "iu":
             raise InvalidParameterError(must_be(where, "integers", lengths.dtype.name))
-        if lengths.min() < 0 or lengths.max() > seq_len:
+        if np.any(lengths < 0) or np.any(lengths > seq_len):
             rule = f"in [0, {seq_len}] (T = {seq_len})"
             raise InvalidParameterError(must_be(where, rule, lengths.tolist()))
         return lengths.astype(np.int64)

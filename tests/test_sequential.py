@@ -463,6 +463,8 @@ def test_lengths_and_states_errors_name_the_argument(backend_name, rng):
             model.apply(x, cell=np.zeros((1, 2, 2)))
         with pytest.raises(bf.ShapeError, match=r"Sequential.apply\(x\) must be of shape \(T, N, F\)"):
             model.apply(x[None], sequence_lengths=[1])
+        with pytest.raises(bf.ShapeError, match=r"apply\(x\) must be of shape .* with T >= 1 and N >= 1"):
+            model.apply(x[:, :0], sequence_lengths=np.zeros(0, np.int64))     # no sequences: the LSTM says so
         model.apply(x, training=True)
         with pytest.raises(bf.ShapeError, match=r"apply_backward\(hidden_gradient\['lstm'\]\) must be of "
                                                 r"shape \(L·D, N, P\) = \(1, 3, 2\)"):
