@@ -447,9 +447,11 @@ class Sequential:
         return SequentialOutput(output=output, hidden=types.MappingProxyType(hidden_out),
                                 cell=types.MappingProxyType(cell_out))
 
-    def __call__(self, x: Any) -> np.ndarray:
-        """``model(x)`` is ``model.apply(x)``: an inference forward."""
-        return self.apply(x)
+    def __call__(self, x: Any, *, sequence_lengths: Any = None, hidden: States = None,
+                 cell: States = None) -> np.ndarray:
+        """``model(x, ...)`` is ``model.apply(x, ...)``: an inference forward, with the same
+        ``sequence_lengths`` and initial states."""
+        return self.apply(x, sequence_lengths=sequence_lengths, hidden=hidden, cell=cell)
 
     def apply_backward(self, output_gradient: Any, hidden_gradient: States = None,
                        cell_gradient: States = None) -> SequentialGradients:
@@ -829,10 +831,6 @@ def _final_state_indexes(shape: tuple[int, ...], time_axis: int, num_directions:
         indexes: list[Any] = [(*lead, -1, Ellipsis, slice(0, h))]
         valid = None
     else:
-        if len(shape) != 3 or shape[1 - time_axis] != len(lengths):
-            raise ShapeError(must_be("FinalState with sequence_lengths",
-                                     f"given (T, N, F) or (N, T, F) with N = {len(lengths)} (the lengths)",
-                                     f"shape {shape}"))
         steps, batch = np.maximum(lengths - 1, 0), np.arange(len(lengths))
         indexes = [(steps, batch, slice(0, h)) if time_axis == 0 else (batch, steps, slice(0, h))]
         valid = lengths > 0

@@ -255,6 +255,32 @@ def test_final_state_is_the_last_layers_hidden_states(backend_name, batch_first,
     model.close()
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_final_state_with_lengths_is_the_lstms_final_state(backend_name, batch_first, rng):
+    """Given lengths, each direction's final state: the LSTM's ``hidden`` (zeros for length 0),
+    and the gradients reach the steps they came from (finite differences)."""
+    lstm = _lstm(backend_name, num_layers=1, bidirectional=True, batch_first=batch_first)
+    model = bf.Sequential({"lstm": lstm, "final": bf.FinalState(2)})
+    lengths = np.array([4, 2, 0])
+    x = rng.standard_normal((3, 4, 2) if batch_first else (4, 3, 2))
+    hidden = lstm.apply(x, sequence_lengths=lengths).hidden
+    expected = np.concatenate([hidden[-2], hidden[-1]], axis=-1)
+    expected[lengths == 0] = 0.0
+    np.testing.assert_allclose(model(x, sequence_lengths=lengths), expected, rtol=1e-12, atol=1e-14)
+    weights = rng.standard_normal((3, 6))
+
+    def loss() -> float:
+        return float((model.apply(x, sequence_lengths=lengths) * weights).sum())
+
+    model.apply(x, training=True, sequence_lengths=lengths)
+    grads = model.apply_backward(weights)
+    assert_gradient_close(grads.input, numerical_gradient(loss, x), rtol=1e-6, atol=1e-9, name="input")
+    single = x[1] if batch_first else x[:, 1]  # unbatched (T, I): one sequence of length 2
+    np.testing.assert_allclose(model(single, sequence_lengths=np.array([2])), expected[1],
+                               rtol=1e-12, atol=1e-14)
+    model.close()
+
+
 def test_softmax_is_the_formula_and_keeps_the_dtype(rng):
     dense = _dense(None, 3, 4, dtype=np.float32)
     model = bf.Sequential(dense, bf.Softmax())
