@@ -843,3 +843,46 @@ def test_glue_operator_matches_onnx_runtime(op, inputs, attributes, opset):
     for mine, other in zip(ours, theirs):
         assert mine.dtype == other.dtype and mine.shape == other.shape, (mine.dtype, mine.shape, other.shape)
         np.testing.assert_allclose(mine, other, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_layers, bidirectional, batch_first", [(1, False, False), (2, True, True)])
+def test_export_with_initial_states_takes_them_as_inputs(backend_name, rng, num_layers, bidirectional,
+                                                         batch_first):
+    """The initial states are inputs (L·D, N, H), each LSTM node reading its layer's rows: the
+    graph gives apply(x, hidden, cell), and fed its own final states it steps a stream."""
+    d = 2 if bidirectional else 1
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, num_layers=num_layers,
+                                      bidirectional=bidirectional, batch_first=batch_first, seed=3,
+                                      dtype=np.float64)
+    layer = bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name))
+    model = bo.export(layer, initial_states=True)
+    assert [i.name for i in model.graph.input] == ["input", "initial_hidden", "initial_cell"]
+    session = bo.load(model, filter_parameters=bf.FilterParameters(backend=backend_name))
+    x = rng.standard_normal((2, 5, 3) if batch_first else (5, 2, 3))
+    h0, c0 = rng.standard_normal((2, num_layers * d, 2, 4))
+    expected = layer.apply(x, hidden=h0, cell=c0)
+    y, h, c = session.run(None, {"input": x, "initial_hidden": h0, "initial_cell": c0})
+    rtol, atol = TOLERANCE[np.dtype(np.float64)]
+    for got, want in ((y, expected.output), (h, expected.hidden), (c, expected.cell)):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    if not bidirectional:
+        return
+    with pytest.raises(bf.InvalidParameterError, match="initial_states=True"):
+        bo.export([layer, layer], initial_states=True)
+    with pytest.raises(bf.InvalidParameterError, match="initial_states"):
+        bo.export(layer, initial_states="yes")
+
+
+def test_export_with_initial_states_steps_in_onnx_runtime():
+    ort = pytest.importorskip("onnxruntime")
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, num_layers=2, seed=4, dtype=np.float32)
+    layer = bf.LSTMLayer(params)
+    session = ort.InferenceSession(bo.export(layer, initial_states=True).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).standard_normal((4, 1, 3)).astype(np.float32)
+    h, c = np.zeros((2, 2, 1, 4), np.float32)
+    for t in range(4):
+        y, h, c = session.run(None, {"input": x[t:t + 1], "initial_hidden": h, "initial_cell": c})
+    expected = layer.apply(x)
+    np.testing.assert_allclose(y[0], expected.output[-1], rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(h, expected.hidden, rtol=1e-5, atol=2e-6)

@@ -98,9 +98,11 @@ def _export_activation(writer: _GraphWriter, activation: Activation, x: str, whe
     return writer.node(op, [x], **attributes)[0]
 
 
-def _export_lstm(writer: _GraphWriter, layer: LSTMLayer, x: str, where: str) -> tuple[str, str, str]:
-    """LSTM nodes (one per layer of the stack) reading x (T, N, I) or (N, T, I); returns
-    the output (same layout as bnnsfw's) and the final states (L·D, N, H)."""
+def _export_lstm(writer: _GraphWriter, layer: LSTMLayer, x: str, where: str,
+                 initial: tuple[str, str] | None = None) -> tuple[str, str, str]:
+    """LSTM nodes (one per layer of the stack) reading x (T, N, I) or (N, T, I), and with
+    ``initial`` the names of the initial states (L·D, N, H), each layer's D rows of them;
+    returns the output (same layout as bnnsfw's) and the final states (L·D, N, H)."""
     p = layer.layer_parameters
     h, d = p.hidden_size, p.num_directions
     for name, gate in zip(GATE_FIELDS, p.gates):
@@ -173,7 +175,16 @@ def _export_lstm(writer: _GraphWriter, layer: LSTMLayer, x: str, where: str) -> 
         if has_peepholes:
             def peephole(g: LSTMGateDescriptor) -> Array:
                 return np.zeros((d, h)) if g.cell_weights is None else g.cell_weights[layer_index]
-            inputs += ["", "", "", writer.constant("P", stacked(peephole, _ONNX_PEEPHOLES))]
+        if initial is not None:
+            inputs += [""] * (4 - len(inputs)) + [""]  # no B (when absent), no sequence_lens
+            if p.num_layers == 1:
+                inputs += list(initial)
+            else:
+                first, end = layer_index * d, (layer_index + 1) * d
+                rows = [writer.ints([first]), writer.ints([end]), writer.ints([0])]
+                inputs += [writer.node("Slice", [state, *rows])[0] for state in initial]
+        if has_peepholes:
+            inputs += [""] * (7 - len(inputs)) + [writer.constant("P", stacked(peephole, _ONNX_PEEPHOLES))]
         y, y_h, y_c = writer.node("LSTM", inputs, 3, **attributes)
         hiddens.append(y_h)
         cells.append(y_c)
@@ -276,7 +287,7 @@ def _layers_of(model_or_layers: Any) -> list[Filter]:
 
 
 def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, opset: int = DEFAULT_OPSET,
-           check: bool = True) -> Any:
+           check: bool = True, initial_states: bool = False) -> Any:
     """Write bnnsfw layers, applied one after the other, as an ONNX model.
 
     Parameters
@@ -296,14 +307,20 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
         ``Add``, ``Sqrt``, ``Div``) before it.
     check : bool
         Run ``onnx.checker.check_model(model, full_check=True)`` before returning.
+    initial_states : bool
+        For a single LSTM layer: also take its initial states as the inputs
+        ``initial_hidden`` and ``initial_cell`` ``(L·D, N, H)``, as :meth:`LSTMLayer.apply`'s
+        ``hidden`` and ``cell`` (without them the states start at zero). With ``T = 1`` the
+        graph is one streaming step: feed the ``hidden`` and ``cell`` it returned back in.
 
     Returns
     -------
     onnx.ModelProto
-        One input ``input``; the output ``output``; for a single LSTM layer also ``hidden``
-        and ``cell``, the final states ``(L·D, N, H)``. Batch and sequence dimensions are
-        symbolic. The graph computes the layers' inference phase (normalization with moving
-        statistics where the layer has them; no dropout). ONNX stores float attributes
+        One input ``input`` (and the initial states, with ``initial_states``); the output
+        ``output``; for a single LSTM layer also ``hidden`` and ``cell``, the final states
+        ``(L·D, N, H)``. Batch and sequence dimensions are symbolic. The graph computes the
+        layers' inference phase (normalization with moving statistics where the layer has
+        them; no dropout). ONNX stores float attributes
         (``epsilon``, activation ``alpha`` and ``beta``) as float32, so a float64 layer comes
         back exactly only where those values are float32 numbers (``clip`` too). A batch-first
         LSTM is written as a ``layout=0`` LSTM between two ``Transpose`` nodes, since ONNX
@@ -334,6 +351,12 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
     writer = _GraphWriter(opset, dtype)
     x = "input"
     first = layers[0]
+    if not isinstance(initial_states, bool):
+        raise InvalidParameterError(must_be("export(initial_states)", "a bool", initial_states))
+    if initial_states and (len(layers) != 1 or not isinstance(first, LSTMLayer)):
+        raise InvalidParameterError(must_be("export(initial_states=True)", "given a single LSTM layer",
+                                            f"{len(layers)} layers, the first a {type(first).__name__}"))
+    initial = ("initial_hidden", "initial_cell") if initial_states else None
     if isinstance(first, LSTMLayer):
         size = first.layer_parameters.input_size
         in_shape: list[Any] = ["N", "T", size] if first.layer_parameters.batch_first else ["T", "N", size]
@@ -355,7 +378,7 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
         if isinstance(layer, LSTMLayer):
             p = layer.layer_parameters
             _check_width(where, shape, p.input_size)
-            x, hidden, cell = _export_lstm(writer, layer, x, where)
+            x, hidden, cell = _export_lstm(writer, layer, x, where, initial)
             states = (hidden, cell)
             shape = [*shape[:-1], p.num_directions * p.hidden_size]
             state_shape = [p.num_layers * p.num_directions, shape[0 if p.batch_first else 1], p.hidden_size]
@@ -376,10 +399,10 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
         writer.nodes.append(onnx.helper.make_node("Identity", [states[0]], ["hidden"], name="hidden"))
         writer.nodes.append(onnx.helper.make_node("Identity", [states[1]], ["cell"], name="cell"))
         outputs += [onnx.helper.make_tensor_value_info(n, element, state_shape) for n in ("hidden", "cell")]
-    graph = onnx.helper.make_graph(writer.nodes, "bnnsfw", [onnx.helper.make_tensor_value_info("input",
-                                                                                               element,
-                                                                                               in_shape)],
-                                   outputs, writer.initializers)
+    inputs = [onnx.helper.make_tensor_value_info("input", element, in_shape)]
+    if initial is not None:
+        inputs += [onnx.helper.make_tensor_value_info(n, element, state_shape) for n in initial]
+    graph = onnx.helper.make_graph(writer.nodes, "bnnsfw", inputs, outputs, writer.initializers)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)],
                                    producer_name="bnnsfw")
     model.ir_version = min(model.ir_version, _ir_version(onnx, opset))
