@@ -1,8 +1,13 @@
 """Smoke test of the benchmark command (figures are printed, never asserted)."""
 
+import argparse
 import builtins
 import json
 import os
+
+import attrs
+import numpy as np
+import pytest
 
 from bnnsfw.cli import bench
 
@@ -13,28 +18,83 @@ def test_quick_bench_prints_every_row_and_writes_json(tmp_path, capsys):
     out = capsys.readouterr().out
     for case in bench.LSTM_CASES:
         assert f"lstm {case.name} " in out
+    for case in bench.STREAM_CASES:
+        assert f"lstm step {case.name} " in out
     for case in bench.NORMALIZATION_CASES:
         assert f"norm {case.name} " in out
     figures = json.loads(path.read_text())
-    assert len(figures["rows"]) == 2 * len(bench.LSTM_CASES) + len(bench.NORMALIZATION_CASES)
+    fresh = sum(case.fresh for case in bench.LSTM_CASES)
+    assert fresh == 1
+    assert len(figures["rows"]) == (2 * len(bench.LSTM_CASES) + fresh + len(bench.STREAM_CASES)
+                                    + len(bench.NORMALIZATION_CASES))
     assert all(row["median_ms"] > 0 for row in figures["rows"])
     assert figures["openblas_coretype"] == os.environ.get("OPENBLAS_CORETYPE")
     assert out.splitlines()[1] == bench.describe_blas(figures["blas"], figures["openblas_coretype"])
 
 
-def test_compare_without_torch_says_so_and_carries_on(monkeypatch, capsys):
+def test_compare_without_torch_and_onnxruntime_says_so_and_carries_on(monkeypatch, capsys):
     real_import = builtins.__import__
 
-    def no_torch(name, *args, **kwargs):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("no torch here")
+    def missing(name, *args, **kwargs):
+        if name.split(".")[0] in ("torch", "onnxruntime"):
+            raise ImportError(f"no {name} here")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_torch)
-    assert bench.main(["--quick", "--compare", "torch", "--repeats", "1"]) == 0
+    monkeypatch.setattr(builtins, "__import__", missing)
+    assert bench.main(["--quick", "--compare", "torch,onnxruntime", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "PyTorch is not installed; carrying on without it" in out
-    assert "lstm XL" in out
+    assert "--compare torch: PyTorch is not installed; carrying on without it" in out
+    assert "--compare onnxruntime: ONNX Runtime is not installed; carrying on without it" in out
+    assert "lstm XL" in out and "lstm step I32 H64 2L" in out
+    assert "torch ms" not in out and "ORT ms" not in out
+
+
+def test_the_compare_option_takes_one_library_or_several(capsys):
+    parse = bench.parser().parse_args
+    assert parse(["--compare", "onnxruntime"]).compare == ("onnxruntime",)
+    assert parse(["--compare", "torch,onnxruntime"]).compare == ("torch", "onnxruntime")
+    assert parse([]).compare is None
+    for wrong in ("tensorflow", "torch,ort", ""):
+        with pytest.raises(SystemExit) as exc:
+            parse(["--compare", wrong])
+        assert exc.value.code == 2
+        expected = f"must be torch, onnxruntime or several separated by commas; got {wrong!r}"
+        assert f"argument --compare: {expected}" in capsys.readouterr().err
+
+
+def test_a_library_that_computes_something_else_is_not_timed(monkeypatch, capsys):
+    ours = np.array([[1.0, -2.0], [0.5, 0.0]], np.float32)
+    bench._check_agreement("lstm X", "ONNX Runtime", ours * (1 + 5e-4) + 5e-5, ours)  # within tolerance
+    with pytest.raises(bench.ComparisonMismatch, match=r"lstm X: ONNX Runtime's output differs from "
+                                                       r"bnnsfw's by up to 0\.01 \(allowed"):
+        bench._check_agreement("lstm X", "ONNX Runtime", ours + [[0, 0], [0, 0.01]], ours)
+
+    def mismatch(opts):
+        raise bench.ComparisonMismatch("lstm S: PyTorch's output differs")
+
+    monkeypatch.setattr(bench, "run", mismatch)
+    assert bench.main(["--quick"]) == 1
+    assert capsys.readouterr().err == "bnnsfw bench: error: lstm S: PyTorch's output differs\n"
+
+
+def test_onnxruntime_compares_the_inference_rows_and_a_streaming_step(monkeypatch):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    monkeypatch.setattr(bench, "BLOCK_LEAD_IN_S", 0.0)  # one untimed call opens each block
+    opts = argparse.Namespace(backend="numpy", threads=1, repeats=2, budget=0.0, quick=True)
+    peers = bench.Peers(ort=ort)
+    case = bench.LSTMCase(name="tiny", seq_len=3, batch=2, input_size=3, hidden_size=4, num_layers=2,
+                          fresh=True)
+    forward, fresh, train = bench._bench_lstm(case, opts, 1.0, peers)
+    step = bench._bench_stream(attrs.evolve(case, seq_len=1, batch=1), opts, 1.0, peers)
+    for row in (forward, step):
+        assert row.ort_median_ms > 0 and row.ort_ratio == row.median_ms / row.ort_median_ms
+        assert row.ort_round_ratios[0] <= row.ort_round_ratios[1] <= row.ort_round_ratios[2]
+    assert (fresh.work, fresh.ort_ratio, train.ort_ratio) == ("fwd, fresh", None, None)
+    table = bench.format_table([forward, train], with_torch=False, with_ort=True).splitlines()
+    assert table[0].split()[-5:] == ["ORT", "ms", "ratio", "rounds", "q1-q3"]
+    assert table[2].split()[-2] == f"{forward.ort_ratio:.2f}"
+    assert table[3].split()[-1] == "—"
 
 
 def test_a_comparison_gives_each_rounds_ratio_of_its_two_blocks(monkeypatch):
@@ -55,11 +115,12 @@ def test_a_comparison_gives_each_rounds_ratio_of_its_two_blocks(monkeypatch):
     fn, other = make(3.0), make(1.0)
     monkeypatch.setattr(bench.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(bench, "_lead_in", lead_in)
-    timing = bench._time(fn, warmup=0, repeats=4, budget=0.0, other=other)
+    timing = bench._time(fn, warmup=0, repeats=4, budget=0.0, others=[other])
     # rounds' ratios 3, 3, 1.5, 3; fn's calls 3, 6, 3, 3 and other's 1, 2, 2, 1
-    assert timing.round_ratios == (2.625, 3.0, 3.0)
-    assert (timing.median, timing.other_median, timing.minimum) == (3.0, 1.5, 3.0)
-    assert bench._time(fn, warmup=0, repeats=2, budget=0.0).round_ratios is None
+    (peer,) = timing.peers
+    assert peer.round_ratios == (2.625, 3.0, 3.0)
+    assert (timing.median, peer.median, timing.minimum) == (3.0, 1.5, 3.0)
+    assert bench._time(fn, warmup=0, repeats=2, budget=0.0).peers == ()
     assert bench._quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
     assert bench._quartiles([0.9]) == (0.9, 0.9, 0.9)
 

@@ -3,12 +3,19 @@
 Each row is timed as the median and the minimum per call after a warm-up. LSTM rows also
 report GFLOP/s (forward ``8·T·N·H·(I+H)`` per layer and direction, training three times that)
 and the fraction of the single-precision matrix-multiply peak measured in the same run.
+Every layer has had its ``parameters()`` handed out, as in a trained model (each call then
+first compares the weights with those it packed); the row ``T1 N1 I4 H8`` also times a fresh
+layer, and the ``step`` rows one step of ``LSTMLayer.stream()``.
+
 ``--compare torch`` runs the same work, with the same weights and thread count, through
-PyTorch's CPU kernels in the same process and prints the time ratio bnnsfw / PyTorch. The two
-libraries are timed in alternating blocks of calls, never call by call: a library's idle
-threads keep spinning for a while after a call and would take a core from the other. Beside
-the ratio of the two medians, the quartiles of the rounds' ratios (one block of each, within
-a second of each other) show how far the comparison moved while it ran.
+PyTorch's CPU kernels in the same process and prints the time ratio bnnsfw / PyTorch;
+``--compare onnxruntime`` the inference rows through an ONNX Runtime session of each layer
+written by :func:`bnnsfw.onnx.export` (a step: the graph of T = 1 with the states passed in and
+read back); ``--compare torch,onnxruntime`` both. A library's outputs must agree with bnnsfw's
+before it is timed. The libraries are timed in alternating blocks of calls, never call by call:
+a library's idle threads keep spinning for a while after a call and would take a core from the
+others. Beside the ratio of the two medians, the quartiles of the rounds' ratios (one block of
+each, within a second of each other) show how far the comparison moved while it ran.
 
 A full run also measures, each in a fresh process, the peak memory of one training step of
 the long-sequence row and the latency of the first call of the demo's model with a cold and a
@@ -34,7 +41,7 @@ import numpy as np
 
 from ._options import backend_names, check_output_path, integer
 
-__all__ = ["main", "run", "BenchRow", "LSTM_CASES", "NORMALIZATION_CASES"]
+__all__ = ["main", "run", "BenchRow", "LSTM_CASES", "STREAM_CASES", "NORMALIZATION_CASES"]
 
 
 @attrs.frozen(kw_only=True)
@@ -48,6 +55,9 @@ class LSTMCase:
     bidirectional: bool = False
     #: Also measure the peak memory of one training step, in a fresh process (full runs only).
     memory: bool = False
+    #: Also time the forward of a layer whose ``parameters()`` were never handed out (which
+    #: skips the comparison of the weights before each call).
+    fresh: bool = False
 
     def flops(self) -> float:
         """Forward floating-point operations: 8·T·N·H·(I_l + H) summed over layers and directions."""
@@ -59,6 +69,8 @@ class LSTMCase:
         return total
 
     def quick(self) -> "LSTMCase":
+        if self.seq_len == 1:  # a per-call row: already tiny
+            return self
         return attrs.evolve(self, seq_len=max(2, self.seq_len // 8), batch=max(1, self.batch // 8))
 
 
@@ -83,6 +95,14 @@ LSTM_CASES = (
              bidirectional=True),
     LSTMCase(name="demo", seq_len=32, batch=32, input_size=1, hidden_size=32, num_layers=2),
     LSTMCase(name="long", seq_len=2000, batch=8, input_size=256, hidden_size=256, memory=True),
+    # the cost of a call itself, beside nearly no arithmetic
+    LSTMCase(name="T1 N1 I4 H8", seq_len=1, batch=1, input_size=4, hidden_size=8, fresh=True),
+)
+#: One step of ``LSTMLayer.stream()`` (T = 1, N = 1), beside one step run with the states
+#: passed in and read back by each library compared.
+STREAM_CASES = (
+    LSTMCase(name="I32 H64", seq_len=1, batch=1, input_size=32, hidden_size=64),
+    LSTMCase(name="I32 H64 2L", seq_len=1, batch=1, input_size=32, hidden_size=64, num_layers=2),
 )
 NORMALIZATION_CASES = (
     NormalizationCase(name="batch", kind="batch", shape=(64, 64, 32, 32)),
@@ -113,16 +133,38 @@ class BenchRow:
     #: as its lower quartile, median and upper quartile: the spread of a comparison on a machine
     #: whose speed drifts (each round's two blocks run within a second of each other).
     round_ratios: tuple[float, float, float] | None = None
+    #: The same for ONNX Runtime (inference rows only).
+    ort_median_ms: float | None = None
+    ort_round_ratios: tuple[float, float, float] | None = None
 
     @property
     def ratio(self) -> float | None:
+        """bnnsfw / PyTorch, the ratio of the two medians."""
         if self.torch_median_ms is None:
             return None
         return self.median_ms / self.torch_median_ms
 
+    @property
+    def ort_ratio(self) -> float | None:
+        """bnnsfw / ONNX Runtime, the ratio of the two medians."""
+        if self.ort_median_ms is None:
+            return None
+        return self.median_ms / self.ort_median_ms
+
+    def add_peers(self, timing: Timing, names: Sequence[str]) -> None:
+        """Record the libraries compared, ``names`` in the order of ``timing.peers``."""
+        for name, peer in zip(names, timing.peers):
+            if name == "torch":
+                self.torch_median_ms, self.round_ratios = peer.median * 1e3, peer.round_ratios
+            elif name == "onnxruntime":
+                self.ort_median_ms, self.ort_round_ratios = peer.median * 1e3, peer.round_ratios
+            else:
+                raise ValueError(f"add_peers(names): must name libraries of {PEERS}; got {name!r}")
+
     def as_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)
         d["ratio"] = self.ratio
+        d["ort_ratio"] = self.ort_ratio
         return d
 
 
@@ -144,14 +186,22 @@ def _lead_in(f: Callable[[], object]) -> None:
 
 
 @attrs.frozen
+class PeerTiming:
+    """What :func:`_time` measured of one library compared: its median seconds per call, and
+    the quartiles and median of the rounds' ratios ``fn`` / it (:attr:`BenchRow.round_ratios`)."""
+
+    median: float
+    round_ratios: tuple[float, float, float]
+
+
+@attrs.frozen
 class Timing:
     """What :func:`_time` measured, in seconds per call."""
 
     median: float
     minimum: float
-    other_median: float | None = None
-    #: Quartiles and median of the rounds' ratios ``fn`` / ``other`` (:attr:`BenchRow.round_ratios`).
-    round_ratios: tuple[float, float, float] | None = None
+    #: One per library compared, in the order they were given.
+    peers: tuple[PeerTiming, ...] = ()
 
 
 def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -163,19 +213,19 @@ def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float,
-          other: Callable[[], object] | None = None) -> Timing:
-    """Median and minimum seconds per call of ``fn`` (and the median of ``other``, and the
-    spread of the rounds' ratios).
+          others: Sequence[Callable[[], object]] = ()) -> Timing:
+    """Median and minimum seconds per call of ``fn`` (and the median of each of ``others``,
+    the same work in the libraries compared, and the spread of the rounds' ratios).
 
-    After ``warmup`` calls of each, the two are run in alternating blocks of calls, each block
+    After ``warmup`` calls of each, they are run in alternating blocks of calls, each block
     long enough (about 20 ms) that the switch between libraries is a small part of it; the
     first call of every block is left out of the figures. In a comparison every block opens
     with :data:`BLOCK_LEAD_IN_S` seconds of untimed calls (:func:`_lead_in`), so that the other
-    library's waiting threads have gone quiet. Rounds go on until each function has at least
+    libraries' waiting threads have gone quiet. Rounds go on until each function has at least
     ``repeats`` timed calls and, within ``budget`` seconds, up to 50. A round is one block of
-    each; its ratio is that of the two blocks' medians.
+    each; its ratio to a library compared is that of ``fn``'s block's median to its block's.
     """
-    functions = [fn] if other is None else [fn, other]
+    functions = [fn, *others]
     for f in functions:
         for _ in range(warmup):
             f()
@@ -185,13 +235,13 @@ def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float,
         f()
         blocks.append(max(2, min(50, math.ceil(0.02 / max(time.perf_counter() - t0, 1e-6)))))
     times: list[list[float]] = [[] for _ in functions]
-    rounds: list[float] = []
+    rounds: list[list[float]] = [[] for _ in others]
     start = time.perf_counter()
     while (min(len(t) for t in times) < repeats
            or (time.perf_counter() - start < budget and min(len(t) for t in times) < 50)):
         medians = []
         for f, block, bucket in zip(functions, blocks, times):
-            if other is not None:
+            if others:
                 _lead_in(f)
             timed = []
             for k in range(block):
@@ -201,11 +251,10 @@ def _time(fn: Callable[[], object], *, warmup: int, repeats: int, budget: float,
                     timed.append(time.perf_counter() - t0)
             bucket += timed
             medians.append(statistics.median(timed))
-        if other is not None:
-            rounds.append(medians[0] / medians[1])
-    if other is None:
-        return Timing(statistics.median(times[0]), min(times[0]))
-    return Timing(statistics.median(times[0]), min(times[0]), statistics.median(times[1]), _quartiles(rounds))
+        for bucket, median in zip(rounds, medians[1:]):
+            bucket.append(medians[0] / median)
+    peers = tuple(PeerTiming(statistics.median(t), _quartiles(r)) for t, r in zip(times[1:], rounds))
+    return Timing(statistics.median(times[0]), min(times[0]), peers)
 
 
 def measure_peak(*, quick: bool = False) -> float:
@@ -282,18 +331,49 @@ def _torch_lstm(case: LSTMCase, params: Any):
     return lstm
 
 
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1e3
+def _ort_session(ort: Any, layer: Any, threads: int, *, initial_states: bool = False) -> Any:
+    """An ONNX Runtime session of ``layer`` exported by :func:`bnnsfw.onnx.export`, on the
+    bench's thread count (``intra_op_num_threads``; one inter-op thread, run sequentially)."""
+    from ..onnx import export
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = _thread_count(threads)
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    model = export(layer, initial_states=initial_states, check=False)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _bench_lstm(case: LSTMCase, opts: argparse.Namespace, peak: float, torch_mod: Any) -> list[BenchRow]:
+class ComparisonMismatch(Exception):
+    """A library compared computed something else than bnnsfw: its figures would be worthless."""
+
+
+#: How close a library compared must come to bnnsfw's float32 outputs before it is timed:
+#: ``|theirs - ours| <= ATOL + RTOL·|ours|`` elementwise.
+AGREEMENT_RTOL, AGREEMENT_ATOL = 1e-3, 1e-4
+
+
+def _check_agreement(row: str, library: str, theirs: Any, ours: np.ndarray) -> None:
+    theirs = np.asarray(theirs, dtype=np.float64).reshape(ours.shape)
+    excess = np.abs(theirs - ours) - (AGREEMENT_ATOL + AGREEMENT_RTOL * np.abs(ours))
+    if excess.max() > 0:
+        worst = np.abs(theirs - ours).max()
+        raise ComparisonMismatch(f"{row}: {library}'s output differs from bnnsfw's by up to {worst:.3g} "
+                                 f"(allowed {AGREEMENT_ATOL} + {AGREEMENT_RTOL}·|bnnsfw's|); not timed")
+
+
+def _bench_lstm(case: LSTMCase, opts: argparse.Namespace, peak: float, peers: Peers) -> list[BenchRow]:
     rng = np.random.default_rng(1)
     d = 2 if case.bidirectional else 1
     x = rng.standard_normal((case.seq_len, case.batch, case.input_size), dtype=np.float32)
     dy = rng.standard_normal((case.seq_len, case.batch, d * case.hidden_size), dtype=np.float32)
     params, layer = _lstm_layer(case, opts.backend, opts.threads)
+    fresh = _lstm_layer(case, opts.backend, opts.threads)[1] if case.fresh else None
+    layer.parameters()  # handed out, as in a trained model: each call first compares the weights
     cache_bytes = layer.training_cache_capacity(batch_size=case.batch, seq_len=case.seq_len)
     cache = np.empty(cache_bytes, np.uint8)
+    name = f"lstm {case.name}"
+    expected = layer.apply(x).output
 
     def forward() -> None:
         layer.apply(x)
@@ -302,39 +382,107 @@ def _bench_lstm(case: LSTMCase, opts: argparse.Namespace, peak: float, torch_mod
         layer.apply(x, training=True, training_cache=cache)
         layer.apply_backward(x, dy, training_cache=cache)
 
-    theirs: list[Callable[[], object] | None] = [None, None]
-    if torch_mod is not None:
-        torch = torch_mod
+    inference: dict[str, Callable[[], object]] = {}
+    training: dict[str, Callable[[], object]] = {}
+    if peers.torch is not None:
+        torch = peers.torch
         lstm = _torch_lstm(case, params)
         tx = torch.from_numpy(x)
         tdy = torch.from_numpy(dy)
 
-        def t_forward() -> None:
+        def t_forward() -> Any:
             with torch.no_grad():
-                lstm(tx)
+                return lstm(tx)[0]
 
         def t_train() -> None:
             xr = tx.detach().requires_grad_(True)
             out, _ = lstm(xr)
             out.backward(tdy)
 
-        theirs = [t_forward, t_train]
+        _check_agreement(name, "PyTorch", t_forward().numpy(), expected)
+        inference["torch"], training["torch"] = t_forward, t_train
+    if peers.ort is not None:
+        session = _ort_session(peers.ort, layer, opts.threads)
+        feed = {"input": x}
+
+        def o_forward() -> Any:
+            return session.run(["output"], feed)[0]
+
+        _check_agreement(name, "ONNX Runtime", o_forward(), expected)
+        inference["onnxruntime"] = o_forward
     rows = []
-    works = (("fwd", forward, case.flops()), ("fwd+bwd", train, 3 * case.flops()))
-    for (work, fn, flops), other in zip(works, theirs):
-        timing = _time(fn, warmup=1, repeats=opts.repeats, budget=opts.budget, other=other)
+    works = [("fwd", forward, case.flops(), inference), ("fwd+bwd", train, 3 * case.flops(), training)]
+    if fresh is not None:
+        works.insert(1, ("fwd, fresh", lambda: fresh.apply(x), case.flops(), {}))
+    for work, fn, flops, theirs in works:
+        timing = _time(fn, warmup=1, repeats=opts.repeats, budget=opts.budget, others=list(theirs.values()))
         gflops = flops / timing.median / 1e9
-        rows.append(BenchRow(name=f"lstm {case.name}", work=work, backend=layer.backend.name,
-                             median_ms=timing.median * 1e3, min_ms=timing.minimum * 1e3, gflops=gflops,
-                             peak_fraction=gflops / peak,
-                             cache_bytes=cache_bytes if work == "fwd+bwd" else None,
-                             torch_median_ms=_ms(timing.other_median), round_ratios=timing.round_ratios))
+        row = BenchRow(name=name, work=work, backend=layer.backend.name,
+                       median_ms=timing.median * 1e3, min_ms=timing.minimum * 1e3, gflops=gflops,
+                       peak_fraction=gflops / peak, cache_bytes=cache_bytes if work == "fwd+bwd" else None)
+        row.add_peers(timing, list(theirs))
+        rows.append(row)
     layer.close()
+    if fresh is not None:
+        fresh.close()
     if case.memory and not opts.quick:
         figures = peak_training_memory(case, opts.backend)
-        rows[1].peak_step_bytes = figures["step_bytes"]
-        rows[1].peak_over_cache_and_inputs = figures["step_bytes"] / figures["cache_and_inputs_bytes"]
+        rows[-1].peak_step_bytes = figures["step_bytes"]
+        rows[-1].peak_over_cache_and_inputs = figures["step_bytes"] / figures["cache_and_inputs_bytes"]
     return rows
+
+
+def _bench_stream(case: LSTMCase, opts: argparse.Namespace, peak: float, peers: Peers) -> BenchRow:
+    """One step of a stream (the layer's ``parameters()`` handed out), and one step with the
+    states passed in and read back in each library compared."""
+    rng = np.random.default_rng(3)
+    xs = rng.standard_normal((8, case.batch, case.input_size), dtype=np.float32)
+    params, layer = _lstm_layer(case, opts.backend, opts.threads)
+    layer.parameters()
+    stream = layer.stream(batch_size=case.batch)
+    expected = np.stack([stream.step(x) for x in xs])  # from zero states
+    stream.reset()
+    out = np.empty((case.batch, case.hidden_size), np.float32)
+    name = f"lstm step {case.name}"
+
+    def step() -> None:
+        stream.step(xs[0], out=out)
+
+    theirs: dict[str, Callable[[], object]] = {}
+    zeros = np.zeros((case.num_layers, case.batch, case.hidden_size), np.float32)
+    if peers.torch is not None:
+        torch = peers.torch
+        lstm = _torch_lstm(case, params)
+        tx = torch.from_numpy(xs)
+        t_state = [torch.from_numpy(zeros), torch.from_numpy(zeros)]
+
+        def t_step(t: int = 0) -> Any:
+            with torch.no_grad():
+                y, (t_state[0], t_state[1]) = lstm(tx[t:t + 1], (t_state[0], t_state[1]))
+            return y
+
+        _check_agreement(name, "PyTorch", np.stack([t_step(t).numpy() for t in range(len(xs))]), expected)
+        t_state[:] = [torch.from_numpy(zeros), torch.from_numpy(zeros)]
+        theirs["torch"] = t_step
+    if peers.ort is not None:
+        session = _ort_session(peers.ort, layer, opts.threads, initial_states=True)
+        feed = {"input": xs[:1], "initial_hidden": zeros, "initial_cell": zeros}
+
+        def o_step(t: int = 0) -> Any:
+            feed["input"] = xs[t:t + 1]
+            y, feed["initial_hidden"], feed["initial_cell"] = session.run(None, feed)
+            return y
+
+        _check_agreement(name, "ONNX Runtime", np.stack([o_step(t) for t in range(len(xs))]), expected)
+        feed.update(initial_hidden=zeros, initial_cell=zeros)
+        theirs["onnxruntime"] = o_step
+    timing = _time(step, warmup=1, repeats=opts.repeats, budget=opts.budget, others=list(theirs.values()))
+    gflops = case.flops() / timing.median / 1e9
+    row = BenchRow(name=name, work="step", backend=layer.backend.name, median_ms=timing.median * 1e3,
+                   min_ms=timing.minimum * 1e3, gflops=gflops, peak_fraction=gflops / peak)
+    row.add_peers(timing, list(theirs))
+    layer.close()
+    return row
 
 
 # ---------------------------------------------------------------- fresh processes -------
@@ -442,20 +590,21 @@ def _norm_layer(case: NormalizationCase, backend: str | None, threads: int):
     return bf.NormalizationLayer(params, bf.FilterParameters(backend=backend, n_threads=threads))
 
 
-def _bench_normalization(case: NormalizationCase, opts: argparse.Namespace, torch_mod: Any) -> list[BenchRow]:
+def _bench_normalization(case: NormalizationCase, opts: argparse.Namespace, peers: Peers) -> list[BenchRow]:
     rng = np.random.default_rng(2)
     x = rng.standard_normal(case.shape, dtype=np.float32)
     dy = rng.standard_normal(case.shape, dtype=np.float32)
     layer = _norm_layer(case, opts.backend, opts.threads)
+    layer.parameters()  # handed out, as in a trained model
     y = np.empty_like(x)
 
     def train() -> None:
         layer.apply(x, phase="training", output=y)
         layer.apply_backward(x, dy, output=y, phase="training")
 
-    t_train: Callable[[], object] | None = None
-    if torch_mod is not None:
-        torch = torch_mod
+    theirs: dict[str, Callable[[], object]] = {}
+    if peers.torch is not None:
+        torch = peers.torch
         F = torch.nn.functional
         tx, tdy = torch.from_numpy(x), torch.from_numpy(dy)
         channels = case.shape[1]
@@ -480,10 +629,11 @@ def _bench_normalization(case: NormalizationCase, opts: argparse.Namespace, torc
             xr = tx.detach().requires_grad_(True)
             forward(xr).backward(tdy)
 
-    timing = _time(train, warmup=1, repeats=opts.repeats, budget=opts.budget, other=t_train)
+        theirs["torch"] = t_train
+    timing = _time(train, warmup=1, repeats=opts.repeats, budget=opts.budget, others=list(theirs.values()))
     row = BenchRow(name=f"norm {case.name} {'x'.join(map(str, case.shape))}", work="fwd+bwd",
-                   backend=layer.backend.name, median_ms=timing.median * 1e3, min_ms=timing.minimum * 1e3,
-                   torch_median_ms=_ms(timing.other_median), round_ratios=timing.round_ratios)
+                   backend=layer.backend.name, median_ms=timing.median * 1e3, min_ms=timing.minimum * 1e3)
+    row.add_peers(timing, list(theirs))
     layer.close()
     return [row]
 
@@ -491,13 +641,68 @@ def _bench_normalization(case: NormalizationCase, opts: argparse.Namespace, torc
 # ---------------------------------------------------------------- driver -------------
 
 
+#: The libraries ``--compare`` takes, as it spells them.
+PEERS = ("torch", "onnxruntime")
+
+
+@attrs.frozen
+class Peers:
+    """The libraries compared in this run (their modules), ``None`` where not compared."""
+
+    torch: Any = None
+    ort: Any = None
+
+
+def _thread_count(threads: int) -> int:
+    """The thread count the libraries compared run on: ``--threads``, or every core for 0."""
+    return threads if threads > 0 else (os.cpu_count() or 1)
+
+
 def _load_torch(threads: int) -> Any:
     try:
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(threads if threads > 0 else (os.cpu_count() or 1))
+    torch.set_num_threads(_thread_count(threads))
     return torch
+
+
+def _load_onnxruntime() -> tuple[Any, str | None]:
+    """ONNX Runtime, or ``None`` and what is missing (the layers reach it through
+    :func:`bnnsfw.onnx.export`, which needs the ``onnx`` package)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return None, "ONNX Runtime is not installed"
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        return None, "the onnx package, which exports the layers to it, is not installed"
+    return onnxruntime, None
+
+
+def compare_option(text: str) -> tuple[str, ...]:
+    """An argparse ``type`` for ``--compare``: libraries from :data:`PEERS`, separated by commas."""
+    names = tuple(dict.fromkeys(name.strip() for name in text.split(",")))
+    wrong = [name for name in names if name not in PEERS]
+    if wrong or not names:
+        raise argparse.ArgumentTypeError(f"must be {', '.join(PEERS)} or several separated by commas; "
+                                         f"got {text!r}")
+    return names
+
+
+def load_peers(compare: Sequence[str], threads: int, out: Any) -> Peers:
+    """The libraries ``compare`` names that are installed; a line for each that is not."""
+    torch_mod = ort_mod = None
+    if "torch" in compare:
+        torch_mod = _load_torch(threads)
+        if torch_mod is None:
+            print("--compare torch: PyTorch is not installed; carrying on without it.", file=out)
+    if "onnxruntime" in compare:
+        ort_mod, missing = _load_onnxruntime()
+        if ort_mod is None:
+            print(f"--compare onnxruntime: {missing}; carrying on without it.", file=out)
+    return Peers(torch=torch_mod, ort=ort_mod)
 
 
 def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
@@ -509,26 +714,25 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
     # first-call probes it starts) where it must: the figures are the compiled kernels'.
     os.environ["BNNSFW_COMPILE"] = "wait"
     backend = bf.get_backend(opts.backend).name
-    torch_mod = None
-    if opts.compare == "torch":
-        torch_mod = _load_torch(opts.threads)
-        if torch_mod is None:
-            print("--compare torch: PyTorch is not installed; carrying on without it.", file=out)
+    peers = load_peers(opts.compare or (), opts.threads, out)
     peak = measure_peak(quick=opts.quick)
     threads = opts.threads or "default"
     print(f"bnnsfw {bf.__version__} bench: backend {backend}, threads {threads}, "
           f"{os.cpu_count()} cores, float32; sgemm peak {peak:.1f} GFLOP/s"
-          + (f"; PyTorch {torch_mod.__version__}" if torch_mod is not None else ""), file=out)
+          + (f"; PyTorch {peers.torch.__version__}" if peers.torch is not None else "")
+          + (f"; ONNX Runtime {peers.ort.__version__}" if peers.ort is not None else ""), file=out)
     blas, coretype = blas_libraries(), os.environ.get("OPENBLAS_CORETYPE")
     print(describe_blas(blas, coretype), file=out)
     rows: list[BenchRow] = []
     lstm_cases = [c.quick() for c in LSTM_CASES] if opts.quick else list(LSTM_CASES)
     norm_cases = [c.quick() for c in NORMALIZATION_CASES] if opts.quick else list(NORMALIZATION_CASES)
     for lstm_case in lstm_cases:
-        rows += _bench_lstm(lstm_case, opts, peak, torch_mod)
+        rows += _bench_lstm(lstm_case, opts, peak, peers)
+    for stream_case in STREAM_CASES:
+        rows.append(_bench_stream(stream_case, opts, peak, peers))
     for norm_case in norm_cases:
-        rows += _bench_normalization(norm_case, opts, torch_mod)
-    print(format_table(rows, with_torch=torch_mod is not None), file=out)
+        rows += _bench_normalization(norm_case, opts, peers)
+    print(format_table(rows, with_torch=peers.torch is not None, with_ort=peers.ort is not None), file=out)
     latency = None
     if not opts.quick:
         with tempfile.TemporaryDirectory(prefix="bnnsfw-bench-cache-") as cache_dir:
@@ -552,7 +756,8 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
         "machine": platform.machine(),
         "processor": platform.processor(),
         "numpy": np.__version__,
-        "torch": getattr(torch_mod, "__version__", None),
+        "torch": getattr(peers.torch, "__version__", None),
+        "onnxruntime": getattr(peers.ort, "__version__", None),
         "quick": opts.quick,
         "sgemm_peak_gflops": peak,
         "blas": blas,
@@ -562,24 +767,38 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
     }
 
 
-def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
-    """The rows as an aligned text table."""
+def _ms_text(ms: float) -> str:
+    """Milliseconds with two decimals, or three significant digits below 0.1 ms (a per-call row)."""
+    return f"{ms:.3g}" if ms < 0.1 else f"{ms:.2f}"
+
+
+def _peer_cells(median_ms: float | None, ratio: float | None,
+                round_ratios: tuple[float, float, float] | None) -> list[str]:
+    if median_ms is None or ratio is None or round_ratios is None:
+        return ["—", "", ""]
+    return [_ms_text(median_ms), f"{ratio:.2f}", f"{round_ratios[0]:.2f}-{round_ratios[2]:.2f}"]
+
+
+def format_table(rows: Sequence[BenchRow], *, with_torch: bool, with_ort: bool = False) -> str:
+    """The rows as an aligned text table; a library compared has "—" where it has no figure."""
     header = ["row", "work", "backend", "median ms", "min ms", "GFLOP/s", "% peak", "cache MB", "peak MB"]
     if with_torch:
         header += ["torch ms", "ratio", "rounds q1-q3"]
+    if with_ort:
+        header += ["ORT ms", "ratio", "rounds q1-q3"]
     lines = [header]
     for r in rows:
         cells = [
-            r.name, r.work, r.backend, f"{r.median_ms:.2f}", f"{r.min_ms:.2f}",
+            r.name, r.work, r.backend, _ms_text(r.median_ms), _ms_text(r.min_ms),
             "" if r.gflops is None else f"{r.gflops:.1f}",
             "" if r.peak_fraction is None else f"{100 * r.peak_fraction:.0f}%",
             "" if r.cache_bytes is None else f"{r.cache_bytes / 2**20:.1f}",
             "" if r.peak_step_bytes is None else f"{r.peak_step_bytes / 2**20:.0f}",
         ]
         if with_torch:
-            cells += ["" if r.torch_median_ms is None else f"{r.torch_median_ms:.2f}",
-                      "" if r.ratio is None else f"{r.ratio:.2f}",
-                      "" if r.round_ratios is None else f"{r.round_ratios[0]:.2f}-{r.round_ratios[2]:.2f}"]
+            cells += _peer_cells(r.torch_median_ms, r.ratio, r.round_ratios)
+        if with_ort:
+            cells += _peer_cells(r.ort_median_ms, r.ort_ratio, r.ort_round_ratios)
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = []
@@ -593,8 +812,13 @@ def format_table(rows: Sequence[BenchRow], *, with_torch: bool) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bnnsfw bench", description=__doc__.split("\n\n")[0],
-                                epilog="Exit status: 0 when the figures were printed, 2 for a usage error.")
-    p.add_argument("--compare", choices=["torch"], help="also time PyTorch's CPU kernels and print ratios")
+                                epilog="Exit status: 0 when the figures were printed, 1 when a library "
+                                       "compared computed something else than bnnsfw, 2 for a usage error.")
+    p.add_argument("--compare", type=compare_option, metavar="LIBRARIES",
+                   help="also time the same work in torch (PyTorch's CPU kernels), onnxruntime (ONNX "
+                        "Runtime, the inference rows: each layer exported by bnnsfw.onnx.export) or both "
+                        "(torch,onnxruntime), and print the ratios bnnsfw / them; one not installed is "
+                        "left out with a message")
     p.add_argument("--backend", choices=backend_names(), default="auto",
                    help="bnnsfw backend (default: auto)")
     p.add_argument("--threads", type=integer(0), default=0,
@@ -615,7 +839,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.repeats is None:
         opts.repeats = 2 if opts.quick else 7
     opts.budget = 0.0 if opts.quick else 1.0
-    figures = run(opts)
+    try:
+        figures = run(opts)
+    except ComparisonMismatch as exc:
+        print(f"bnnsfw bench: error: {exc}", file=sys.stderr)
+        return 1
     if opts.json:
         with open(opts.json, "w", encoding="utf-8") as fh:
             json.dump(figures, fh, indent=2)
