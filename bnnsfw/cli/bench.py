@@ -1,4 +1,4 @@
-"""``bnnsfw bench``: time the LSTM and normalization layers, optionally beside PyTorch.
+"""``bnnsfw bench``: time the LSTM and normalization layers, optionally beside PyTorch and ONNX Runtime.
 
 Each row is timed as the median and the minimum per call after a warm-up. LSTM rows also
 report GFLOP/s (forward ``8·T·N·H·(I+H)`` per layer and direction, training three times that)
@@ -822,7 +822,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=backend_names(), default="auto",
                    help="bnnsfw backend (default: auto)")
     p.add_argument("--threads", type=integer(0), default=0,
-                   help="BLAS (and PyTorch) threads, an integer >= 0; 0: library default")
+                   help="threads of BLAS, PyTorch and ONNX Runtime, an integer >= 0; 0: bnnsfw's default, "
+                        "one a CPU for the others")
     p.add_argument("--quick", action="store_true", help="small shapes and few repeats (a few seconds)")
     p.add_argument("--repeats", type=integer(1), default=None,
                    help="minimum timed repeats per row, an integer >= 1 (default: 7, 2 with --quick)")
