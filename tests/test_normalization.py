@@ -331,8 +331,8 @@ def test_same_results_on_every_backend(backend_name, rng, kind):
     results = {}
     for name in ("numpy", backend_name):
         layer = make_layer(params, name)
-        y = layer.apply(x)
-        g = layer.apply_backward(x, dy, output=y)
+        y = layer.apply(x, training=True)
+        g = layer.apply_backward(x, dy, output=y, training=True)
         results[name] = (y, g.input, g.gamma, g.beta, layer.moving_mean)
     for ours, reference in zip(results[backend_name], results["numpy"]):
         if reference is not None:
@@ -437,17 +437,18 @@ def test_accumulate_adds_into_the_buffers(backend_name, rng, kind):
     params = make_params(kind, (4, 3), rng, moving=kind in ("batch", "instance"))
     layer = make_layer(params, backend_name)
     x, dy = rng.standard_normal((2, 4, 3)), rng.standard_normal((2, 4, 3))
-    fresh = layer.apply_backward(x, dy)
+    fresh = layer.apply_backward(x, dy, training=True)
     dx = np.full(x.shape, 0.25)
     dbeta, dgamma = np.full(params.affine_shape, -1.0), np.full(params.affine_shape, 2.0)
     g = layer.apply_backward(x, dy, input_gradient=dx, beta_gradient=dbeta, gamma_gradient=dgamma,
-                             accumulate=True)
+                             accumulate=True, training=True)
     assert g.input is dx and g.beta is dbeta and g.gamma is dgamma
     np.testing.assert_allclose(dx, fresh.input + 0.25, rtol=1e-12)
     np.testing.assert_allclose(dbeta, fresh.beta - 1.0, rtol=1e-12)
     np.testing.assert_allclose(dgamma, fresh.gamma + 2.0, rtol=1e-12)
     # Without accumulate the buffers are overwritten.
-    layer.apply_backward(x, dy, input_gradient=dx, beta_gradient=dbeta, gamma_gradient=dgamma)
+    layer.apply_backward(x, dy, input_gradient=dx, beta_gradient=dbeta, gamma_gradient=dgamma,
+                         training=True)
     np.testing.assert_allclose(dx, fresh.input, rtol=1e-12)
     np.testing.assert_allclose(dbeta, fresh.beta, rtol=1e-12)
     np.testing.assert_allclose(dgamma, fresh.gamma, rtol=1e-12)
@@ -861,9 +862,10 @@ def test_blocked_backward_may_overwrite_dy_and_forward_x(rng, kind):
     y, dx, *_ = _run(params, backend, x, dy, "training")
     layer = NormalizationLayer(params, FilterParameters(backend=backend))
     x_in_place = x.copy()
-    np.testing.assert_allclose(layer.apply(x_in_place, output=x_in_place), y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(layer.apply(x_in_place, output=x_in_place, training=True), y, rtol=1e-12,
+                               atol=1e-12)
     dy_in_place = dy.copy()
-    g = layer.apply_backward(x, dy_in_place, output=y, input_gradient=dy_in_place)
+    g = layer.apply_backward(x, dy_in_place, output=y, input_gradient=dy_in_place, training=True)
     assert g.input is dy_in_place
     np.testing.assert_allclose(dy_in_place, dx, rtol=1e-12, atol=1e-12)
 
@@ -888,7 +890,7 @@ def test_workspaces_and_allocated_gradients_are_aligned(rng):
     assert a.shape == (3, 5, 7) and a.dtype == np.float32 and a.ctypes.data % 64 == 0
     params, x, dy = _blocked_case("instance", rng, Activation.identity(), dtype=np.float32)
     layer = NormalizationLayer(params, FilterParameters(backend=blocked_backend(64, 64)))
-    assert layer.apply_backward(x, dy).input.ctypes.data % 64 == 0
+    assert layer.apply_backward(x, dy, training=True).input.ctypes.data % 64 == 0
 
 
 def test_a_worker_error_reaches_the_caller():
@@ -1246,3 +1248,62 @@ def test_outputs_written_past_the_caches_agree_with_the_reference(kind, shape, d
     for name, a, b in zip(RESULTS, ours, reference):
         if b is not None:
             np.testing.assert_allclose(a, b, rtol=rtol, atol=atol * max(1.0, np.abs(b).max()), err_msg=name)
+
+
+# ------------------------------------------------------------------------------------------
+# Training or inference: one keyword, inference by default.
+# ------------------------------------------------------------------------------------------
+def test_inference_is_the_default_and_training_is_asked_for(backend_name, rng):
+    params = make_params("batch", (4, 2), rng, moving=True, momentum=0.5)
+    x, dy = rng.standard_normal((3, 4, 2)), rng.standard_normal((3, 4, 2))
+    mean, var = params.type.moving_mean.copy(), params.type.moving_variance.copy()
+    layer = make_layer(params, backend_name)
+    inference = reference_forward(x, params, "inference", (mean, var))
+    training = reference_forward(x, params, "training")
+    np.testing.assert_allclose(layer(x), inference, rtol=1e-12)
+    np.testing.assert_allclose(layer.apply(x, training=False), inference, rtol=1e-12)
+    np.testing.assert_allclose(layer.apply(x, phase="inference", training=False), inference, rtol=1e-12)
+    np.testing.assert_array_equal(layer.moving_mean, mean)  # inference moved nothing
+    np.testing.assert_allclose(layer.apply(x, training=True), training, rtol=1e-12)
+    np.testing.assert_allclose(layer.moving_mean, 0.5 * mean + 0.5 * x.mean(axis=(0, 2)), rtol=1e-12)
+    np.testing.assert_allclose(layer(x, training=True), layer.apply(x, phase=bf.LearningPhase.training),
+                               rtol=1e-12)
+    by_keyword = layer.apply_backward(x, dy, training=True)
+    by_phase = layer.apply_backward(x, dy, phase="training", training=True)
+    np.testing.assert_array_equal(by_keyword.input, by_phase.input)
+    frozen = layer.apply_backward(x, dy, training=False)
+    scale = params.gamma / np.sqrt(layer.moving_variance + 1e-5)
+    np.testing.assert_allclose(frozen.input, dy * scale[:, None], rtol=1e-12)
+    with pytest.raises(bf.InvalidParameterError,
+                       match=r"apply\(training, phase\) must be the same phase when both are given .*"
+                             r"got \"training=True and phase='inference'\""):
+        layer.apply(x, phase="inference", training=True)
+    with pytest.raises(bf.InvalidParameterError, match=r"apply_backward\(training, phase\) must be the same"):
+        layer.apply_backward(x, dy, phase="training", training=False)
+    with pytest.raises(bf.InvalidParameterError, match=r"__call__\(training\) must be True or False"):
+        layer(x, training="yes")
+    with pytest.raises(bf.InvalidParameterError, match=r"apply_with_statistics\(phase\)"):
+        layer.apply_with_statistics(x, phase="train")
+    layer.close()
+
+
+def test_relying_on_the_old_default_is_warned_where_it_changes_the_result(backend_name, rng):
+    """Neither keyword on a layer with moving statistics: a DeprecationWarning at the caller's
+    line, and the inference result; layers whose phases compute the same are not warned."""
+    params = make_params("instance", (4, 2), rng, moving=True)
+    x, dy = rng.standard_normal((2, 4, 2)), rng.standard_normal((2, 4, 2))
+    mean = params.type.moving_mean.copy()
+    with make_layer(params, backend_name) as layer:
+        for call in (lambda: layer.apply(x), lambda: layer.apply_with_statistics(x),
+                     lambda: layer.apply_backward(x, dy)):
+            with pytest.warns(DeprecationWarning, match=r"without training= or phase= runs inference .* "
+                                                        r"Pass training=True to train") as caught:
+                call()
+            assert [w.filename for w in caught] == [__file__]
+        np.testing.assert_array_equal(layer.moving_mean, mean)
+        with pytest.warns(DeprecationWarning):
+            np.testing.assert_array_equal(layer.apply(x), layer(x))
+    for kind in ("batch", "layer", "group"):  # no moving statistics: the two phases agree, no warning
+        with make_layer(make_params(kind, (4, 2), rng), backend_name) as layer:
+            np.testing.assert_array_equal(layer.apply(x), layer.apply(x, training=True))
+            layer.apply_backward(x, dy)

@@ -269,7 +269,7 @@ def test_statistics_in_inference_are_the_moving_ones(backend_name, rng):
         np.testing.assert_allclose(inference.mean.ravel(), moving_mean, rtol=1e-15)
         np.testing.assert_allclose(inference.inv_std_dev.ravel(), 1.0 / np.sqrt(moving_variance + 1e-5),
                                    rtol=1e-15)
-        training = layer.apply_with_statistics(x)  # also updates the moving statistics
+        training = layer.apply_with_statistics(x, training=True)  # also updates the moving statistics
         np.testing.assert_allclose(training.mean.ravel(), x.mean(axis=(0, 2)), rtol=1e-12)
         np.testing.assert_allclose(layer.moving_mean, 0.5 * moving_mean + 0.5 * x.mean(axis=(0, 2)),
                                    rtol=1e-12)

@@ -64,8 +64,9 @@ def test_gradients_offer_the_parameter_names_with_matching_shapes(backend_name, 
                                       grads.candidate_gate.hidden_weights[1, 1])
     x = rng.standard_normal((4, 3, 2))
     with _norm(backend_name) as norm:
-        y = norm.apply(x)
-        _same_names_and_shapes(norm.parameters(), norm.apply_backward(x, np.ones_like(y)).parameters())
+        y = norm.apply(x, training=True)
+        _same_names_and_shapes(norm.parameters(),
+                               norm.apply_backward(x, np.ones_like(y), training=True).parameters())
         assert list(norm.parameters()) == ["gamma", "beta"]
         assert list(norm.state_dict()) == ["gamma", "beta", "moving_mean", "moving_variance"]
     with _dense(backend_name) as dense:
@@ -232,7 +233,7 @@ def test_state_dict_is_a_copy_and_loads_into_a_twin(backend_name, rng):
             for array in source.parameters().values():
                 array *= 1.5
             if isinstance(source, bf.NormalizationLayer):
-                source.apply(x)                    # moves the moving statistics
+                source.apply(x, training=True)     # moves the moving statistics
             state = source.state_dict()
             assert all(not np.shares_memory(state[n], a) for n, a in source._state_targets().items())
             assert twin.load_state_dict(state) == ([], [])

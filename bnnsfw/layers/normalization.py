@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from typing import Any
 
 import attrs
@@ -526,8 +527,9 @@ class NormalizationLayer(Filter):
     :meth:`parameters` names the trainable ones (``gamma``, ``beta``); :meth:`state_dict`
     adds the moving statistics.
 
-    ``layer(x)`` is ``layer.apply(x, phase="inference")``. An unbatched ``x`` of shape
-    ``input_shape`` gives a result of that shape (a batch axis is added and removed).
+    ``layer(x)`` is ``layer.apply(x)``: inference, as every call of a layer unless given
+    ``training=True``. An unbatched ``x`` of shape ``input_shape`` gives a result of that
+    shape (a batch axis is added and removed).
 
     NaN or infinity in the weights is refused at creation; NaN in the input data is not
     checked (that would cost a pass over memory) and propagates to the outputs of the
@@ -707,14 +709,49 @@ class NormalizationLayer(Filter):
             raise InvalidParameterError(must_be(f"{where}['moving_variance']", ">= 0 everywhere",
                                                 "an array with negative values"))
 
-    def __call__(self, x: Any, output: Array | None = None) -> Array:
-        """``layer(x)`` is ``layer.apply(x, phase="inference")``."""
-        return self.apply(x, phase=LearningPhase.inference, output=output)
+    def __call__(self, x: Any, output: Array | None = None, *, training: bool = False) -> Array:
+        """``layer(x)`` is ``layer.apply(x)``, the inference forward; ``layer(x, training=True)``
+        the training one."""
+        if not isinstance(training, (bool, np.bool_)):
+            raise InvalidParameterError(must_be("NormalizationLayer.__call__(training)", "True or False",
+                                                training))
+        return self.apply(x, output=output, training=training)
+
+    def _phase(self, where: str, training: object, phase: object) -> LearningPhase:
+        """The phase a call asked for: ``training=`` or ``phase=`` (which must agree when both
+        are given), inference when neither is.
+
+        In bnnsfw 0.1 ``apply``, ``apply_with_statistics`` and ``apply_backward`` trained by
+        default. A call giving neither keyword to a layer with moving statistics (the only
+        layers whose two phases compute differently) is warned for one release that it now
+        runs inference. Called from a public method, itself wrapped by ``guarded``: the
+        warning's stack level points at the caller's line.
+        """
+        if training is not None and not isinstance(training, (bool, np.bool_)):
+            raise InvalidParameterError(must_be(f"{where}(training)", "True or False", training))
+        if phase is not None:
+            parsed = LearningPhase.parse(phase, f"{where}(phase)")
+            if training is not None and bool(training) != (parsed is LearningPhase.training):
+                raise InvalidParameterError(must_be(
+                    f"{where}(training, phase)",
+                    "the same phase when both are given (training=True is phase='training')",
+                    f"training={bool(training)} and phase={parsed.name!r}"))
+            return parsed
+        if training is not None:
+            return LearningPhase.training if training else LearningPhase.inference
+        if self._moving_mean is not None:
+            warnings.warn(
+                f"{where}() without training= or phase= runs inference (normalizes with the moving "
+                "statistics and leaves them unchanged); bnnsfw 0.1 trained by default. Pass training=True "
+                "to train, or training=False for inference, to silence this warning.",
+                DeprecationWarning, stacklevel=4)
+        return LearningPhase.inference
 
     # Forward.
     @guarded
-    def apply(self, x: Any, phase: LearningPhase | str = "training", output: Array | None = None) -> Array:
-        """Normalize a batch (``BNNSNormalizationFilterApplyBatch``).
+    def apply(self, x: Any, phase: LearningPhase | str | None = None, output: Array | None = None, *,
+              training: bool | None = None) -> Array:
+        """Normalize a batch (``BNNSNormalizationFilterApplyBatch``); inference unless asked to train.
 
         Parameters
         ----------
@@ -722,22 +759,27 @@ class NormalizationLayer(Filter):
             The batch (N >= 1). Never modified, unless it is also ``output``. An unbatched
             sample of shape ``input_shape`` is taken as a batch of one and gives a result of
             its shape.
-        phase : LearningPhase or {"training", "inference"}
-            Training normalizes with the batch statistics and updates the moving statistics
-            in place; inference uses the moving statistics when the layer has them.
+        phase : LearningPhase or {"training", "inference"}, optional
+            BNNS's spelling of ``training``; both may be given if they agree.
         output : ndarray, shape (N, *input_shape), optional
             Buffer for the result; may be ``x`` itself (in place).
+        training : bool, optional
+            Training normalizes with the batch statistics and updates the moving statistics
+            in place; inference (the default) uses the moving statistics when the layer has
+            them and changes nothing.
 
         Returns
         -------
         ndarray, shape (N, *input_shape)
             ``output`` when given, else a new array.
         """
-        return self._forward("NormalizationLayer.apply", x, phase, output)[0]
+        where = "NormalizationLayer.apply"
+        return self._forward(where, x, self._phase(where, training, phase), output)[0]
 
     @guarded
-    def apply_with_statistics(self, x: Any, phase: LearningPhase | str = "training",
-                              output: Array | None = None) -> NormalizationOutput:
+    def apply_with_statistics(self, x: Any, phase: LearningPhase | str | None = None,
+                              output: Array | None = None, *,
+                              training: bool | None = None) -> NormalizationOutput:
         """:meth:`apply`, also returning the statistics it normalized with (ONNX
         ``LayerNormalization``'s ``Mean`` and ``InvStdDev`` outputs).
 
@@ -755,18 +797,17 @@ class NormalizationLayer(Filter):
         ((1, 2, 1), array([1.5, 5.5]), array([0.89442719, 0.89442719]))
         """
         where = "NormalizationLayer.apply_with_statistics"
-        result, mean, variance = self._forward(where, x, phase, output)
+        result, mean, variance = self._forward(where, x, self._phase(where, training, phase), output)
         shape = self._layout.statistics_shape(mean.shape[0], self.input_shape)
         inv_std_dev = (1.0 / np.sqrt(variance + self._parameters.epsilon)).astype(self.dtype, copy=False)
         rms = self._parameters.type.root_mean_square
         return NormalizationOutput(output=result, mean=None if rms else mean.reshape(shape).copy(),
                                    inv_std_dev=inv_std_dev.reshape(shape))
 
-    def _forward(self, where: str, x: Any, phase: LearningPhase | str,
+    def _forward(self, where: str, x: Any, phase: LearningPhase,
                  output: Array | None) -> tuple[Array, Array, Array]:
         """The forward: the result, and the mean and variance used (canonical ``(1 or N, G, 1, 1)``)."""
         self._check_open(where.rpartition(".")[2])
-        phase = LearningPhase.parse(phase, f"{where}(phase)")
         x = self._batch(f"{where}(x)", x)
         out = as_output(f"{where}(output)", output, self.dtype, x.shape)
         if x.ndim == len(self.input_shape):  # unbatched: a batch of one, through views
@@ -809,11 +850,13 @@ class NormalizationLayer(Filter):
         x: Any,
         dy: Any,
         output: Array | None = None,
-        phase: LearningPhase | str = "training",
+        phase: LearningPhase | str | None = None,
         input_gradient: Array | None = None,
         beta_gradient: Array | None = None,
         gamma_gradient: Array | None = None,
         accumulate: bool = False,
+        *,
+        training: bool | None = None,
     ) -> NormalizationGradients:
         """Gradients of a forward (``BNNSNormalizationFilterApplyBackwardBatch``).
 
@@ -833,8 +876,8 @@ class NormalizationLayer(Filter):
             The forward's output; required for a non-identity activation (as in BNNS).
             The derivative is taken from it when the activation allows that, otherwise from
             the pre-activation recomputed from ``x``.
-        phase : LearningPhase or {"training", "inference"}
-            The phase of the forward being differentiated.
+        phase : LearningPhase or {"training", "inference"}, optional
+            BNNS's spelling of ``training``; both may be given if they agree.
         input_gradient : ndarray, shape (N, *input_shape), optional
             Buffer for the input gradient. It may be ``dy`` itself (unless ``accumulate``)
             but must not overlap ``x`` or ``output``.
@@ -844,6 +887,9 @@ class NormalizationLayer(Filter):
             Add into the given buffers instead of overwriting them (BNNS
             ``BNNSNDArrayFlagBackpropAccumulate``); gradients without a buffer are returned
             as new arrays either way.
+        training : bool, optional
+            The phase of the forward being differentiated: pass what the forward was given
+            (the default is inference, as :meth:`apply`'s).
 
         Returns
         -------
@@ -852,7 +898,13 @@ class NormalizationLayer(Filter):
         """
         self._check_open("apply_backward")
         where = "NormalizationLayer.apply_backward"
-        phase = LearningPhase.parse(phase, f"{where}(phase)")
+        return self._backward(where, x, dy, output, self._phase(where, training, phase), input_gradient,
+                              beta_gradient, gamma_gradient, accumulate)
+
+    def _backward(self, where: str, x: Any, dy: Any, output: Any, phase: LearningPhase,
+                  input_gradient: Array | None, beta_gradient: Array | None,
+                  gamma_gradient: Array | None, accumulate: Any) -> NormalizationGradients:
+        """:meth:`apply_backward` in the phase it resolved."""
         if not isinstance(accumulate, (bool, np.bool_)):
             raise InvalidParameterError(must_be(f"{where}(accumulate)", "True or False", accumulate))
         x = self._batch(f"{where}(x)", x)
@@ -870,8 +922,8 @@ class NormalizationLayer(Filter):
             )
         if x.ndim == len(self.input_shape):  # unbatched: a batch of one, through views
             dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
-            batched = self.apply_backward(
-                x[None], dy[None], None if output is None else output[None], phase,
+            batched = self._backward(
+                where, x[None], dy[None], None if output is None else output[None], phase,
                 None if dx_buffer is None else dx_buffer[None], beta_gradient, gamma_gradient, accumulate)
             return NormalizationGradients(input=dx_buffer if dx_buffer is not None else batched.input[0],
                                           beta=batched.beta, gamma=batched.gamma)
