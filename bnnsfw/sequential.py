@@ -447,11 +447,11 @@ class Sequential:
         return SequentialOutput(output=output, hidden=types.MappingProxyType(hidden_out),
                                 cell=types.MappingProxyType(cell_out))
 
-    def __call__(self, x: Any, *, sequence_lengths: Any = None, hidden: States = None,
-                 cell: States = None) -> np.ndarray:
-        """``model(x, ...)`` is ``model.apply(x, ...)``: an inference forward, with the same
-        ``sequence_lengths`` and initial states."""
-        return self.apply(x, sequence_lengths=sequence_lengths, hidden=hidden, cell=cell)
+    def __call__(self, x: Any, training: bool = False, *, sequence_lengths: Any = None,
+                 hidden: States = None, cell: States = None) -> np.ndarray:
+        """``model(x, ...)`` is ``model.apply(x, ...)``: an inference forward (``training=True``:
+        the training one), with the same ``sequence_lengths`` and initial states."""
+        return self.apply(x, training=training, sequence_lengths=sequence_lengths, hidden=hidden, cell=cell)
 
     def apply_backward(self, output_gradient: Any, hidden_gradient: States = None,
                        cell_gradient: States = None) -> SequentialGradients:

@@ -421,3 +421,15 @@ def test_matches_torch_linear(backend_name, rng):
     np.testing.assert_allclose(grads.input, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(grads.weights, linear.weight.grad.numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(grads.bias, linear.bias.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_training_keyword_is_accepted_and_changes_nothing(backend_name, rng):
+    """Every layer's apply and call take ``training=``; a dense layer computes the same in both."""
+    layer = make_layer(backend_name, activation=Activation.tanh())
+    x = rng.standard_normal((2, IN))
+    expected = reference_forward(x, layer.weights, layer.bias, Activation.tanh())
+    for result in (layer.apply(x, training=True), layer(x, training=True), layer(x, training=False)):
+        np.testing.assert_allclose(result, expected, rtol=1e-12)
+    with pytest.raises(bf.InvalidParameterError, match=r"FullyConnectedLayer.apply\(training\) must be True"):
+        layer(x, training=None)
+    layer.close()

@@ -2601,3 +2601,20 @@ def test_column_major_weight_arrays_give_the_reference_results(backend_name, rng
     rtol, atol = TOLERANCE[np.dtype(np.float64)]
     for got, want in zip(results[1], results[0]):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def test_call_takes_training_as_apply_does(backend_name, rng):
+    """``layer(x)`` is the inference forward, ``layer(x, training=True)`` the training one."""
+    params = LSTMParameters.random(input_size=2, hidden_size=3, seed=1, dtype=np.float64)
+    x = rng.standard_normal((3, 2, 2))
+    with layer_for(params, backend_name) as layer:
+        assert layer(x).training_cache is None
+        called, applied = layer(x, training=True), layer.apply(x, training=True)
+        assert called.training_cache is not None
+        np.testing.assert_array_equal(called.output, applied.output)
+        dy = rng.standard_normal(called.output.shape)
+        from_call = layer.apply_backward(x, dy, training_cache=called.training_cache)
+        from_apply = layer.apply_backward(x, dy, training_cache=applied.training_cache)
+        np.testing.assert_array_equal(from_call.input, from_apply.input)
+        with pytest.raises(bf.InvalidParameterError, match=r"apply\(training\) must be True or False"):
+            layer(x, training="yes")

@@ -585,3 +585,16 @@ def test_dropout_seeds_repeat_and_travel(backend_name, rng, tmp_path):
 def test_dropout_rate_and_seed_are_checked(rate, seed, message):
     with pytest.raises(bf.InvalidParameterError, match=message):
         bf.Dropout(rate, seed=seed)
+
+
+def test_call_takes_training_as_apply_does(backend_name, rng):
+    model = _forecaster(backend_name)
+    x = rng.standard_normal((4, 3, 2))
+    trained = model(x, training=True)
+    grads = model.apply_backward(np.ones_like(trained))
+    np.testing.assert_array_equal(trained, model.apply(x, training=True))
+    np.testing.assert_array_equal(grads.input, model.apply_backward(np.ones_like(trained)).input)
+    np.testing.assert_array_equal(model(x), model.apply(x))
+    with pytest.raises(bf.InvalidParameterError, match=r"apply\(training\) must be True or False"):
+        model(x, training="yes")
+    model.close()

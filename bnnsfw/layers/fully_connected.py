@@ -319,7 +319,7 @@ class FullyConnectedLayer(Filter):
 
     # Forward.
     @guarded
-    def apply(self, x: object, output: np.ndarray | None = None) -> np.ndarray:
+    def apply(self, x: object, output: np.ndarray | None = None, *, training: bool = False) -> np.ndarray:
         """Compute ``act(x @ Wᵀ + b)``.
 
         Parameters
@@ -328,12 +328,17 @@ class FullyConnectedLayer(Filter):
             Not modified. An unbatched ``(input_size,)`` gives an ``(output_size,)`` result.
         output : ndarray, optional
             Buffer of shape ``x.shape[:-1] + (output_size,)`` to write into.
+        training : bool
+            Accepted as every layer's ``apply`` accepts it; the two phases compute the same.
 
         Returns
         -------
         ndarray, shape ``x.shape[:-1] + (output_size,)``
         """
         self._check_open("apply")
+        if not isinstance(training, (bool, np.bool_)):
+            raise InvalidParameterError(must_be("FullyConnectedLayer.apply(training)", "True or False",
+                                                training))
         x = self._data("FullyConnectedLayer.apply(x)", x)
         shape = x.shape[:-1] + (self._output_size,)
         output = as_output("FullyConnectedLayer.apply(output)", output, self._dtype, shape)
@@ -456,9 +461,9 @@ class FullyConnectedLayer(Filter):
                     np.copyto(buffer, result)
         return FullyConnectedGradients(input=dx, weights=dw, bias=db)
 
-    def __call__(self, x: object, output: np.ndarray | None = None) -> np.ndarray:
+    def __call__(self, x: object, output: np.ndarray | None = None, *, training: bool = False) -> np.ndarray:
         """``layer(x)`` is :meth:`apply`: ``act(x @ Wᵀ + b)``."""
-        return self.apply(x, output)
+        return self.apply(x, output, training=training)
 
     # Helpers.
     def _data(self, where: str, value: object) -> np.ndarray:

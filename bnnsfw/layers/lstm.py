@@ -279,9 +279,10 @@ class LSTMLayer(Filter):
         self._rng.bit_generator.state = state["dropout_generator"]
 
     def __call__(self, x: np.ndarray, hidden: np.ndarray | None = None, cell: np.ndarray | None = None,
-                 sequence_lengths: Any = None) -> LSTMOutput:
-        """``layer(x)`` is ``layer.apply(x)``: an inference forward."""
-        return self.apply(x, hidden, cell, sequence_lengths)
+                 sequence_lengths: Any = None, training: bool = False) -> LSTMOutput:
+        """``layer(x)`` is ``layer.apply(x)``, an inference forward; ``layer(x, training=True)``
+        the training one."""
+        return self.apply(x, hidden, cell, sequence_lengths, training=training)
 
     @guarded
     def training_cache_capacity(self, batch_size: int, seq_len: int) -> int:
