@@ -217,7 +217,8 @@ class _Exporter:
             y = mb.layer_norm(x=x, axes=axes, gamma=gamma, beta=beta, epsilon=eps)
             return _mil_activation(mb, p.activation, y, where)
         original = mb.shape(x=x)
-        channels, spatial = shape[0], int(np.prod(shape[1:], dtype=np.int64))
+        channels = p.channels  # export refused open sizes
+        spatial = int(np.prod([int(s or 0) for s in shape[1:]], dtype=np.int64))
         flat = mb.reshape(x=x, shape=[-1, channels, spatial])
         with_statistics = kind is FilterType.instance_norm and p.type.has_moving_statistics
         if kind is FilterType.batch_norm or with_statistics:
@@ -293,14 +294,21 @@ def export(model_or_layers: Any, path: str | os.PathLike[str], *,
     UnsupportedError
         For what would change the computed values: a full or candidate-gate peephole,
         different activations on the input, forget and output gates, activations Core ML's
-        ``lstm`` or activation operations do not have, batch norm without moving statistics.
+        ``lstm`` or activation operations do not have, batch norm without moving statistics,
+        a normalization with open sizes (``None`` in ``input_shape``).
     """
     from .onnx._export import _layers_of
 
+    layers = _layers_of(model_or_layers)
+    for index, layer in enumerate(layers):
+        if isinstance(layer, NormalizationLayer) and layer.layer_parameters.open_sizes:
+            raise UnsupportedError(must_be(
+                f"coreml.export(model_or_layers)[{index}] input_shape",
+                "fixed sizes (the program's tensors have fixed per-sample shapes: make the layer with the "
+                "sizes the app uses)", layer.input_shape))
     ct = _coremltools()
     from coremltools.converters.mil import Builder as mb
 
-    layers = _layers_of(model_or_layers)
     if not layers:
         raise InvalidParameterError(must_be("coreml.export(model_or_layers)", "at least one layer", "none"))
     if not isinstance(max_extent, int) or max_extent < 1:
@@ -340,7 +348,7 @@ def export(model_or_layers: Any, path: str | os.PathLike[str], *,
                 x = exporter.lstm(layer, x, where)
                 width = layer.layer_parameters.num_directions * layer.layer_parameters.hidden_size
             elif isinstance(layer, NormalizationLayer):
-                _check(where, width, layer.input_shape[-1])
+                _check(where, width, int(layer.input_shape[-1] or 0))  # export refused open sizes
                 x = exporter.normalization(layer, x, len(shape), where)
             else:
                 assert isinstance(layer, FullyConnectedLayer)

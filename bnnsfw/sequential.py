@@ -718,7 +718,7 @@ def _next_flow(where: str, previous: str, layer: Element, flow: _Flow) -> _Flow:
             if len(shape) != 1:
                 raise ShapeError(must_be(where, f"a normalization of input_shape ({flow.width},), the "
                                          f"features {previous} gives", f"input_shape {shape}"))
-            need_width(shape[0], "a channel count")
+            need_width(layer.layer_parameters.channels, "a channel count")
         return _Flow(sequence=flow.sequence, width=shape[0] if len(shape) == 1 else None,
                      time_axis=flow.time_axis)
     assert isinstance(layer, FullyConnectedLayer)
@@ -772,7 +772,7 @@ def _forward(layer: Element, x: Any, training: bool, flow: _Flow, route: _Route)
     if isinstance(layer, NormalizationLayer):
         array = np.asarray(x)
         rank = len(layer.input_shape)
-        flat = array.reshape(-1, *layer.input_shape) if array.ndim == rank + 2 else array
+        flat = array.reshape(-1, *array.shape[2:]) if array.ndim == rank + 2 else array
         phase = LearningPhase.training if training else LearningPhase.inference
         y = layer.apply(flat, phase=phase)
         return y.reshape(array.shape), (flat, y, phase), flow

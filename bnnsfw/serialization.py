@@ -360,7 +360,7 @@ class _Budget:
                   parameters.type.moving_variance)
         if any(array is not None and array.shape == shape for array in arrays):
             return
-        elements = math.prod(shape)
+        elements = math.prod(s for s in shape if s is not None)  # an open size allocates nothing
         if elements > self.limit - self.used:
             rule = (f"a shape of at most {self.limit - self.used} elements when no array in the file has it "
                     f"(load_weights(max_elements=...) sets the limit, {self.limit}, for all such shapes of "

@@ -97,14 +97,19 @@ def _to_moving_variance(value: object) -> Array | None:
     return _optional_array("NormalizationType.moving_variance", value)
 
 
-def _to_shape(value: object) -> tuple[int, ...]:
+def _to_shape(value: object) -> tuple[int | None, ...]:
     where = "NormalizationParameters.input_shape"
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         value = (value,)
     if not isinstance(value, (tuple, list)) or not value:
         raise InvalidParameterError(
             must_be(where, "a tuple of positive extents (C, *spatial), rank >= 1", value))
-    return tuple(positive_int(f"{where}[{i}]", v) for i, v in enumerate(value))
+    return tuple(None if v is None else positive_int(f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
+def _shape_text(shape: tuple[int | None, ...]) -> str:
+    """``(6, any, any)``: a per-sample shape with its open sizes spelled ``any``."""
+    return f"({', '.join('any' if s is None else str(s) for s in shape)}{',' if len(shape) == 1 else ''})"
 
 
 def _to_momentum(value: object) -> float:
@@ -150,6 +155,12 @@ def _to_dtype(value: object) -> np.dtype:
 def _check_flag(instance: object, attribute: attrs.Attribute, value: object) -> None:
     if not isinstance(value, (bool, np.bool_)):
         raise InvalidParameterError(must_be(f"NormalizationType.{attribute.name}", "True or False", value))
+
+
+def _fixed(shape: tuple[int | None, ...]) -> tuple[int, ...]:
+    """``shape`` known to hold no open size (checked by the caller)."""
+    assert None not in shape
+    return tuple(int(s) for s in shape if s is not None)
 
 
 # --- the values ------------------------------------------------------------------------
@@ -296,8 +307,11 @@ class NormalizationParameters:
     ----------
     type : NormalizationType
         The kind of normalization and its options (moving statistics, axis, groups).
-    input_shape : tuple of int
-        Per-sample shape ``(C, *spatial)``, channels first, rank >= 1.
+    input_shape : tuple of int or None
+        Per-sample shape ``(C, *spatial)``, channels first, rank >= 1. Batch, instance and
+        group norm may leave spatial sizes open as ``None`` (``(C, None, None)``: any height
+        and width, one rank); the channel count and a layer norm's sizes are fixed (a layer
+        norm takes any number of leading axes instead).
     gamma, beta : array-like, optional
         Scale and shift: shape ``(C,)``, or for layer norm the normalized trailing shape
         ``input_shape[normalization_axis:]``. ``None`` means ones and zeros. RMS normalization
@@ -330,7 +344,7 @@ class NormalizationParameters:
     """
 
     type: NormalizationType = attrs.field(validator=_check_type)
-    input_shape: tuple[int, ...] = attrs.field(converter=_to_shape)
+    input_shape: tuple[int | None, ...] = attrs.field(converter=_to_shape)
     gamma: Array | None = _array_field()
     beta: Array | None = _array_field()
     momentum: float = attrs.field(default=0.0, converter=_to_momentum,
@@ -345,6 +359,15 @@ class NormalizationParameters:
         """The cross-field rules, in one place: sizes against the type, arrays to the dtype."""
         where = "NormalizationParameters"
         kind, shape, dtype = self.type.kind, self.input_shape, self.dtype
+        if shape[0] is None:
+            raise InvalidParameterError(must_be(
+                f"{where}.input_shape[0] (channels)", "a positive int (only spatial sizes may be None)",
+                None))
+        if kind is FilterType.layer_norm and None in shape:
+            raise InvalidParameterError(must_be(
+                f"{where}.input_shape",
+                "fixed sizes for layer and RMS norm (they take any number of leading axes: give the "
+                "normalized trailing shape)", shape))
         channels = shape[0]
         if kind is FilterType.group_norm and channels % self.type.groups:
             raise InvalidParameterError(
@@ -383,14 +406,21 @@ class NormalizationParameters:
     @property
     def channels(self) -> int:
         """``C``, the first per-sample extent."""
-        return self.input_shape[0]
+        channels = self.input_shape[0]
+        assert channels is not None  # checked at creation
+        return channels
+
+    @property
+    def open_sizes(self) -> bool:
+        """True when some spatial size is ``None`` (any size; batch, instance and group norm)."""
+        return None in self.input_shape
 
     @property
     def affine_shape(self) -> tuple[int, ...]:
         """Shape of gamma, beta and their gradients: ``(C,)``, or for layer norm the
         normalized trailing shape ``input_shape[normalization_axis:]``."""
         if self.type.kind is FilterType.layer_norm:
-            return self.input_shape[self.type.axis:]
+            return _fixed(self.input_shape[self.type.axis:])
         return (self.channels,)
 
     def to_state(self) -> dict[str, Any]:
@@ -529,7 +559,8 @@ class NormalizationLayer(Filter):
 
     ``layer(x)`` is ``layer.apply(x)``: inference, as every call of a layer unless given
     ``training=True``. An unbatched ``x`` of shape ``input_shape`` gives a result of that
-    shape (a batch axis is added and removed).
+    shape (a batch axis is added and removed); layer and RMS norm take any leading axes,
+    batch, instance and group norm any size where ``input_shape`` has ``None``.
 
     NaN or infinity in the weights is refused at creation; NaN in the input data is not
     checked (that would cost a pass over memory) and propagates to the outputs of the
@@ -596,7 +627,9 @@ class NormalizationLayer(Filter):
                                 moving_variance=view(self._moving_variance))
         beta = None if kind.root_mean_square else view(self._beta)  # RMS normalization has no shift
         self._public = attrs.evolve(parameters, type=kind, gamma=view(self._gamma), beta=beta)
-        self._layout = _Layout.of(parameters)
+        # The kernels' view of a sample (made again for each call's sizes when some are open).
+        self._layout = _Layout.of(parameters, None if not parameters.open_sizes
+                                  else (parameters.channels, *(1 for _ in parameters.input_shape[1:])))
         # Workspaces reused by apply_backward (two x-sized arrays at most); a call finding
         # them in use by another thread allocates its own.
         self._scratch: list[Array] = []
@@ -617,8 +650,8 @@ class NormalizationLayer(Filter):
         return self._public
 
     @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Per-sample input shape ``(C, *spatial)``."""
+    def input_shape(self) -> tuple[int | None, ...]:
+        """Per-sample input shape ``(C, *spatial)``; ``None`` where a spatial size is open."""
         return self._parameters.input_shape
 
     @property
@@ -758,10 +791,12 @@ class NormalizationLayer(Filter):
         x : ndarray, shape (N, *input_shape), the layer's dtype
             The batch (N >= 1). Never modified, unless it is also ``output``. An unbatched
             sample of shape ``input_shape`` is taken as a batch of one and gives a result of
-            its shape.
+            its shape. Layer and RMS norm take any number of leading axes,
+            ``(*leading, *input_shape)``; batch, instance and group norm take any size where
+            ``input_shape`` has ``None``.
         phase : LearningPhase or {"training", "inference"}, optional
             BNNS's spelling of ``training``; both may be given if they agree.
-        output : ndarray, shape (N, *input_shape), optional
+        output : ndarray, shaped like x, optional
             Buffer for the result; may be ``x`` itself (in place).
         training : bool, optional
             Training normalizes with the batch statistics and updates the moving statistics
@@ -770,7 +805,7 @@ class NormalizationLayer(Filter):
 
         Returns
         -------
-        ndarray, shape (N, *input_shape)
+        ndarray, shaped like x
             ``output`` when given, else a new array.
         """
         where = "NormalizationLayer.apply"
@@ -785,7 +820,8 @@ class NormalizationLayer(Filter):
 
         Arguments as for :meth:`apply`. The statistics keep the reduced axes as size 1:
         ``(N, *input_shape[:axis], 1, …)`` for layer norm (and RMS normalization, whose mean
-        is ``None``), ``(N, C, 1, …)`` for instance norm, ``(1, C, 1, …)`` for batch norm and
+        is ``None``; with leading axes, ``(*leading, *input_shape[:axis], 1, …)``),
+        ``(N, C, 1, …)`` for instance norm, ``(1, C, 1, …)`` for batch norm and
         ``(N, G, 1, …)`` for group norm (one value per group of channels).
 
         >>> import numpy as np
@@ -798,7 +834,10 @@ class NormalizationLayer(Filter):
         """
         where = "NormalizationLayer.apply_with_statistics"
         result, mean, variance = self._forward(where, x, self._phase(where, training, phase), output)
-        shape = self._layout.statistics_shape(mean.shape[0], self.input_shape)
+        shape = _Layout.statistics_shape_of(self._parameters, mean.shape[0])
+        leading = result.shape[:result.ndim - len(self.input_shape)]
+        if len(leading) > 1:  # a layer norm's leading axes, flattened for the kernels
+            shape = (*leading, *shape[1:])
         inv_std_dev = (1.0 / np.sqrt(variance + self._parameters.epsilon)).astype(self.dtype, copy=False)
         rms = self._parameters.type.root_mean_square
         return NormalizationOutput(output=result, mean=None if rms else mean.reshape(shape).copy(),
@@ -810,7 +849,8 @@ class NormalizationLayer(Filter):
         self._check_open(where.rpartition(".")[2])
         x = self._batch(f"{where}(x)", x)
         out = as_output(f"{where}(output)", output, self.dtype, x.shape)
-        if x.ndim == len(self.input_shape):  # unbatched: a batch of one, through views
+        rank = len(self.input_shape)
+        if x.ndim == rank:  # unbatched: a batch of one, through views
             batched = self._forward(where, x[None], phase, None if out is None else out[None])
             return (out if out is not None else batched[0][0]), batched[1], batched[2]
         if out is not None and not _same_memory(out, x) and np.may_share_memory(out, x):
@@ -818,7 +858,17 @@ class NormalizationLayer(Filter):
                 must_be(f"{where}(output)", "x itself or an array that does not overlap x",
                         "an array overlapping x")
             )
-        layout, n = self._layout, x.shape[0]
+        if x.ndim > rank + 1:  # a layer norm's leading axes: one batch axis, through views where they exist
+            flat = (-1, *x.shape[x.ndim - rank:])
+            direct = out is not None and out.flags.c_contiguous
+            result, flat_mean, flat_variance = self._forward(
+                where, x.reshape(flat), phase, out.reshape(flat) if direct and out is not None else None)
+            if out is None:
+                return result.reshape(x.shape), flat_mean, flat_variance
+            if not direct:
+                np.copyto(out, result.reshape(x.shape))
+            return out, flat_mean, flat_variance
+        layout, n = self._layout_of(x.shape[1:]), x.shape[0]
         x4 = np.ascontiguousarray(x).reshape(layout.view(n))
         result = out if out is not None else np.empty_like(x4)
         direct = result.flags.c_contiguous
@@ -868,17 +918,17 @@ class NormalizationLayer(Filter):
 
         Parameters
         ----------
-        x : ndarray, shape (N, *input_shape)
+        x : ndarray, shape (N, *input_shape) (or as :meth:`apply` takes it)
             The forward's input.
-        dy : ndarray, shape (N, *input_shape)
+        dy : ndarray, shaped like x
             Gradient of the loss with respect to the forward's output.
-        output : ndarray, shape (N, *input_shape), optional
+        output : ndarray, shaped like x, optional
             The forward's output; required for a non-identity activation (as in BNNS).
             The derivative is taken from it when the activation allows that, otherwise from
             the pre-activation recomputed from ``x``.
         phase : LearningPhase or {"training", "inference"}, optional
             BNNS's spelling of ``training``; both may be given if they agree.
-        input_gradient : ndarray, shape (N, *input_shape), optional
+        input_gradient : ndarray, shaped like x, optional
             Buffer for the input gradient. It may be ``dy`` itself (unless ``accumulate``)
             but must not overlap ``x`` or ``output``.
         beta_gradient, gamma_gradient : ndarray, shaped like gamma, optional
@@ -920,13 +970,30 @@ class NormalizationLayer(Filter):
                         "as in BNNS)",
                         None)
             )
-        if x.ndim == len(self.input_shape):  # unbatched: a batch of one, through views
+        rank = len(self.input_shape)
+        if x.ndim == rank:  # unbatched: a batch of one, through views
             dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
             batched = self._backward(
                 where, x[None], dy[None], None if output is None else output[None], phase,
                 None if dx_buffer is None else dx_buffer[None], beta_gradient, gamma_gradient, accumulate)
             return NormalizationGradients(input=dx_buffer if dx_buffer is not None else batched.input[0],
                                           beta=batched.beta, gamma=batched.gamma)
+        if x.ndim > rank + 1:  # a layer norm's leading axes: one batch axis
+            flat = (-1, *x.shape[x.ndim - rank:])
+            dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
+            if dx_buffer is not None:
+                self._check_input_gradient(dx_buffer, x, dy, output, bool(accumulate))
+            direct = dx_buffer is not None and dx_buffer.flags.c_contiguous
+            batched = self._backward(
+                where, x.reshape(flat), dy.reshape(flat), None if output is None else output.reshape(flat),
+                phase, dx_buffer.reshape(flat) if direct and dx_buffer is not None else None,
+                beta_gradient, gamma_gradient, accumulate)
+            dx = batched.input.reshape(x.shape)
+            if dx_buffer is not None and not direct:
+                dx = _deliver(dx, dx_buffer, bool(accumulate), False)
+            elif dx_buffer is not None:
+                dx = dx_buffer
+            return NormalizationGradients(input=dx, beta=batched.beta, gamma=batched.gamma)
         affine = self._parameters.affine_shape
         dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
         dbeta_buffer = as_output(f"{where}(beta_gradient)", beta_gradient, dtype, affine)
@@ -936,7 +1003,7 @@ class NormalizationLayer(Filter):
         if dx_buffer is not None:
             self._check_input_gradient(dx_buffer, x, dy, output, bool(accumulate))
 
-        layout, n = self._layout, x.shape[0]
+        layout, n = self._layout_of(x.shape[1:]), x.shape[0]
         view = layout.view(n)
         x4, dy4 = np.ascontiguousarray(x).reshape(view), np.ascontiguousarray(dy).reshape(view)
         output4 = None if output is None else np.ascontiguousarray(output).reshape(view)
@@ -969,17 +1036,33 @@ class NormalizationLayer(Filter):
 
     # Helpers.
     def _batch(self, where: str, x: Any) -> Array:
-        """``x`` checked: ``(N, *input_shape)``, or one unbatched sample of ``input_shape``."""
+        """``x`` checked: ``(N, *input_shape)``, or one unbatched sample of ``input_shape``;
+        a layer norm also takes ``(*leading, *input_shape)``, and an open size (``None``) is
+        any size of at least one."""
         shape = self.input_shape
-        text = f"(N, {', '.join(map(str, shape))}) or unbatched {shape}"
+        rank = len(shape)
+        leading = self._parameters.type.kind is FilterType.layer_norm
+        dims = _shape_text(shape)[1:-1].rstrip(",")
+        text = (f"(*leading, {dims}) with any number of leading axes" if leading
+                else f"(N, {dims}) or unbatched {_shape_text(shape)}")
         array = as_input(where, x, self.dtype)
-        if array.shape == shape:
-            return array
-        if array.ndim != len(shape) + 1 or array.shape[1:] != shape:
+        sample = array.shape[array.ndim - rank:] if array.ndim >= rank else ()
+        fits = array.ndim >= rank and all(s is None or s == a for s, a in zip(shape, sample))
+        if not fits or array.ndim > rank + 1 and not leading:
             raise ShapeError(must_be(where, f"of shape {text}", describe(array)))
-        if array.shape[0] < 1:
+        if any(a < 1 for a in array.shape[:array.ndim - rank]):
             raise ShapeError(must_be(where, "a batch of at least one sample", describe(array)))
+        if any(s is None and a < 1 for s, a in zip(shape, sample)):
+            raise ShapeError(must_be(where, "of sizes >= 1 where input_shape leaves them open",
+                                     describe(array)))
         return array
+
+    def _layout_of(self, sample: tuple[int, ...]) -> "_Layout":
+        """The kernels' view for samples of shape ``sample`` (the layer's own, unless some
+        spatial size is open)."""
+        if not self._parameters.open_sizes:
+            return self._layout
+        return _Layout.of(self._parameters, sample)
 
     def _check_input_gradient(self, buffer: Array, x: Array, dy: Array, output: Array | None,
                               accumulate: bool) -> None:
@@ -1005,7 +1088,7 @@ class NormalizationLayer(Filter):
         return self._gamma.reshape(shape), self._beta.reshape(shape)
 
     def _moving_view(self) -> tuple[Array, Array]:
-        shape = (1, self.input_shape[0], 1, 1)
+        shape = (1, self._parameters.channels, 1, 1)
         assert self._moving_mean is not None and self._moving_variance is not None  # the caller checks
         return self._moving_mean.reshape(shape), self._moving_variance.reshape(shape)
 
@@ -1015,7 +1098,7 @@ class NormalizationLayer(Filter):
         Instance norm's batch statistic is the mean over the batch of the per-instance ones.
         """
         momentum = self._parameters.momentum
-        channels = self.input_shape[0]
+        channels = self._parameters.channels
         for moving, stat in ((self._moving_mean, mean), (self._moving_variance, variance)):
             assert moving is not None
             batch = stat.reshape(-1, channels).mean(axis=0)
@@ -1057,28 +1140,31 @@ class _Layout:
     positions: int
     batch_statistics: bool
     affine_view: tuple[int, int, int, int]
-    layer_axis: int | None = None  # layer norm's normalization_axis
 
     def view(self, n: int) -> tuple[int, int, int, int]:
         return (n, self.groups, self.per_group, self.positions)
 
-    def statistics_shape(self, n: int, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+    @staticmethod
+    def statistics_shape_of(p: NormalizationParameters, n: int) -> tuple[int, ...]:
         """The canonical ``(n, G, 1, 1)`` statistics in the input's rank: the axes they vary
         over kept (``N`` or 1, then layer norm's per-sample axes before ``normalization_axis``,
         or the channels, or the groups), the reduced ones as size 1."""
-        if self.layer_axis is not None:
-            kept = input_shape[:self.layer_axis]
-            return (n, *kept, *(1,) * (len(input_shape) - len(kept)))
-        return (n, self.groups, *(1,) * (len(input_shape) - 1))
+        rank = len(p.input_shape)
+        if p.type.kind is FilterType.layer_norm:
+            kept = _fixed(p.input_shape[:p.type.axis])
+            return (n, *kept, *(1,) * (rank - len(kept)))
+        groups = p.type.groups if p.type.kind is FilterType.group_norm else p.channels
+        return (n, groups, *(1,) * (rank - 1))
 
     @classmethod
-    def of(cls, p: NormalizationParameters) -> "_Layout":
-        kind, shape = p.type.kind, p.input_shape
+    def of(cls, p: NormalizationParameters, sample: tuple[int, ...] | None = None) -> "_Layout":
+        """The view of samples of shape ``sample`` (by default ``input_shape``, then fixed)."""
+        kind, shape = p.type.kind, _fixed(p.input_shape) if sample is None else sample
         channels, positions = shape[0], math.prod(shape[1:])
         if kind is FilterType.layer_norm:
             axis = p.type.axis
             outer, inner = math.prod(shape[:axis]), math.prod(shape[axis:])
-            return cls(outer, inner, 1, False, (1, 1, inner, 1), axis)
+            return cls(outer, inner, 1, False, (1, 1, inner, 1))
         if kind is FilterType.group_norm:
             groups = p.type.groups
             per_group = channels // groups

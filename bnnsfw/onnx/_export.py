@@ -9,7 +9,7 @@ Each layer becomes its nodes: one ``LSTM`` node per layer of a stack; a normaliz
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -215,7 +215,11 @@ def _export_normalization(writer: _GraphWriter, layer: NormalizationLayer, x: st
                                                                                                    beta)],
                         axis=axis, epsilon=p.epsilon)[0]
         return _export_activation(writer, p.activation, y, where)
-    flat = writer.node("Reshape", [x, writer.ints([-1, *shape])])[0]
+    # Open sizes (None) stay symbolic: the data is (N, C, *spatial) already (export checked
+    # that one batch axis leads), which the ONNX operators take as it is.
+    open_sizes = None in shape
+    fixed = cast(tuple[int, ...], shape)
+    flat = x if open_sizes else writer.node("Reshape", [x, writer.ints([-1, *fixed])])[0]
     if kind is FilterType.batch_norm or (kind is FilterType.instance_norm and p.type.has_moving_statistics):
         mean, var = layer.moving_mean, layer.moving_variance
         if mean is None or var is None:
@@ -243,6 +247,8 @@ def _export_normalization(writer: _GraphWriter, layer: NormalizationLayer, x: st
                                                                                                       beta)],
                         num_groups=groups, epsilon=p.epsilon)[0]
     y = _export_activation(writer, p.activation, y, where)
+    if open_sizes:
+        return y
     return writer.node("Reshape", [y, writer.node("Shape", [x])[0]])[0]
 
 
@@ -318,15 +324,16 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
     onnx.ModelProto
         One input ``input`` (and the initial states, with ``initial_states``); the output
         ``output``; for a single LSTM layer also ``hidden`` and ``cell``, the final states
-        ``(L·D, N, H)``. Batch and sequence dimensions are symbolic. The graph computes the
-        layers' inference phase (normalization with moving statistics where the layer has
-        them; no dropout). ONNX stores float attributes
+        ``(L·D, N, H)``. Batch and sequence dimensions are symbolic, and so are a
+        normalization's open sizes (``S1``, ``S2``, … by axis; its input must then have one
+        batch axis). The graph computes the layers' inference phase (normalization with moving
+        statistics where the layer has them; no dropout). ONNX stores float attributes
         (``epsilon``, activation ``alpha`` and ``beta``) as float32, so a float64 layer comes
         back exactly only where those values are float32 numbers (``clip`` too). A batch-first
         LSTM is written as a ``layout=0`` LSTM between two ``Transpose`` nodes, since ONNX
-        Runtime does not run ``layout=1``. The LSTM variants ONNX has attributes for are
-        written with them: ``reverse`` as ``direction="reverse"``, ``clip``, ``input_forget``
-        and per-direction activations (with their alphas and betas).
+        Runtime does not run ``layout=1``. The LSTM variants ONNX has attributes for are written
+        with them: ``reverse`` as ``direction="reverse"``, ``clip``, ``input_forget`` and
+        per-direction activations (with their alphas and betas).
 
     Raises
     ------
@@ -360,8 +367,8 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
     if isinstance(first, LSTMLayer):
         size = first.layer_parameters.input_size
         in_shape: list[Any] = ["N", "T", size] if first.layer_parameters.batch_first else ["T", "N", size]
-    elif isinstance(first, NormalizationLayer):
-        in_shape = ["N", *first.input_shape]
+    elif isinstance(first, NormalizationLayer):  # open sizes are symbolic: S1, S2 … by axis
+        in_shape = ["N", *(f"S{i}" if s is None else s for i, s in enumerate(first.input_shape))]
     elif isinstance(first, FullyConnectedLayer):
         in_shape = ["N", first.input_size]
     else:
@@ -384,6 +391,10 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
             state_shape = [p.num_layers * p.num_directions, shape[0 if p.batch_first else 1], p.hidden_size]
         elif isinstance(layer, NormalizationLayer):
             _check_width(where, shape, *layer.input_shape)
+            if None in layer.input_shape and len(shape) != len(layer.input_shape) + 1:
+                raise UnsupportedError(must_be(
+                    f"{where} input", "(N, C, *spatial) data, one batch axis, for a normalization with "
+                    "open sizes", f"data of shape {shape}"))
             x = _export_normalization(writer, layer, x, where)
         elif isinstance(layer, FullyConnectedLayer):
             _check_width(where, shape, layer.input_size)
@@ -414,9 +425,10 @@ def export(model_or_layers: Any, path: str | os.PathLike[str] | None = None, *, 
     return model
 
 
-def _check_width(where: str, shape: list[Any], *trailing: int) -> None:
-    """The data reaching a layer must end in the extents the layer takes."""
-    if len(shape) < len(trailing) or [s for s in shape[len(shape) - len(trailing):]] != list(trailing):
+def _check_width(where: str, shape: list[Any], *trailing: int | None) -> None:
+    """The data reaching a layer must end in the extents the layer takes (``None``: any)."""
+    tail = shape[len(shape) - len(trailing):]
+    if len(shape) < len(trailing) or any(t is not None and s != t for s, t in zip(tail, trailing)):
         raise ShapeError(must_be(f"{where} input", f"data ending in {list(trailing)}",
                                  f"data of shape {shape}"))
 
