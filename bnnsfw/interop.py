@@ -300,7 +300,7 @@ _NORM_TYPES = {"LayerNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNor
 
 
 def _norm_from_state_dict(module_type: str, state: Mapping[str, Any], options: Mapping[str, Any],
-                          input_shape: Sequence[int] | None, dtype: Any) -> NormalizationParameters:
+                          input_shape: Sequence[int | None] | None, dtype: Any) -> NormalizationParameters:
     where = f"from_state_dict({module_type!r}, state_dict)"
     options = dict(options)
     options.pop("device", None)
@@ -342,7 +342,8 @@ def _norm_from_state_dict(module_type: str, state: Mapping[str, Any], options: M
                                                 "say it)", None))
         if channels is None:
             channels = np.shape(state["weight"])[0] if "weight" in state else None
-        shape = tuple(input_shape) if input_shape is not None else (channels,)
+        # Without input_shape: images of any size, (C, None, None), GroupNorm's usual data.
+        shape = tuple(input_shape) if input_shape is not None else (channels, None, None)
         if shape[0] is None or (channels is not None and shape[0] != channels):
             raise ShapeError(must_be(f"{where} input_shape", f"(C, *spatial) with C = {channels}", shape))
         _no_other_keys(where, state, {"weight", "bias"})
@@ -371,12 +372,13 @@ def _norm_from_state_dict(module_type: str, state: Mapping[str, Any], options: M
                 channels = np.shape(state[key])[0]
                 break
     if input_shape is None:
-        if not (batch and rank == 1) or channels is None:
+        if channels is None:
             raise InvalidParameterError(must_be(
-                f"{where} input_shape",
-                "the per-sample shape (C, *spatial) (bnnsfw layers have fixed shapes)", None))
-        input_shape = (int(channels),)
-    shape = tuple(int(s) for s in input_shape)
+                f"{where} input_shape", "the per-sample shape (C, *spatial) (no array says C)", None))
+        # BatchNorm1d: (C,), its features; the others: their spatial axes of any size.
+        spatial = 0 if (batch and rank == 1) else rank
+        input_shape = (int(channels), *(None,) * spatial)
+    shape = tuple(None if s is None else int(s) for s in input_shape)
     spatial_ranks = (0, 1) if (batch and rank == 1) else (rank,)
     if len(shape) - 1 not in spatial_ranks or (channels is not None and shape[0] != channels):
         raise ShapeError(must_be(f"{where} input_shape",
@@ -474,7 +476,7 @@ def _linear_to_state_dict(layer: Filter | FullyConnectedParameters) -> TorchStat
 # Public: state dicts and modules.
 # ------------------------------------------------------------------------------------------
 def from_state_dict(module_type: str, state_dict: Mapping[str, Any], *,
-                    input_shape: Sequence[int] | None = None, dtype: Any = None,
+                    input_shape: Sequence[int | None] | None = None, dtype: Any = None,
                     **options: Any) -> Parameters:
     """bnnsfw parameters from a PyTorch module's state dict of NumPy arrays (no PyTorch needed).
 
@@ -484,11 +486,14 @@ def from_state_dict(module_type: str, state_dict: Mapping[str, Any], *,
         The ``torch.nn`` class name: one of :data:`TORCH_MODULE_TYPES`.
     state_dict : mapping of str to array
         ``{k: v.numpy() for k, v in module.state_dict().items()}``, or arrays made any other way.
-    input_shape : tuple of int, optional
-        The per-sample shape ``(C, *spatial)`` of a normalization layer (bnnsfw layers have
-        fixed shapes). Needed for batch norm (except ``BatchNorm1d`` on ``(N, C)`` data),
-        instance norm and group norm with spatial axes; a ``LayerNorm`` defaults to its
-        ``normalized_shape``.
+    input_shape : tuple of int or None, optional
+        The per-sample shape ``(C, *spatial)`` of a normalization layer, ``None`` for a
+        spatial size left open. By default: a ``LayerNorm`` or ``RMSNorm`` its
+        ``normalized_shape`` (under any leading axes); ``BatchNorm1d`` ``(C,)``, its
+        ``(N, C)`` features (``(C, None)`` is the ``(N, C, L)`` layer); ``BatchNorm2d/3d`` and
+        ``InstanceNorm1d/2d/3d`` ``(C, None, …)`` with their number of spatial axes;
+        ``GroupNorm`` ``(C, None, None)``, images (give ``(C,)`` or ``(C, None)`` for other
+        data).
     dtype : float32 or float64, optional
         The layer's dtype; by default float64 when the arrays are, else float32.
     **options
@@ -587,7 +592,7 @@ def _module_options(module: Any) -> dict[str, Any]:
     return {}
 
 
-def from_torch(module: Any, *, input_shape: Sequence[int] | None = None, dtype: Any = None,
+def from_torch(module: Any, *, input_shape: Sequence[int | None] | None = None, dtype: Any = None,
                filter_parameters: FilterParameters | None = None) -> Filter:
     """The bnnsfw layer equivalent to a PyTorch module, with its weights copied.
 

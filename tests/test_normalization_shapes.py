@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import bnnsfw as bf
-from bnnsfw import coreml
+from bnnsfw import coreml, interop
 from bnnsfw.layers.normalization import NormalizationLayer, NormalizationParameters, NormalizationType
 from gradcheck import assert_gradient_close, numerical_gradient
 
@@ -197,6 +197,41 @@ def test_shapes_refused_with_their_reason(backend_name):
 # ------------------------------------------------------------------------------------------
 # Conversions, files and exports.
 # ------------------------------------------------------------------------------------------
+def test_state_dicts_without_input_shape_give_open_sizes(rng):
+    sd = {"weight": rng.uniform(0.5, 1.5, 6), "bias": rng.standard_normal(6),
+          "running_mean": np.zeros(6), "running_var": np.ones(6)}
+    assert interop.from_state_dict("BatchNorm2d", sd).input_shape == (6, None, None)
+    assert interop.from_state_dict("BatchNorm3d", sd).input_shape == (6, None, None, None)
+    assert interop.from_state_dict("BatchNorm1d", sd).input_shape == (6,)
+    assert interop.from_state_dict("BatchNorm1d", sd, input_shape=(6, None)).input_shape == (6, None)
+    assert interop.from_state_dict("InstanceNorm1d", {}, num_features=6).input_shape == (6, None)
+    group = interop.from_state_dict("GroupNorm", {"weight": sd["weight"], "bias": sd["bias"]}, num_groups=2)
+    assert group.input_shape == (6, None, None)
+    with pytest.raises(bf.InvalidParameterError, match="no array says C"):
+        interop.from_state_dict("InstanceNorm2d", {})
+
+
+def test_from_torch_without_input_shape(rng):
+    torch = pytest.importorskip("torch")
+    modules = [torch.nn.BatchNorm2d(6), torch.nn.GroupNorm(2, 6), torch.nn.InstanceNorm2d(6, affine=True),
+               torch.nn.LayerNorm([8]), torch.nn.RMSNorm([8])]
+    for module in modules:
+        module.double().eval()
+        with torch.no_grad():
+            for parameter in module.parameters():
+                parameter.uniform_(0.5, 1.5)
+        layer = interop.from_torch(module)
+        shapes = [(4, 5, 8), (2, 8)] if isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) \
+            else [(3, 6, 4, 4), (2, 6, 5, 3)]
+        for shape in shapes:
+            x = rng.standard_normal(shape)
+            expected = module(torch.from_numpy(x)).detach().numpy()
+            np.testing.assert_allclose(layer.apply(x, training=False), expected, rtol=1e-10, atol=1e-12,
+                                       err_msg=type(module).__name__)
+        layer.close()
+    assert interop.from_torch(torch.nn.BatchNorm1d(6)).input_shape == (6,)
+
+
 def test_weights_files_keep_open_sizes(tmp_path, rng):
     moving = NormalizationType.batch(rng.standard_normal(3), rng.uniform(0.5, 2, 3))
     params = NormalizationParameters(type=moving, input_shape=(3, None, None), gamma=rng.uniform(0.5, 1.5, 3),
