@@ -756,8 +756,8 @@ def _forward(layer: Element, x: Any, training: bool, flow: _Flow, route: _Route)
         final = np.concatenate([rows[index] for index in indexes], axis=-1)
         if valid is not None:  # a sequence of length 0 has no state but the zeros it started from
             final = np.where(valid[:, None], final, 0.0).astype(array.dtype, copy=False)
-        context = (array.shape, rows.shape, array.dtype, indexes, valid)
-        return (final[0] if rows is not array else final), context, _Flow(sequence=False, width=None)
+        kept = (array.shape, rows.shape, array.dtype, indexes, valid)
+        return (final[0] if rows is not array else final), kept, _Flow(sequence=False, width=None)
     if isinstance(layer, Softmax):
         array = np.asarray(x)
         shifted = np.exp(array - array.max(axis=-1, keepdims=True))
