@@ -142,3 +142,35 @@ def test_a_stream_steps_with_the_forward_prepared_for_its_kind_of_step(backend_n
         assert layer.backend.prepared == 2
         stream.step(x)
         assert layer.backend.prepared == 3
+
+
+def test_the_forward_weight_arguments_follow_the_weights(backend_name, rng):
+    """What a backend keeps per packing for its forwards (the compiled forward's arguments
+    taken from the weights, kept for a few kinds) is new with each packing: a bias changed in
+    place, through the handed-out arrays, or by load_state_dict, is what the next call reads;
+    with many batch sizes at most a few kinds are kept."""
+    with _layer(backend_name, peepholes="diagonal") as layer:
+        x = rng.standard_normal((2, 3, 3))
+        for _ in range(2):
+            layer(x)
+        named = layer.parameters()
+        named["layer0.forward.input_gate.bias"][...] += 0.5          # in place, handed out
+        named["layer0.forward.input_gate.cell_weights"][...] *= -1.0  # the peepholes too
+        got = layer(x).output
+        with bf.LSTMLayer(layer.layer_parameters, bf.FilterParameters(backend="numpy")) as fresh:
+            _close(got, fresh(x).output)
+        state = layer.state_dict()
+        state["layer0.forward.forget_gate.bias"] = state["layer0.forward.forget_gate.bias"] - 1.0
+        layer.load_state_dict(state)
+        got = layer(x).output
+        with bf.LSTMLayer(layer.layer_parameters, bf.FilterParameters(backend="numpy")) as fresh:
+            _close(got, fresh(x).output)
+        for batch in range(1, 13):
+            xb = rng.standard_normal((1, batch, 3))
+            _close(layer(xb).output, layer(xb.copy()).output)
+        kept = layer._packed_weights().payload.weights[0][0].forward_args
+        if backend_name == "numba":
+            from bnnsfw.backends.numba._lstm import FORWARD_WEIGHTS_KEPT
+            assert kept is not None and 0 < len(kept) <= FORWARD_WEIGHTS_KEPT
+        else:
+            assert kept is None

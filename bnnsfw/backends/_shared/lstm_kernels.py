@@ -38,7 +38,7 @@ overflow. Scaling by ½ is exact in floating point, so this changes no result.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -175,6 +175,9 @@ class LSTMWeights(NamedTuple):
     # [U W]'s rows packed for threads' step products, by thread count and rows a block, made when
     # first needed (a dict to fill for a backend that packs them: ``NumbaBackend.lstm_pack_weights``).
     step_tiles: dict[tuple[int, int], np.ndarray] | None = None
+    # What a compiled forward reads from these weights for one input width, batch and kind of
+    # call, made when first needed (a dict to fill, as ``step_tiles``).
+    forward_args: dict[tuple, Any] | None = None
 
     @property
     def wx(self) -> np.ndarray:

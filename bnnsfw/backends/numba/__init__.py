@@ -262,13 +262,15 @@ class NumbaBackend(ScipyBlasBackend):
         made once per packing instead of at every call, ``W`` as rows (the backward's input
         gradient reads them, :func:`._lstm._tile_input_gradient`), and a place for the rows
         of ``[U W]`` packed for the steps shared out over threads
-        (:func:`._lstm._step_tiles`, made when first needed)."""
+        (:func:`._lstm._step_tiles`, made when first needed) and for the forward's arguments
+        taken from the weights (:func:`._lstm._forward_weights`)."""
         packed = super().lstm_pack_weights(request)
         payload = packed.payload
         if not isinstance(payload, _Packed) or not _lstm.serves(payload.plan):
             return packed
         weights = [[w._replace(u_wide=_lstm.wide_rows(w.u), u_t_wide=_lstm.wide_rows(w.u_t),
-                               wx_rows=np.ascontiguousarray(w.wx_t.T), step_tiles={}) for w in row]
+                               wx_rows=np.ascontiguousarray(w.wx_t.T), step_tiles={},
+                               forward_args={}) for w in row]
                    for row in payload.weights]
         return LSTMPackedWeights(config=packed.config, version=packed.version,
                                  payload=_Packed(payload.plan, weights))

@@ -1891,16 +1891,50 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
     projection = scratch.array("lstm_numba_projection", (4 * h, chunk * batch + ROW_PAD), dtype)
     h_fin = scratch.array("lstm_numba_h_fin", (h, batch), dtype)
     c_fin = scratch.array("lstm_numba_c_fin", (h, batch), dtype)
-    size_i = x2.shape[1]
-    wx, bias = w.wx_bias[:4 * h, :size_i], np.ascontiguousarray(w.wx_bias[:4 * h, size_i])
-    full_out = w.peepholes.full_output
-    light = _light(w, inference)
+    f = _forward_weights(w, x2.shape[1], h, batch, dtype, inference)
     return _ForwardCall(
-        x2, wx, bias, w.u_wide, w.u_t_wide,
+        x2, f.wx, f.bias, w.u_wide, w.u_t_wide, f.pe, f.full_pre, f.full_out, _feature_major(h0, dtype),
+        _feature_major(c0, dtype), _NO_LENGTHS if lengths is None else lengths, steps, hidden,
+        _any_layout(output), h_fin, c_fin, projection, f.light, h_final, c_final)
+
+
+class _ForwardWeights(NamedTuple):
+    """The arguments of :func:`_forward` taken from the weights alone (:func:`_forward_weights`)."""
+
+    wx: np.ndarray
+    bias: np.ndarray
+    pe: np.ndarray
+    full_pre: np.ndarray
+    full_out: np.ndarray
+    light: bool
+
+
+#: Kinds of call whose weight arguments a packing keeps at most (:func:`_forward_weights`).
+FORWARD_WEIGHTS_KEPT = 8
+
+
+def _forward_weights(w: LSTMWeights, size_i: int, h: int, batch: int, dtype: np.dtype,
+                     inference: bool) -> _ForwardWeights:
+    """What :func:`_forward` reads from the weights for inputs of width ``size_i``, ``h``
+    units, ``batch`` sequences and an inference or not: made at the first such call of a packing and kept in
+    ``w.forward_args`` (the weights of a packing never change; a few kinds at most are kept).
+    A call of a small layer spent about 4 µs making them each time."""
+    kept = w.forward_args
+    key = (size_i, h, batch, dtype, inference)
+    if kept is not None:
+        found = kept.get(key)
+        if found is not None:
+            return found
+    full_out = w.peepholes.full_output
+    made = _ForwardWeights(
+        w.wx_bias[:4 * h, :size_i], np.ascontiguousarray(w.wx_bias[:4 * h, size_i]),
         _repeated(w.peepholes.diagonal, h, batch, dtype), _EMPTY[dtype] if w.full_pre is None else w.full_pre,
-        _EMPTY[dtype] if full_out is None else full_out, _feature_major(h0, dtype), _feature_major(c0, dtype),
-        _NO_LENGTHS if lengths is None else lengths, steps, hidden, _any_layout(output), h_fin, c_fin,
-        projection, light, h_final, c_final)
+        _EMPTY[dtype] if full_out is None else full_out, _light(w, inference))
+    if kept is not None:
+        if len(kept) >= FORWARD_WEIGHTS_KEPT:
+            kept.clear()
+        kept[key] = made
+    return made
 
 
 def _light(w: LSTMWeights, inference: bool) -> bool:
