@@ -174,3 +174,22 @@ def test_the_forward_weight_arguments_follow_the_weights(backend_name, rng):
             assert kept is not None and 0 < len(kept) <= FORWARD_WEIGHTS_KEPT
         else:
             assert kept is None
+
+
+@pytest.mark.parametrize("peepholes", [None, "diagonal", "full"])
+def test_a_one_layer_inference_prepared_agrees_with_the_reference(backend_name, peepholes, rng):
+    """One layer and direction in inference, the kind a backend may run without its stack's
+    layers of calls (``numba`` does): float32, several sequences, with and without states,
+    a batch-first layer, against the ``numpy`` backend's unprepared forward."""
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, seed=5, dtype=np.float32,
+                                      peepholes=peepholes, batch_first=True)
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name)) as layer, \
+            bf.LSTMLayer(params, bf.FilterParameters(backend=Counting(bf.backends.get_backend("numpy"),
+                                                                      prepare=False))) as plain:
+        for states in (False, True):
+            h0, c0 = (rng.standard_normal((1, 3, 4)).astype(np.float32) if states else None for _ in range(2))
+            for _ in range(3):  # the second call prepares the forward, the third reuses it
+                x = rng.standard_normal((3, 2, 3)).astype(np.float32)
+                got, want = layer(x, h0, c0), plain(x, h0, c0)
+                for name in ("output", "hidden", "cell"):
+                    _close(getattr(got, name), getattr(want, name))

@@ -141,6 +141,7 @@ class _TieredForward:
             with _tiers.compiled_as(compiled):
                 self._prepared[compiled] = backend._prepared_forward(request)
         self._ready_for: _tiers.Tiers | None = None  # the tiers that said compiled for good
+        self._one_layer = _one_layer_inference(request)
 
     def _compiled(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
                   hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
@@ -163,12 +164,34 @@ class _TieredForward:
                  dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> None:
         arrays = (x, hidden, cell, output, hidden_out, cell_out, cache, dropout_masks, workspace)
         compiled = self._compiled(*arrays)
+        if compiled and self._one_layer is not None:
+            self._one_layer(x, None if hidden is None else hidden[0], None if cell is None else cell[0],
+                            output, hidden_out[0], cell_out[0], workspace)
+            return
         prepared = self._prepared[compiled]
         if prepared.kernels_fixed:
             prepared(*arrays)
             return
         with _tiers.compiled_as(compiled):  # the kernels are chosen in the call, in its tier
             prepared(*arrays)
+
+
+def _one_layer_inference(request: LSTMForwardRequest) -> _lstm.OneLayerInference | None:
+    """The compiled forward of ``request``'s kind without the stack's layers of calls
+    (:class:`._lstm.OneLayerInference`), for an inference of full-length sequences through one
+    layer and direction of the cells :func:`._lstm.serves` names whose steps stay on the
+    calling thread (then :meth:`NumbaBackend._lstm_direction_kernels` runs them so, with no
+    layer output to mask); None for every other kind."""
+    config, payload = request.config, request.weights.payload
+    if (request.training or request.sequence_lengths is not None or config.num_layers != 1
+            or config.num_directions != 1 or not isinstance(payload, _Packed)
+            or not _lstm.serves(payload.plan)):
+        return None
+    seq_len, batch = request.x.shape[:2]
+    if _lstm.threads_matter(config.hidden_size, batch):
+        return None
+    return _lstm.OneLayerInference(payload.weights[0][0], seq_len, batch, config.input_size,
+                                   config.hidden_size, np.dtype(config.dtype))
 
 
 class NumbaBackend(ScipyBlasBackend):

@@ -2047,6 +2047,30 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     a.finish()
 
 
+class OneLayerInference:
+    """:func:`forward` of every inference of one kind through a single layer and direction whose
+    steps stay on the calling thread (``parts`` 1, which :func:`threads_matter` False makes
+    so): the weights, the chunk and the place of the steps are taken once, and each call
+    lays out its states, runs :func:`_forward` and copies the final states out. A prepared
+    forward of such a kind ran about 5 µs of Python around the kernel at T = N = 1 through
+    the stack's layers of calls."""
+
+    def __init__(self, w: LSTMWeights, seq_len: int, batch: int, size_i: int, h: int,
+                 dtype: np.dtype) -> None:
+        self._w = w
+        self._x_shape = (seq_len * batch, size_i)
+        # an inference keeps no steps: a T-stride of 0 says so to :func:`_forward_call`
+        self._steps = np.broadcast_to(np.empty((6 * h, batch), dtype), (seq_len, 6 * h, batch))
+        self._chunk = chunk_steps(seq_len, batch)
+
+    def __call__(self, x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, output: np.ndarray,
+                 h_final: np.ndarray, c_final: np.ndarray, scratch) -> None:
+        a = _forward_call(self._w, x.reshape(self._x_shape), h0, c0, None, self._steps, None, output,
+                          h_final, c_final, scratch, self._chunk)
+        a.run(False)
+        a.finish()
+
+
 class _BackwardCall(NamedTuple):
     """The arguments of :func:`_backward` for one layer and direction (after the scratch is
     taken and the final states' gradients laid out), and where the initial states' gradients
