@@ -179,17 +179,21 @@ def test_the_forward_weight_arguments_follow_the_weights(backend_name, rng):
 @pytest.mark.parametrize("peepholes", [None, "diagonal", "full"])
 def test_a_one_layer_inference_prepared_agrees_with_the_reference(backend_name, peepholes, rng):
     """One layer and direction in inference, the kind a backend may run without its stack's
-    layers of calls (``numba`` does): float32, several sequences, with and without states,
-    a batch-first layer, against the ``numpy`` backend's unprepared forward."""
+    layers of calls (``numba`` does, its scratch views kept while the workspace's buffer
+    stays): float32, several batch sizes in turn, with and without states, a batch-first
+    layer, against the ``numpy`` backend's unprepared forward."""
     params = bf.LSTMParameters.random(input_size=3, hidden_size=4, seed=5, dtype=np.float32,
                                       peepholes=peepholes, batch_first=True)
     with bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name)) as layer, \
             bf.LSTMLayer(params, bf.FilterParameters(backend=Counting(bf.backends.get_backend("numpy"),
                                                                       prepare=False))) as plain:
-        for states in (False, True):
-            h0, c0 = (rng.standard_normal((1, 3, 4)).astype(np.float32) if states else None for _ in range(2))
+        # a larger batch between two of a smaller one grows the scratch the prepared calls
+        # share: the smaller one's call then finds its scratch somewhere else
+        for batch, states in ((3, False), (3, True), (7, True), (3, True), (12, False), (3, False)):
+            h0, c0 = (rng.standard_normal((1, batch, 4)).astype(np.float32) if states else None
+                      for _ in range(2))
             for _ in range(3):  # the second call prepares the forward, the third reuses it
-                x = rng.standard_normal((3, 2, 3)).astype(np.float32)
+                x = rng.standard_normal((batch, 2, 3)).astype(np.float32)
                 got, want = layer(x, h0, c0), plain(x, h0, c0)
                 for name in ("output", "hidden", "cell"):
                     _close(getattr(got, name), getattr(want, name))

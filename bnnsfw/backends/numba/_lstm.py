@@ -2050,25 +2050,52 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
 class OneLayerInference:
     """:func:`forward` of every inference of one kind through a single layer and direction whose
     steps stay on the calling thread (``parts`` 1, which :func:`threads_matter` False makes
-    so): the weights, the chunk and the place of the steps are taken once, and each call
-    lays out its states, runs :func:`_forward` and copies the final states out. A prepared
-    forward of such a kind ran about 5 µs of Python around the kernel at T = N = 1 through
-    the stack's layers of calls."""
+    so), calling :func:`_forward` itself: the weights' arguments (:func:`_forward_weights`),
+    the chunk and where the scratch arrays lie in one workspace buffer are worked out once,
+    and each call lays out its states, runs the kernel and copies the final states out. A
+    prepared forward of such a kind ran about 5 µs of Python around the kernel at T = N = 1
+    through the stack's layers of calls, and taking its five scratch arrays one by one about
+    1 µs more."""
 
     def __init__(self, w: LSTMWeights, seq_len: int, batch: int, size_i: int, h: int,
                  dtype: np.dtype) -> None:
-        self._w = w
+        assert w.u_wide is not None and w.u_t_wide is not None, "weights packed by NumbaBackend"
+        self._w, self._dtype = w, dtype
+        self._args = _forward_weights(w, size_i, h, batch, dtype, True)
         self._x_shape = (seq_len * batch, size_i)
-        # an inference keeps no steps: a T-stride of 0 says so to :func:`_forward_call`
-        self._steps = np.broadcast_to(np.empty((6 * h, batch), dtype), (seq_len, 6 * h, batch))
-        self._chunk = chunk_steps(seq_len, batch)
+        chunk = chunk_steps(seq_len, batch)
+        # as :func:`_forward_call` takes them: two blocks of steps and of states taken in
+        # turn, the chunk's projection (ROW_PAD more columns), the final states feature-major
+        shapes = ((2, 6 * h, batch), (2, h, batch), (4 * h, chunk * batch + ROW_PAD), (h, batch), (h, batch))
+        self._layout = []
+        offset = 0
+        for shape in shapes:
+            nbytes = math.prod(shape) * dtype.itemsize
+            self._layout.append((offset, nbytes, shape))
+            offset += -(-nbytes // 64) * 64  # each array on a cache line of its own
+        self._nbytes = offset
+        self._bound: tuple[np.ndarray | None, tuple[np.ndarray, ...]] = (None, ())
+
+    def _scratch(self, scratch) -> tuple[np.ndarray, ...]:
+        """The scratch arrays in the workspace's buffer, views made again only when the
+        workspace hands out another buffer."""
+        buffer = scratch.bytes("lstm_numba_one_layer", self._nbytes)
+        base, arrays = self._bound
+        if base is None or buffer.base is not base:
+            dtype = self._dtype
+            arrays = tuple(buffer[o:o + n].view(dtype).reshape(shape) for o, n, shape in self._layout)
+            self._bound = (buffer.base, arrays)
+        return arrays
 
     def __call__(self, x: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None, output: np.ndarray,
                  h_final: np.ndarray, c_final: np.ndarray, scratch) -> None:
-        a = _forward_call(self._w, x.reshape(self._x_shape), h0, c0, None, self._steps, None, output,
-                          h_final, c_final, scratch, self._chunk)
-        a.run(False)
-        a.finish()
+        steps, hidden, projection, h_fin, c_fin = self._scratch(scratch)
+        w, a, dtype = self._w, self._args, self._dtype
+        _forward(x.reshape(self._x_shape), a.wx, a.bias, w.u_wide, w.u_t_wide, a.pe, a.full_pre, a.full_out,
+                 _feature_major(h0, dtype), _feature_major(c0, dtype), _NO_LENGTHS, steps, hidden,
+                 _any_layout(output), h_fin, c_fin, projection, False, a.light)
+        np.copyto(h_final, h_fin.T)
+        np.copyto(c_final, c_fin.T)
 
 
 class _BackwardCall(NamedTuple):
