@@ -2265,11 +2265,14 @@ def test_parameters_keep_arrays_of_the_right_dtype_and_cast_the_others(backend_n
         assert layer.apply(np.zeros((1, 1, 3), np.float32)).output.shape == (1, 1, 2)
 
 
-def test_concurrent_calls_get_their_own_scratch_space(backend_name, rng):
+@pytest.mark.parametrize("num_layers,bidirectional", [(2, True), (1, False)], ids=["stacked", "one-layer"])
+def test_concurrent_calls_get_their_own_scratch_space(backend_name, rng, num_layers, bidirectional):
+    """Calls from several threads at once, each of its own input: each gets what it gets alone
+    (one layer and direction: the prepared forward ``numba`` runs without the stack)."""
     import threading
 
-    params = LSTMParameters.random(input_size=3, hidden_size=8, num_layers=2, bidirectional=True, seed=0,
-                                   dtype=np.float64)
+    params = LSTMParameters.random(input_size=3, hidden_size=8, num_layers=num_layers,
+                                   bidirectional=bidirectional, seed=0, dtype=np.float64)
     inputs = [rng.standard_normal((12, 4, 3)) for _ in range(4)]
     with layer_for(params, backend_name) as layer:
         expected = [layer.apply(x).output for x in inputs]
