@@ -141,7 +141,7 @@ class _TieredForward:
             with _tiers.compiled_as(compiled):
                 self._prepared[compiled] = backend._prepared_forward(request)
         self._ready_for: _tiers.Tiers | None = None  # the tiers that said compiled for good
-        self._one_layer = _one_layer_inference(request)
+        self._one_layer = _one_layer_inference(backend, request)
 
     def _compiled(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
                   hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
@@ -176,22 +176,27 @@ class _TieredForward:
             prepared(*arrays)
 
 
-def _one_layer_inference(request: LSTMForwardRequest) -> _lstm.OneLayerInference | None:
+def _one_layer_inference(backend: NumbaBackend,
+                         request: LSTMForwardRequest) -> _lstm.OneLayerInference | None:
     """The compiled forward of ``request``'s kind without the stack's layers of calls
     (:class:`._lstm.OneLayerInference`), for an inference of full-length sequences through one
-    layer and direction of the cells :func:`._lstm.serves` names whose steps stay on the
-    calling thread (then :meth:`NumbaBackend._lstm_direction_kernels` runs them so, with no
-    layer output to mask); None for every other kind."""
+    layer and direction of the cells :func:`._lstm.serves` names whose steps
+    :meth:`NumbaBackend._lstm_direction_kernels` keeps on the calling thread for every call of
+    the kind (no layer output to mask then); None for every other kind."""
     config, payload = request.config, request.weights.payload
     if (request.training or request.sequence_lengths is not None or config.num_layers != 1
             or config.num_directions != 1 or not isinstance(payload, _Packed)
             or not _lstm.serves(payload.plan)):
         return None
     seq_len, batch = request.x.shape[:2]
-    if _lstm.threads_matter(config.hidden_size, batch):
+    dtype = np.dtype(config.dtype)
+    if not backend._lstm_kernels_fixed(payload.plan, batch):
         return None
+    with _tiers.compiled_as(True):
+        if backend._lstm_direction_kernels(payload.plan, None, batch, dtype) is not _compiled_kernels(1):
+            return None
     return _lstm.OneLayerInference(payload.weights[0][0], seq_len, batch, config.input_size,
-                                   config.hidden_size, np.dtype(config.dtype))
+                                   config.hidden_size, dtype)
 
 
 class NumbaBackend(ScipyBlasBackend):
