@@ -230,17 +230,25 @@ def _training_elements(training: object, layers: Mapping[str, Any]) -> dict[str,
     """The checked ``training`` argument of :func:`save_weights`: optimizers and schedules by
     names that are usable and not the model's layer names."""
     where = "save_weights(training)"
-    if training is None:
-        return {}
-    if not isinstance(training, Mapping):
-        rule = "a mapping of name to optimizer or schedule, e.g. {'optimizer': adam}"
-        raise InvalidParameterError(must_be(where, rule, type(training).__name__))
-    for name, element in training.items():
+    checked = _training_objects(where, training, "a mapping of name to optimizer or schedule, e.g. "
+                                "{'optimizer': adam}")
+    for name in checked:
         if not isinstance(name, str) or not name or "/" in name:
             raise InvalidParameterError(must_be(f"{where} keys", "non-empty names without '/'", name))
         if name in layers:
             rule = f"names other than the model's layer names ({', '.join(layers)})"
             raise InvalidParameterError(must_be(f"{where} keys", rule, name))
+    return checked
+
+
+def _training_objects(where: str, training: object, rule: str) -> dict[str, Any]:
+    """``training`` as a dict of optimizers and schedules by name ({} for None), its kinds
+    checked; ``rule`` says what a mapping is expected to be."""
+    if training is None:
+        return {}
+    if not isinstance(training, Mapping):
+        raise InvalidParameterError(must_be(where, rule, type(training).__name__))
+    for name, element in training.items():
         if not isinstance(element, (Optimizer, LearningRateSchedule)):
             rule = "a bnnsfw optimizer or learning-rate schedule"
             raise InvalidParameterError(must_be(f"{where}[{name!r}]", rule, type(element).__name__))
@@ -624,17 +632,8 @@ def load_weights(path: PathLike | IO[bytes], filter_parameters: FilterParameters
 
 def _requested(training: object) -> dict[str, Any]:
     """The checked ``training`` argument of :func:`load_weights`."""
-    where = "load_weights(training)"
-    if training is None:
-        return {}
-    if not isinstance(training, Mapping):
-        rule = "a mapping of name to optimizer or schedule, as save_weights(training=) was given"
-        raise InvalidParameterError(must_be(where, rule, type(training).__name__))
-    for name, element in training.items():
-        if not isinstance(element, (Optimizer, LearningRateSchedule)):
-            rule = "a bnnsfw optimizer or learning-rate schedule"
-            raise InvalidParameterError(must_be(f"{where}[{name!r}]", rule, type(element).__name__))
-    return dict(training)
+    rule = "a mapping of name to optimizer or schedule, as save_weights(training=) was given"
+    return _training_objects("load_weights(training)", training, rule)
 
 
 class _SavedTraining:
