@@ -831,12 +831,18 @@ def _final_state_indexes(shape: tuple[int, ...], time_axis: int, num_directions:
         indexes: list[Any] = [(*lead, -1, Ellipsis, slice(0, h))]
         valid = None
     else:
-        steps, batch = np.maximum(lengths - 1, 0), np.arange(len(lengths))
-        indexes = [(steps, batch, slice(0, h)) if time_axis == 0 else (batch, steps, slice(0, h))]
-        valid = lengths > 0
+        last, valid = _last_valid_steps(lengths, time_axis)
+        indexes = [(*last, slice(0, h))]
     if num_directions == 2:
         indexes.append((*lead, 0, Ellipsis, slice(h, 2 * h)))
     return indexes, valid
+
+
+def _last_valid_steps(lengths: np.ndarray, time_axis: int) -> tuple[tuple[Any, Any], np.ndarray]:
+    """Each sequence's step ``length − 1`` as an index of the (time, batch) axes in the order
+    ``time_axis`` gives (step 0 for a sequence of length 0), and which sequences have a step."""
+    steps, batch = np.maximum(lengths - 1, 0), np.arange(len(lengths))
+    return ((steps, batch) if time_axis == 0 else (batch, steps)), lengths > 0
 
 
 def _valid_steps(array: np.ndarray, lengths: np.ndarray, flow: _Flow) -> tuple[np.ndarray, Any, _Flow]:
@@ -850,9 +856,7 @@ def _valid_steps(array: np.ndarray, lengths: np.ndarray, flow: _Flow) -> tuple[n
     if rows.shape[1 - time_axis] != len(lengths) or lengths.max(initial=0) > rows.shape[time_axis]:
         rule = f"given {len(lengths)} sequences of at least {lengths.max(initial=0)} steps (the lengths)"
         raise ShapeError(must_be("LastStep with sequence_lengths", rule, f"shape {array.shape}"))
-    valid = lengths > 0
-    steps, batch = np.maximum(lengths - 1, 0), np.arange(len(lengths))
-    index = (steps, batch) if time_axis == 0 else (batch, steps)
+    index, valid = _last_valid_steps(lengths, time_axis)
     last = np.where(valid[:, None], rows[index], 0.0).astype(array.dtype, copy=False)
     context = (array.shape, array.dtype, index, valid)
     return (last if array.ndim == 3 else last[0]), context, _Flow(sequence=False, width=None)
