@@ -122,21 +122,24 @@ def test_training_page_example_runs(tmp_path, monkeypatch):
     assert (tmp_path / "forecaster.safetensors").is_file()
 
 
-def test_training_page_padded_example_runs():
-    """The padded classifier: lengths, LastStep at the valid step, Dropout, an evaluation between."""
-    blocks = [block for block in _python_blocks(DOCS / "training.md") if "sequence_lengths=lengths" in block]
+def _run_training_block(marker: str) -> dict:
+    """Run the one python block of the training page that contains ``marker``, on the numpy
+    backend, and return its names."""
+    blocks = [block for block in _python_blocks(DOCS / "training.md") if marker in block]
     assert len(blocks) == 1
     namespace: dict = {}
     with bnnsfw.use_backend("numpy"):
         exec(compile(blocks[0], "docs/training.md", "exec"), namespace)
+    return namespace
+
+
+def test_training_page_padded_example_runs():
+    """The padded classifier: lengths, LastStep at the valid step, Dropout, an evaluation between."""
+    namespace = _run_training_block("sequence_lengths=lengths")
     assert namespace["optimizer"].step_count == 1
 
 
 def test_training_page_copy_example_runs():
     """The copies example of the training page (the pool example needs a module of its own)."""
-    blocks = [block for block in _python_blocks(DOCS / "training.md") if "copy.deepcopy" in block]
-    assert len(blocks) == 1
-    namespace: dict = {}
-    with bnnsfw.use_backend("numpy"):
-        exec(compile(blocks[0], "docs/training.md", "exec"), namespace)
+    namespace = _run_training_block("copy.deepcopy")
     assert namespace["best_optimizer"].step_count == 2
