@@ -317,3 +317,52 @@ def test_after_the_background_compile_a_fresh_process_runs_compiled_without_comp
         assert done.returncode == 0, done.stderr
     misses, hits, pending = done.stdout.split()
     assert (int(misses), pending) == (0, "False") and int(hits) > 0, done.stdout
+
+
+class _Compiling:
+    """A background compile that never ends (what :meth:`Tiers.poll` sees of a running one)."""
+
+    returncode = None
+
+    def poll(self):
+        return None
+
+
+def test_uncompiled_calls_keep_blas_off_the_core_a_background_compile_takes(tiers, compiled_calls,
+                                                                            monkeypatch, rng):
+    """While this process's background compile runs, every BLAS product of an uncompiled LSTM
+    call (training forward and backward, inference twice, the second one prepared) runs on
+    one thread fewer than the process's cores, at least one; with no compile under way, BLAS
+    keeps its own threads."""
+    from bnnsfw._threadpool import current_limit
+    from bnnsfw.backends.numba import NumbaBackend
+
+    limits: list[int] = []
+    original = NumbaBackend._gemm
+
+    def spy(self, *args, **kwargs):
+        limits.append(current_limit())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(NumbaBackend, "_gemm", spy)
+    backend = bf.backends.get_backend("numba")
+    monkeypatch.setattr(backend._tiers, "_start", lambda: None)  # the jobs stay queued: no worker
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, seed=4, dtype=np.float64)
+    layer = bf.LSTMLayer(params, bf.FilterParameters(backend="numba"))
+    x = rng.standard_normal((4, 3, 3))
+
+    def calls() -> None:
+        out = layer.apply(x, training=True)
+        layer.apply_backward(x, rng.standard_normal(out.output.shape), training_cache=out.training_cache)
+        layer.apply(x)
+        layer.apply(x)
+
+    calls()
+    assert limits and set(limits) == {0}  # no compile under way: BLAS as it was
+    limits.clear()
+    monkeypatch.setattr(backend._tiers, "_worker", _Compiling())
+    calls()
+    assert compiled_calls == []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert limits and set(limits) == {max(1, cores - 1)}
+    assert current_limit() == 0  # given back after each call

@@ -169,10 +169,10 @@ class _TieredForward:
                             output, hidden_out[0], cell_out[0], workspace)
             return
         prepared = self._prepared[compiled]
-        if prepared.kernels_fixed:
+        if compiled and prepared.kernels_fixed:
             prepared(*arrays)
             return
-        with _tiers.compiled_as(compiled):  # the kernels are chosen in the call, in its tier
+        with self._backend._tiers.running(compiled):  # the kernels are chosen in the call, in its tier
             prepared(*arrays)
 
 

@@ -49,6 +49,7 @@ import numba
 import numpy as np
 from numba.core import config
 
+from ..._threadpool import blas_limit
 from .._shared.compiling import compile_mode, set_compile_mode
 from . import _cache, _lstm
 
@@ -70,6 +71,14 @@ _KEPT_BYTES = 1 << 16
 _FROZEN = bool(getattr(sys, "frozen", False))
 #: NumPy's C-contiguous, F-contiguous and writeable flags (``ndarray.flags.num``).
 _FLAGS = 0x1 | 0x2 | 0x400
+
+
+def _usable_cores() -> int:
+    """The processors this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -102,6 +111,13 @@ def compiled_as(compiled: bool) -> Iterator[None]:
         yield
     finally:
         _compiled.reset(token)
+
+
+@contextlib.contextmanager
+def _uncompiled_beside_compile(blas_threads: int) -> Iterator[None]:
+    """An uncompiled call with BLAS on at most ``blas_threads`` threads (:meth:`Tiers.running`)."""
+    with compiled_as(False), blas_limit(blas_threads):
+        yield
 
 
 # --------------------------------------------------------------------------------------
@@ -387,8 +403,19 @@ class Tiers:
     def serving(self, operation: str, request: Any) -> Iterator[None]:
         """Within the block the call runs compiled or not (:func:`compiled_now`), as
         :meth:`decide` says."""
-        with compiled_as(self.decide(operation, request)):
+        with self.running(self.decide(operation, request)):
             yield
+
+    def running(self, compiled: bool) -> contextlib.AbstractContextManager[None]:
+        """Within the block the call runs compiled or not (:func:`compiled_as`). An uncompiled
+        call, while this process's background compile runs, keeps BLAS on one thread fewer
+        than the cores this process may use (at least one), off the core the compile takes:
+        every thread of a BLAS product must run for the product to end, and with the compile
+        on one of two cores the demo's products took 30-70 times as long on two threads as
+        on one."""
+        if compiled or self._worker is None:
+            return compiled_as(compiled)
+        return _uncompiled_beside_compile(max(1, _usable_cores() - 1))
 
     @staticmethod
     def compiles_in_process() -> bool:
