@@ -152,6 +152,13 @@ def test_fresh_process_probes_measure_step_memory_and_first_call_latency():
     assert imported > 0 and first_step > 0
 
 
+def test_the_switch_over_probe_times_each_training_step(tmp_path):
+    """Timed in the ``off`` mode, which never compiles (nothing is left running)."""
+    seen = bench.switch_over("numpy", str(tmp_path), mode="off", limit=60.0, after=3)
+    assert seen.ready_after == 1 and len(seen.steps) == 4
+    assert seen.longest == max(seen.steps) > 0 and seen.median(slice(1, None)) > 0
+
+
 def test_the_blas_line_names_each_library_its_kernels_and_a_forced_core_type():
     libraries = [
         {"package": "scipy", "implementation": "openblas", "version": "0.3.30", "kernels": "Haswell"},

@@ -18,8 +18,9 @@ others. Beside the ratio of the two medians, the quartiles of the rounds' ratios
 each, within a second of each other) show how far the comparison moved while it ran.
 
 A full run also measures, each in a fresh process, the peak memory of one training step of
-the long-sequence row and the latency of the first call of the demo's model with a cold and a
-warm compile cache.
+the long-sequence row, the latency of the first call of the demo's model with a cold and a
+warm compile cache, and, in the default ``background`` compile mode from a cold cache, every
+training step of that model until its kernels are compiled and the longest of them.
 """
 
 from __future__ import annotations
@@ -568,6 +569,65 @@ def first_call_latency(backend: str, cache_dir: str | None) -> tuple[float, floa
     return imported, first
 
 
+_SWITCH_PROBE = """
+import os, sys, time
+os.environ["BNNSFW_COMPILE"] = sys.argv[2]
+import numpy as np
+from bnnsfw.cli.bench import LSTMCase, _lstm_layer
+case = LSTMCase(name="demo", seq_len=32, batch=32, input_size=1, hidden_size=32, num_layers=2)
+params, layer = _lstm_layer(case, sys.argv[1], 0)
+x = np.zeros((case.seq_len, case.batch, 1), np.float32)
+status = getattr(layer.backend, "compile_status", None)
+limit, after = float(sys.argv[3]), int(sys.argv[4])
+steps, ready_at, asked = [], None, 0.0
+start = time.perf_counter()
+while (ready_at is None or len(steps) < ready_at + after) and time.perf_counter() - start < limit:
+    begun = time.perf_counter()
+    out = layer.apply(x, training=True)
+    layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
+    steps.append(time.perf_counter() - begun)
+    if ready_at is None and time.perf_counter() - asked > 0.5:
+        asked = time.perf_counter()
+        if status is None or not status().pending:
+            ready_at = len(steps)
+print(" ".join(map(repr, steps)), "|", ready_at, time.perf_counter() - start)
+"""
+
+
+@attrs.frozen
+class SwitchOver:
+    """What :func:`switch_over` saw of the demo's model's training steps in a fresh process."""
+
+    steps: tuple[float, ...]  #: seconds of each training step (forward and backward), in order
+    ready_after: int | None  #: steps run before no compile was under way (None: not within the limit)
+    seconds: float  #: the whole loop
+
+    @property
+    def longest(self) -> float:
+        return max(self.steps)
+
+    def median(self, part: slice) -> float | None:
+        steps = self.steps[part]
+        return statistics.median(steps) if steps else None
+
+
+def switch_over(backend: str, cache_dir: str, *, mode: str = "background", limit: float = 600.0,
+                after: int = 20) -> SwitchOver:
+    """In a fresh process with the compile cache in ``cache_dir`` and the compile mode ``mode``:
+    the demo's model's training steps, one after another, until ``after`` steps have run since
+    no compile was under way (asked every half second), or ``limit`` seconds. From a cold cache
+    in ``background`` mode, the steps before the switch run without the compiler, and the
+    longest step shows how long any call waited (the first compiled step loads the kernels
+    from disk)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    done = subprocess.run([sys.executable, "-c", _SWITCH_PROBE, backend, mode, repr(limit), str(after)],
+                          capture_output=True, text=True, check=True, env=env)
+    steps, tail = done.stdout.split("|")
+    ready, seconds = tail.split()
+    return SwitchOver(steps=tuple(map(float, steps.split())),
+                      ready_after=None if ready == "None" else int(ready), seconds=float(seconds))
+
+
 # ---------------------------------------------------------------- normalization ------
 
 
@@ -743,6 +803,17 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
         print(f"first call of the demo's model in a fresh process (import + first training step): "
               f"cold compile cache {cold[0]:.2f} s + {cold[1]:.2f} s, warm {warm[0]:.2f} s + {warm[1]:.2f} s",
               file=out)
+        with tempfile.TemporaryDirectory(prefix="bnnsfw-bench-cache-") as cache_dir:
+            seen = switch_over(opts.backend, cache_dir)
+        before, after = seen.median(slice(0, seen.ready_after)), seen.median(slice(seen.ready_after, None))
+        latency["background"] = {"steps_s": list(seen.steps), "ready_after_steps": seen.ready_after,
+                                  "longest_step_s": seen.longest}
+        print(f"the same in the default compile mode (background), cold cache: first training step "
+              f"{seen.steps[0]:.3f} s, longest {seen.longest:.3f} s; "
+              + (f"compiled after {seen.ready_after} steps ({sum(seen.steps[:seen.ready_after]):.1f} s), "
+                 f"median step {before * 1e3:.1f} ms before, {after * 1e3:.1f} ms after"
+                 if seen.ready_after is not None and before is not None and after is not None
+                 else f"still compiling after {seen.seconds:.0f} s"), file=out)
     for row in rows:
         if row.peak_step_bytes is not None:
             print(f"peak memory of one training step, {row.name} (fresh process): "
