@@ -336,9 +336,9 @@ class LSTMLayer(Filter):
         c0 = self._check_state("LSTMLayer.apply(cell)", cell, batch, unbatched)
         lengths = self._check_lengths("LSTMLayer.apply(sequence_lengths)", sequence_lengths, seq_len, batch,
                                       unbatched)
-        size = self._cache_size(seq_len, batch)
         cache_object = buffer = None
         if training:
+            size = self._cache_size(seq_len, batch)
             if training_cache is None:
                 buffer = cache_object = np.empty(size.nbytes, dtype=np.uint8)
             else:
@@ -780,13 +780,13 @@ class LSTMLayer(Filter):
         """``x`` as a time-major (T, N, I) view, T, N, and whether it came unbatched ``(T, I)``."""
         p = self._params
         size_i = p.input_size
-        batched = f"(N, T, {size_i})" if p.batch_first else f"(T, N, {size_i})"
-        text = f"{batched} or unbatched (T, {size_i})"
         array = as_input(where, x, self._dtype)
-        if array.ndim not in (2, 3) or array.shape[-1] != size_i:
-            raise ShapeError(must_be(where, f"of shape {text}", describe(array)))
-        if 0 in array.shape[:-1]:
-            raise ShapeError(must_be(where, f"of shape {text} with T >= 1 and N >= 1", describe(array)))
+        if array.ndim not in (2, 3) or array.shape[-1] != size_i or 0 in array.shape[:-1]:
+            batched = f"(N, T, {size_i})" if p.batch_first else f"(T, N, {size_i})"
+            text = f"of shape {batched} or unbatched (T, {size_i})"
+            if array.ndim in (2, 3) and array.shape[-1] == size_i:
+                text += " with T >= 1 and N >= 1"
+            raise ShapeError(must_be(where, text, describe(array)))
         unbatched = array.ndim == 2
         if unbatched:  # PyTorch's rule: a batch of one, in either layout
             array = array[:, None]
