@@ -1,53 +1,139 @@
-"""The compiled kernels' disk cache, kept fresh against the source of every kernel module.
+"""The compiled kernels' disk cache, each module's kernels stamped with the sources they carry.
 
 Numba stamps each cached kernel with the source of its own module only. A kernel that calls
 compiled code from another module carries that code in its cache entry (each LSTM kernel calls
 the step product of ``_tiles.py``; the normalization kernels call the streaming stores of
-``_stream.py``), and Numba goes on loading the entry after the other module has changed: in a
-checkout updated in place, a new step product left the LSTM kernels running the old one, with
-no sign of it but their speed. :func:`install` puts a locator first in Numba's list which, for
-the modules of the numba package (:data:`KERNEL_MODULES`) alone, keeps the cache folder Numba
-would have chosen (``NUMBA_CACHE_DIR``, else beside the module, else the user's cache folder)
-and adds a digest of all the kernel modules' sources, and of the modules whose values they
-freeze (:data:`FROZEN_MODULES`), to the stamp: a change to any of them recompiles every kernel.
-Numba's own list of locators (``NUMBA_CACHE_LOCATOR_CLASSES``), when set, replaces it.
+``_stream.py``), and the values of the globals its compiled code reads are frozen into it (the
+cells' kernels take each activation's BNNS number from ``enums.ActivationFunction``). Numba
+goes on loading such an entry after the other module has changed: in a checkout updated in
+place, a new step product left the LSTM kernels running the old one, with no sign of it but
+their speed.
+
+:func:`install` puts a locator first in Numba's list which, for the modules of the numba
+package, keeps the cache folder Numba would have chosen (``NUMBA_CACHE_DIR``, else beside the
+module, else the user's cache folder) and adds to the stamp of each module's kernels a digest
+of exactly the sources they can carry (:func:`stamped_modules`):
+
+- the module itself and the package's modules it imports, theirs in turn, found from the
+  import statements; all but this one, which decides the stamps and reaches no kernel;
+- the modules outside the package whose values compiled code in any of those freezes
+  (:data:`FROZEN`). The kernel modules' other imports from outside the package (the LSTM's
+  plan and weights, thread limits, ``Activation``) serve their Python code only.
+
+So an edit recompiles the kernels that carry the edited code or values and no others:
+``_tiles.py`` those of every kernel module but ``_stream.py`` and ``_progress.py``;
+``_progress.py`` the LSTM's (``_lstm.py``, ``_cells.py``); ``enums.py`` the cells'; the
+package's ``__init__.py``, ``_tiers.py`` and ``_worker.py``, which define no kernels and which
+no kernel module imports, none. Numba's own list of locators (``NUMBA_CACHE_LOCATOR_CLASSES``),
+when set, replaces this one.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from numba.core import caching
 
-__all__ = ["KERNEL_MODULES", "FROZEN_MODULES", "install", "sources_digest"]
+__all__ = ["FROZEN", "PACKAGE", "imported_modules", "install", "module_digest", "package_digest",
+           "sources_digest", "stamped_modules"]
 
-#: Every module of the numba backend's package, named one by one: their sources make up every
-#: kernel's stamp. A module added to the package goes here too (a test compares this list with
-#: the package's files), or a change to it would leave kernels that inline its code stale.
-KERNEL_MODULES = tuple(Path(__file__).resolve().parent / name for name in (
-    "__init__.py",
-    "_cache.py",
-    "_cells.py",
-    "_lstm.py",
-    "_normalization.py",
-    "_progress.py",
-    "_stream.py",
-    "_tiers.py",
-    "_tiles.py",
-    "_worker.py",
-))
+#: The numba backend's package folder, its dotted name, and bnnsfw's folder.
+PACKAGE = Path(__file__).resolve().parent
+_PACKAGE_NAME = __name__.rpartition(".")[0]
+_BNNSFW = PACKAGE.parents[1]
+
+#: By kernel module, the modules outside the package (under bnnsfw's folder) whose values its
+#: compiled code freezes when it compiles: the cells' kernels take each activation's BNNS
+#: number (``enums.ActivationFunction``) as a constant. A test finds, from the code, every
+#: global that compiled code reads and where its value comes from, and compares with this.
+FROZEN: dict[str, tuple[str, ...]] = {
+    "_cells.py": ("enums.py",),
+}
 
 
-#: Modules outside the package whose values the kernels freeze when they compile: the cells'
-#: kernels take each activation's BNNS number (``enums.ActivationFunction``) as a constant.
-FROZEN_MODULES = (Path(__file__).resolve().parents[2] / "enums.py",)
+def _import_statements(source: str) -> Iterator[ast.stmt]:
+    """The import statements of ``source``, at any depth: each line that begins with ``from`` or
+    ``import``, parsed alone, or with the lines that follow while a bracket stays open or a
+    backslash ends it (comments aside). Numba reads each kernel's stamp when the kernel is
+    defined, so the import of the backend pays for this: under 4 ms for all the kernel
+    modules, where parsing them whole takes 40. A line of prose that parses as an import
+    counts too, which can only widen a stamp; a test checks that this finds what a full parse
+    of each module finds."""
+    lines = source.splitlines()
+    for number, line in enumerate(lines):
+        statement, end = line.lstrip(), number
+        if not statement.startswith(("from ", "import ")):
+            continue
+        bare = statement.split("#", 1)[0]  # an import holds no string: a "#" starts a comment
+        while True:
+            try:
+                yield from ast.parse(statement).body
+                break
+            except SyntaxError:  # a bracket still open, or prose in a docstring
+                if not (bare.count("(") > bare.count(")") or bare.rstrip().endswith("\\")) \
+                        or end + 1 == len(lines):
+                    break
+                end += 1
+                statement += "\n" + lines[end]
+                bare += "\n" + lines[end].split("#", 1)[0]
 
 
-def sources_digest(paths: tuple[Path, ...] = KERNEL_MODULES + FROZEN_MODULES) -> str:
+def _package_module(dotted: str) -> Path | None:
+    """The file of the package's module named ``dotted`` (absolute), ``None`` outside the
+    package; the package's ``__init__.py`` for the package itself."""
+    if dotted == _PACKAGE_NAME:
+        return PACKAGE / "__init__.py"
+    if not dotted.startswith(_PACKAGE_NAME + "."):
+        return None
+    return PACKAGE / (dotted[len(_PACKAGE_NAME) + 1:].split(".")[0] + ".py")
+
+
+@functools.lru_cache(maxsize=None)
+def imported_modules(path: Path) -> frozenset[Path]:
+    """The package's modules that the module at ``path`` imports (``from . import _x``,
+    ``from ._x import y``, and the same with absolute names); ``from . import name`` of a name
+    that is not a module of the package counts as the package's ``__init__.py``."""
+    found: set[Path | None] = set()
+    for statement in _import_statements(path.read_text(encoding="utf-8")):
+        if isinstance(statement, ast.Import):
+            found.update(_package_module(alias.name) for alias in statement.names)
+        elif isinstance(statement, ast.ImportFrom):
+            package = _PACKAGE_NAME.split(".")
+            base = package[:len(package) + 1 - statement.level] if statement.level else []
+            dotted = ".".join(base + ([statement.module] if statement.module else []))
+            module = _package_module(dotted)
+            if module is not None and module.name == "__init__.py":
+                for alias in statement.names:
+                    submodule = PACKAGE / f"{alias.name}.py"
+                    found.add(submodule if submodule.exists() else module)
+            else:
+                found.add(module)
+    return frozenset(p for p in found if p is not None)
+
+
+@functools.lru_cache(maxsize=None)
+def stamped_modules(path: Path) -> tuple[Path, ...]:
+    """The sources that make up the stamp of the kernels of the module at ``path`` (module
+    docstring): it and the package's modules it imports, theirs in turn, but this one
+    (``_cache.py``), sorted; then the modules whose values any of them freezes
+    (:data:`FROZEN`), sorted."""
+    reached: set[Path] = set()
+    pending = [path.resolve()]
+    while pending:
+        module = pending.pop()
+        if module not in reached and module != Path(__file__).resolve():
+            reached.add(module)
+            pending.extend(imported_modules(module))
+    frozen = {_BNNSFW / name for module in reached for name in FROZEN.get(module.name, ())}
+    return tuple(sorted(reached)) + tuple(sorted(frozen))
+
+
+def sources_digest(paths: tuple[Path, ...]) -> str:
     """SHA-256 over the names and contents of ``paths``, in order."""
     digest = hashlib.sha256()
     for path in paths:
@@ -58,19 +144,30 @@ def sources_digest(paths: tuple[Path, ...] = KERNEL_MODULES + FROZEN_MODULES) ->
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
+def module_digest(path: Path) -> str:
+    """:func:`sources_digest` of :func:`stamped_modules`, read once per process: what the
+    stamp of the kernels of the module at ``path`` adds to Numba's."""
+    return sources_digest(stamped_modules(path))
+
+
 @functools.lru_cache(maxsize=1)
-def _kernels_digest() -> str:
-    """:func:`sources_digest` of the kernel modules and the modules whose values they freeze,
-    read once per process."""
-    return sources_digest()
+def package_digest() -> str:
+    """:func:`sources_digest` of every module of the package and of :data:`FROZEN`'s, read once
+    per process: what the markers of the kinds of call whose kernels are on disk are keyed on
+    (``_tiers.py``), since beside the kernels' sources the package's ``__init__.py`` decides
+    which kernels a call runs and ``_tiers.py`` how a background compile replays it."""
+    frozen = {_BNNSFW / name for names in FROZEN.values() for name in names}
+    return sources_digest(tuple(sorted(PACKAGE.glob("*.py"))) + tuple(sorted(frozen)))
 
 
 class KernelSourcesLocator(caching._CacheLocator):
-    """The locator Numba would choose for a kernel module's function, with
-    :func:`sources_digest` in the stamp."""
+    """The locator Numba would choose for a function of the package, with
+    :func:`module_digest` in the stamp."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, module: Path) -> None:
         self._inner = inner
+        self._module = module
 
     def ensure_cache_path(self) -> None:
         self._inner.ensure_cache_path()
@@ -79,21 +176,21 @@ class KernelSourcesLocator(caching._CacheLocator):
         return str(self._inner.get_cache_path())
 
     def get_source_stamp(self) -> Any:
-        return self._inner.get_source_stamp(), _kernels_digest()
+        return self._inner.get_source_stamp(), module_digest(self._module)
 
     def get_disambiguator(self) -> str:
         return str(self._inner.get_disambiguator())
 
     @classmethod
     def from_function(cls, py_func: Any, py_file: str) -> KernelSourcesLocator | None:
-        if not os.path.exists(py_file) or Path(py_file).resolve() not in KERNEL_MODULES:
+        if not os.path.exists(py_file) or Path(py_file).resolve().parent != PACKAGE:
             return None
         others: list[Any] = caching.CacheImpl._locator_classes
         for other in others:
             if other is not cls:
                 inner = other.from_function(py_func, py_file)
                 if inner is not None:
-                    return cls(inner)
+                    return cls(inner, Path(py_file).resolve())
         return None
 
 

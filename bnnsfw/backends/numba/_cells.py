@@ -53,7 +53,7 @@ from .._shared.lstm_kernels import (LSTMKernels, LSTMScratch, LSTMStepPlan, LSTM
                                    gather_output)
 from ._lstm import _EMPTY, FAST_MATH, _feature_major, _mm, _repeated, _runtime, _tanh
 
-_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: their cache entries' stamps cover the sources they carry
 
 __all__ = ["activate", "derivative", "activate_run", "derivative_run", "serves", "forward_sequence",
            "backward_sequence"]

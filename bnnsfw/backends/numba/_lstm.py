@@ -92,7 +92,7 @@ from ._tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_pr
                            pack_size, packed_product, packed_rest_product, packs, paired, paired_product,
                            product, row_product, transposed_product, wide_loops)
 
-_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: their cache entries' stamps cover the sources they carry
 
 __all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "OVERLAP_COLUMNS",
            "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "STREAM_CACHE_MIN", "THREADED_STEP_MIN",

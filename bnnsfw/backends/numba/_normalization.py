@@ -44,7 +44,7 @@ from . import _cache
 from ._stream import affine, normalized_row, normalized_row_backward, store_fence
 from ._tiles import wide_loops
 
-_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: their cache entries' stamps cover the sources they carry
 
 __all__ = ["serves", "forward", "backward"]
 

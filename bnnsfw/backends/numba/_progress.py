@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 
 from . import _cache
 
-_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: their cache entries' stamps cover the sources they carry
 
 __all__ = ["claim", "count_up", "wait_for"]
 

@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from . import _cache
 
-_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: their cache entries' stamps cover the sources they carry
 
 __all__ = ["LINE_BYTES", "STREAM_MIN", "affine", "normalized_row", "normalized_row_backward", "prefetch",
            "stream_copy", "store_fence"]

@@ -141,11 +141,11 @@ def _kind(value: Any) -> Any:
 def kind_of(operation: str, request: Any) -> str:
     """A digest of what decides the kernels a call runs and their argument types (module
     docstring): the operation, every field of ``request`` but its contents, the thread
-    counts, and the kernels' sources (:func:`._cache.sources_digest`)."""
+    counts, and the package's sources (:func:`._cache.package_digest`)."""
     fields = {f.name: getattr(request, f.name) for f in attrs.fields(type(request))}
     fields.pop("weights", None)  # packed by this backend from the configuration, which is here
     fields.pop("workspace", None)
-    described = (operation, _kind(fields), numba.get_num_threads(), _cache._kernels_digest(),
+    described = (operation, _kind(fields), numba.get_num_threads(), _cache.package_digest(),
                  numba.__version__, _cpu_name(), sys.version_info[:2])
     return hashlib.sha256(repr(described).encode()).hexdigest()[:32]
 

@@ -55,7 +55,7 @@ from numba.extending import intrinsic
 
 from . import _cache
 
-_cache.install()  # before any kernel: the stamps of their cache cover every kernel module
+_cache.install()  # before any kernel: their cache entries' stamps cover the sources they carry
 
 __all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "PAIRS", "ROW_VECTORS",
            "SPLIT_WIDE_CPUS", "VECTOR_BYTES", "WIDE_BYTES", "COLUMN_ROWS", "COLUMN_COLUMNS", "column_tiles",

@@ -1,0 +1,240 @@
+"""The numba kernels' disk cache: each module's kernels stamped with the sources they carry."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bnnsfw as bf
+
+pytestmark = pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+
+_PACKAGE_NAME = "bnnsfw.backends.numba"
+_BNNSFW = Path(bf.__file__).resolve().parent
+
+#: Which sources stamp the kernels of each module of the package: the module, the package's
+#: modules it imports (theirs in turn; ``_cache.py`` aside), and ``enums.py`` for the cells.
+_STAMPS = {
+    "_cells.py": ["_cells.py", "_lstm.py", "_progress.py", "_stream.py", "_tiles.py", "enums.py"],
+    "_lstm.py": ["_lstm.py", "_progress.py", "_stream.py", "_tiles.py"],
+    "_normalization.py": ["_normalization.py", "_stream.py", "_tiles.py"],
+    "_progress.py": ["_progress.py"],
+    "_stream.py": ["_stream.py"],
+    "_tiles.py": ["_tiles.py"],
+}
+
+#: The jit decorators of Numba by their last name: a function under one (or under a module
+#: global bound to one, such as ``_kernel = numba.njit(...)``) runs compiled or while compiling.
+_COMPILING = {"njit", "jit", "intrinsic", "overload", "overload_method", "overload_attribute",
+              "register_jitable", "generated_jit", "vectorize", "guvectorize", "cfunc", "stencil"}
+
+
+def _modules():
+    from bnnsfw.backends.numba import _cache
+
+    return sorted(_cache.PACKAGE.glob("*.py"))
+
+
+def _absolute(node: ast.ImportFrom) -> str:
+    package = _PACKAGE_NAME.split(".")
+    base = package[:len(package) + 1 - node.level] if node.level else []
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _file(dotted: str) -> str:
+    """The file of bnnsfw's module ``dotted``, relative to bnnsfw's folder."""
+    relative = Path(*dotted.split(".")[1:])
+    return (relative.with_suffix(".py") if (_BNNSFW / relative.with_suffix(".py")).exists()
+            else relative / "__init__.py").as_posix()
+
+
+def _last_name(node: ast.expr) -> str | None:
+    node = node.func if isinstance(node, ast.Call) else node
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _frozen_sources(path: Path) -> tuple[set[str], set[str], set[str]]:
+    """From the code of the module at ``path``: the modules of bnnsfw outside the numba package
+    (relative to bnnsfw's folder) whose values its compiled code reads, those it imports, and
+    the names of its compiled functions. Compiled code is every function under a Numba
+    decorator; what it reads is every name in it, then every name in the module-level
+    definitions of those (a constant computed at import from an imported value, a helper an
+    overload calls while compiling), in turn: wider than what it really reads, never narrower."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    outside: dict[str, str] = {}  # a name bound by an import from bnnsfw outside the package
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert not any(a.name.startswith("bnnsfw") for a in node.names), "name the values imported"
+        if isinstance(node, ast.ImportFrom):
+            dotted = _absolute(node)
+            if not dotted.startswith("bnnsfw.") or f"{dotted}.".startswith(f"{_PACKAGE_NAME}."):
+                continue
+            for alias in node.names:
+                module = f"{dotted}.{alias.name}"
+                is_module = (_BNNSFW / _file(module)).exists()
+                outside[alias.asname or alias.name] = _file(module if is_module else dotted)
+    reads: dict[str, set[str]] = {}  # module-level name: the names its definitions read
+    roots: set[str] = set()
+    jit_aliases = {t.id for node in tree.body if isinstance(node, ast.Assign)
+                   and _last_name(node.value) in _COMPILING for t in node.targets if isinstance(t, ast.Name)}
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound = {node.name}
+            if any(_last_name(d) in _COMPILING | jit_aliases for d in getattr(node, "decorator_list", ())):
+                roots.add(node.name)
+        else:
+            bound = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for name in bound:
+            reads.setdefault(name, set()).update(names)
+    seen: set[str] = set()
+    pending = list(roots)
+    while pending:
+        name = pending.pop()
+        if name not in seen:
+            seen.add(name)
+            pending.extend(reads.get(name, ()))
+    return {outside[name] for name in seen if name in outside}, set(outside.values()), roots
+
+
+def test_frozen_names_every_module_whose_values_compiled_code_reads(tmp_path):
+    """Read from the code: the modules outside the package whose values the compiled code of
+    each module of the package reads are those :data:`_cache.FROZEN` names (``enums.py`` for
+    the cells, whose kernels take the activations' numbers as constants; the plan, weights,
+    thread limits and ``Activation`` the modules import serve their Python code only). The
+    reading finds every compiled function Numba knows in the module."""
+    import importlib
+
+    import numba
+    from numba.core.extending import _Intrinsic
+
+    from bnnsfw.backends.numba import _cache
+
+    for path in _modules():
+        frozen, _, roots = _frozen_sources(path)
+        assert frozen == set(_cache.FROZEN.get(path.name, ())), path.name
+        module = importlib.import_module(f"{_PACKAGE_NAME}.{path.stem}")
+        for value in vars(module).values():
+            func = getattr(value, "py_func", None) if isinstance(value, numba.core.dispatcher.Dispatcher) \
+                else getattr(value, "_defn", None) if isinstance(value, _Intrinsic) else None
+            if func is not None and func.__module__ == module.__name__:
+                assert func.__name__ in roots, (path.name, func.__name__)
+    assert _frozen_sources(_cache.PACKAGE / "_lstm.py")[:2] == (
+        set(), {"enums.py", "_threadpool.py", "backends/_shared/lstm_kernels.py"})
+    sample = tmp_path / "_sample.py"
+    sample.write_text("import numba\n"
+                      "from ...enums import ActivationFunction as AF\n"
+                      "from .._shared.lstm_kernels import repeated\n"
+                      "_kernel = numba.njit(cache=True)\n"
+                      "_TANH = int(AF.tanh)\n"
+                      "def python_side(a):\n    return repeated(a, 2)\n"
+                      "@_kernel\ndef k(x):\n    return x + _TANH\n", encoding="utf-8")
+    assert _frozen_sources(sample) == ({"enums.py"}, {"enums.py", "backends/_shared/lstm_kernels.py"}, {"k"})
+
+
+def test_import_statements_found_line_by_line_are_the_full_parse():
+    """The quick reading of a module's imports finds what a parse of the whole module finds,
+    for every module of the package; a statement split over lines counts once."""
+    from bnnsfw.backends.numba import _cache
+
+    for path in _modules():
+        source = path.read_text(encoding="utf-8")
+        quick = [ast.dump(s) for s in _cache._import_statements(source)]
+        full = [ast.dump(s) for s in ast.walk(ast.parse(source))
+                if isinstance(s, (ast.Import, ast.ImportFrom))]
+        assert sorted(quick) == sorted(full), path.name
+    split = ("from ._tiles import (a,  # b)\n    b)  # (c\nx = 1\n\"\"\"\nfrom the docstring (a\n\"\"\"\n"
+             "import \\\n  numba\nfrom . import (_stream  # )\n  )\n")
+    assert [ast.dump(s) for s in _cache._import_statements(split)] == [
+        ast.dump(s) for s in ast.parse(split).body if isinstance(s, (ast.Import, ast.ImportFrom))]
+
+
+def test_each_kernel_module_is_stamped_with_the_sources_it_reaches():
+    """Each kernel's cache entry is stamped with what Numba's own locator gives plus the digest
+    of the sources its module reaches (:data:`_STAMPS`); modules with no kernels import none
+    of the others but ``_cache.py``, and no kernel module imports them."""
+    import importlib
+
+    import numba
+
+    from bnnsfw.backends.numba import _cache
+
+    for path in _modules():
+        stamped = [p.name for p in _cache.stamped_modules(path)]
+        if path.name in _STAMPS:
+            assert stamped == _STAMPS[path.name], path.name
+        else:
+            assert not any(path.name in names for names in _STAMPS.values()), path.name
+        module = importlib.import_module(f"{_PACKAGE_NAME}.{path.stem}")
+        kernels = [v for v in vars(module).values() if isinstance(v, numba.core.dispatcher.Dispatcher)
+                   and v.py_func.__module__ == module.__name__]
+        assert bool(kernels) == (path.name in _STAMPS), path.name
+        for kernel in kernels:
+            locator = kernel._cache._impl.locator
+            assert isinstance(locator, _cache.KernelSourcesLocator)
+            inner, digest = locator.get_source_stamp()
+            assert inner == locator._inner.get_source_stamp() and digest == _cache.module_digest(path)
+    assert len({_cache.module_digest(_cache.PACKAGE / name) for name in _STAMPS}) == len(_STAMPS)
+
+
+_ONE_KERNEL_EACH = """
+import json
+import numpy as np
+from bnnsfw.backends.numba import _cells, _lstm, _normalization, _progress, _stream, _tiles
+calls = {
+    "_progress.py": (_progress.wait_for, (np.ones(1, np.int64), 1)),
+    "_stream.py": (_stream.stream_copy, (np.ones(64, np.float32), np.empty(64, np.float32))),
+    "_tiles.py": (_tiles._unit_rows, (np.ones((2, 2)),)),
+    "_lstm.py": (_lstm._chunk, (8, 4, 1, False)),
+    "_normalization.py": (_normalization._combine, (1.0, 0.0, 0.0, 1.0, 1.0, 0.0)),
+    "_cells.py": (_cells._zero_columns, (np.ones((4, 2)), np.zeros(2, np.bool_), 0, 4)),
+}
+found = {}
+for name, (kernel, args) in calls.items():
+    kernel(*args)
+    found[name] = [sum(kernel.stats.cache_hits.values()), sum(kernel.stats.cache_misses.values())]
+print(json.dumps(found))
+"""
+
+
+def test_an_edit_recompiles_the_kernels_that_carry_the_edited_sources_and_no_others(tmp_path):
+    """End to end, in a copy of bnnsfw with a cache of its own, one small kernel of each kernel
+    module: all compile in the first process; after edits to modules no kernel carries (the
+    compile tiers, the package's ``__init__``, the stamping itself, the shared LSTM kernels and
+    ``Activation``, which the LSTM modules import for their Python code) all load from the
+    cache; after an edit to ``_progress.py`` the LSTM's kernels (``_lstm.py``, ``_cells.py``)
+    and its own compile again, the others load; after one to ``_tiles.py``, all but those of
+    ``_stream.py`` and ``_progress.py``; after one to ``enums.py``, whose values the cells'
+    kernels freeze, those of ``_cells.py`` alone."""
+    tree = tmp_path / "tree"
+    shutil.copytree(_BNNSFW, tree / "bnnsfw", ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    def compiled_after(*edited: str) -> set[str]:
+        for name in edited:
+            with open(tree / "bnnsfw" / name, "a", encoding="utf-8") as fh:
+                fh.write("\n# an edit\n")
+        done = subprocess.run([sys.executable, "-c", _ONE_KERNEL_EACH], capture_output=True, text=True,
+                              timeout=600, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        counts = json.loads(done.stdout.strip().splitlines()[-1])
+        assert all(sorted(c) == [0, 1] for c in counts.values()), counts  # loaded or compiled, once
+        return {name for name, (_, misses) in counts.items() if misses}
+
+    numba = "backends/numba/"
+    assert compiled_after() == set(_STAMPS)
+    no_kernel_carries = ("_tiers.py", "__init__.py", "_cache.py", "_worker.py")
+    assert compiled_after(*(numba + name for name in no_kernel_carries), "backends/_shared/lstm_kernels.py",
+                          "activation.py") == set()
+    assert compiled_after(numba + "_progress.py") == {"_progress.py", "_lstm.py", "_cells.py"}
+    assert compiled_after(numba + "_tiles.py") == {"_tiles.py", "_lstm.py", "_cells.py", "_normalization.py"}
+    assert compiled_after("enums.py") == {"_cells.py"}
