@@ -8,7 +8,9 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -184,6 +186,25 @@ def test_each_kernel_module_is_stamped_with_the_sources_it_reaches():
             inner, digest = locator.get_source_stamp()
             assert inner == locator._inner.get_source_stamp() and digest == _cache.module_digest(path)
     assert len({_cache.module_digest(_cache.PACKAGE / name) for name in _STAMPS}) == len(_STAMPS)
+
+
+def test_a_kernel_that_cannot_be_cached_warns_with_its_file():
+    """Numba's warning that a compiled function cannot be cached (with ``NUMBA_OPT=0``, or for
+    one that uses dynamic globals) names the function's file, which it reads from the locator."""
+    from numba.core.errors import NumbaWarning
+
+    from bnnsfw.backends.numba import _tiles
+
+    impl = _tiles._product._cache._impl
+    result = SimpleNamespace(lifted=(), library=SimpleNamespace(has_dynamic_globals=True),
+                             fndesc=SimpleNamespace(qualname="_product"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert impl.check_cachable(result) is False
+    assert [(w.category, w.filename) for w in caught] == [(NumbaWarning, _tiles.__file__)]
+    assert "Cannot cache compiled function \"_product\"" in str(caught[0].message)
+    with pytest.raises(AttributeError):
+        impl.locator.no_such_attribute  # noqa: B018
 
 
 _ONE_KERNEL_EACH = """

@@ -169,6 +169,13 @@ class KernelSourcesLocator(caching._CacheLocator):
         self._inner = inner
         self._module = module
 
+    def __getattr__(self, name: str) -> Any:
+        """What Numba reads of its own locators beyond this interface (``_py_file``, when it
+        warns that a function cannot be cached), from the locator it would have chosen."""
+        if name in ("_inner", "_module"):  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
     def ensure_cache_path(self) -> None:
         self._inner.ensure_cache_path()
 
