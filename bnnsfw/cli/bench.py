@@ -793,7 +793,7 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> dict[str, Any]:
     for norm_case in norm_cases:
         rows += _bench_normalization(norm_case, opts, peers)
     print(format_table(rows, with_torch=peers.torch is not None, with_ort=peers.ort is not None), file=out)
-    latency = None
+    latency: dict[str, dict[str, Any]] | None = None
     if not opts.quick:
         with tempfile.TemporaryDirectory(prefix="bnnsfw-bench-cache-") as cache_dir:
             cold = first_call_latency(opts.backend, cache_dir)
