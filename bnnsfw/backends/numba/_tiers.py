@@ -28,6 +28,7 @@ layout and read-only flag, with the thread counts in force.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import hashlib
@@ -360,6 +361,7 @@ class Tiers:
         self._worker: subprocess.Popen | None = None
         self._running: list[str] = []
         self._said = False
+        self._handing_over = False
         self._kinds: dict[tuple, tuple[tuple, str]] = {}
 
     def folder(self) -> Path:
@@ -455,6 +457,15 @@ class Tiers:
                              failed=failed, pending=self.poll(), cpu=_cpu_name(),
                              numba_version=numba.__version__)
 
+    def _hand_over(self) -> None:
+        """At this process's exit, start a worker for the jobs still waiting: it outlives the
+        process, and takes its turn at the cache folder's lock after the one running now, so
+        that the next process finds every kind of call this one made ready."""
+        with self._lock:
+            if self._queued:
+                self._worker = None
+                self._start()
+
     def poll(self) -> bool:
         """Whether a background compile is still under way (or waiting to start)."""
         with self._lock:
@@ -478,8 +489,15 @@ class Tiers:
         self._start()
 
     def _start(self) -> None:
-        """Start a worker for the queued jobs unless one runs (the lock is held)."""
-        if self._worker is not None or not self._queued:
+        """Start a worker for the queued jobs unless one runs (the lock is held). While one
+        runs, the jobs wait for it; should this process exit first, :meth:`_hand_over` gives
+        them a worker of their own."""
+        if not self._queued:
+            return
+        if self._worker is not None:
+            if not self._handing_over:
+                self._handing_over = True
+                atexit.register(self._hand_over)
             return
         folder = self.folder()
         try:
