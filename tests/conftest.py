@@ -23,6 +23,26 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def direct_calls(backend_name: str, monkeypatch: pytest.MonkeyPatch) -> list[int] | None:
+    """On ``numba``, the layer count of each call of its direct LSTM inference, in order (a spy
+    on ``StackInference``, which its prepared forward runs without the stack's layers of
+    calls); None on the other backends."""
+    if backend_name != "numba":
+        return None
+    from bnnsfw.backends.numba._lstm import StackInference
+
+    calls: list[int] = []
+    run = StackInference.__call__
+
+    def spy(self, *args):
+        calls.append(len(self._layers))
+        return run(self, *args)
+
+    monkeypatch.setattr(StackInference, "__call__", spy)
+    return calls
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261122)
 

@@ -176,24 +176,28 @@ def test_the_forward_weight_arguments_follow_the_weights(backend_name, rng):
             assert kept is None
 
 
+@pytest.mark.parametrize("num_layers", [1, 3])
 @pytest.mark.parametrize("peepholes", [None, "diagonal", "full"])
-def test_a_one_layer_inference_prepared_agrees_with_the_reference(backend_name, peepholes, rng):
-    """One layer and direction in inference, the kind a backend may run without its stack's
-    layers of calls (``numba`` does, its scratch views kept while the workspace's buffer
-    stays): float32, several batch sizes in turn, with and without states, a batch-first
-    layer, against the ``numpy`` backend's unprepared forward."""
-    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, seed=5, dtype=np.float32,
-                                      peepholes=peepholes, batch_first=True)
+def test_a_one_direction_inference_prepared_agrees(backend_name, peepholes, num_layers, rng, direct_calls):
+    """One direction in inference, the kind a backend may run without its stack's layers of
+    calls (``numba`` does, its scratch views kept while the workspace's buffer stays): one
+    layer and three, float32, several batch sizes in turn, with both states, the hidden one
+    only or none, a batch-first layer, against the ``numpy`` backend's unprepared forward."""
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, num_layers=num_layers, seed=5,
+                                      dtype=np.float32, peepholes=peepholes, batch_first=True)
     with bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name)) as layer, \
             bf.LSTMLayer(params, bf.FilterParameters(backend=Counting(bf.backends.get_backend("numpy"),
                                                                       prepare=False))) as plain:
         # a larger batch between two of a smaller one grows the scratch the prepared calls
         # share: the smaller one's call then finds its scratch somewhere else
-        for batch, states in ((3, False), (3, True), (7, True), (3, True), (12, False), (3, False)):
-            h0, c0 = (rng.standard_normal((1, batch, 4)).astype(np.float32) if states else None
-                      for _ in range(2))
+        for batch, states in ((3, 0), (3, 2), (7, 2), (3, 2), (12, 0), (3, 0), (3, 1)):
+            h0, c0 = (rng.standard_normal((num_layers, batch, 4)).astype(np.float32) if states > k else None
+                      for k in range(2))
             for _ in range(3):  # the second call prepares the forward, the third reuses it
                 x = rng.standard_normal((batch, 2, 3)).astype(np.float32)
                 got, want = layer(x, h0, c0), plain(x, h0, c0)
                 for name in ("output", "hidden", "cell"):
                     _close(getattr(got, name), getattr(want, name))
+    # on numba its direct inference ran the second and third call of the five kinds, and every
+    # call of the two kinds that came back
+    assert direct_calls is None or direct_calls == [num_layers] * (5 * 2 + 2 * 3)

@@ -34,6 +34,12 @@ VARIANTS = {
 }
 
 
+#: The variants whose steps ``numba`` runs without its stack's layers of calls once a step's
+#: forward is prepared (an inference of one direction of BNNS's cell, whose steps stay on the
+#: calling thread: ``_lstm.StackInference``).
+DIRECT = {"stacked", "diagonal_peepholes", "full_peepholes", "batch_first"}
+
+
 def _layer(backend_name, **options):
     params = LSTMParameters.random(input_size=3, hidden_size=5, seed=7, **options)
     return bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name))
@@ -65,7 +71,9 @@ def _apply(layer, x_tm, **states):
 # Stepping equals apply.
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_stepping_equals_one_apply(backend_name, variant, rng):
+def test_stepping_equals_one_apply(backend_name, variant, rng, direct_calls):
+    """On ``numba`` the steps of the variants in DIRECT after the first run its direct inference
+    (the first step goes through ``lstm_forward``, the second prepares the forward)."""
     with _layer(backend_name, **VARIANTS[variant]) as layer:
         x = _sequence(rng)
         hidden, cell = _states(rng, layer, 2)
@@ -75,15 +83,19 @@ def test_stepping_equals_one_apply(backend_name, variant, rng):
         _close(steps, output)
         _close(stream.hidden, final_h)
         _close(stream.cell, final_c)
+        if direct_calls is not None:
+            num_layers = layer.layer_parameters.num_layers
+            assert direct_calls == ([num_layers] * (len(x) - 1) if variant in DIRECT else [])
 
 
-def test_stepping_from_zero_states(backend_name, rng):
+def test_stepping_from_zero_states(backend_name, rng, direct_calls):
     with _layer(backend_name, num_layers=2) as layer:
         x = _sequence(rng)
         output, final_h, final_c = _apply(layer, x)
         stream = layer.stream(batch_size=2)
         _close(np.stack([stream.step(x[t]) for t in range(len(x))]), output)
         _close(stream.cell, final_c)
+        assert direct_calls is None or direct_calls == [2] * (len(x) - 1)
 
 
 def test_float64_layers_stream_within_their_tolerance(backend_name, rng):
@@ -178,6 +190,36 @@ def test_out_is_written_and_the_step_allocates_no_array(backend_name, rng):
         assert allocated < 8192, f"a step with out= allocated {allocated} bytes"
         allocated = _peak_of_steps(stream, measured, x, None)  # without out: a new output each step
         assert allocated >= out.nbytes
+
+
+@pytest.mark.parametrize("backend_name", ["numba"])
+def test_a_direct_step_allocates_no_array_around_its_kernels(backend_name, rng, direct_calls, monkeypatch):
+    """``numba``'s direct inference (two layers whose steps stay on the calling thread; output
+    7.75 KiB, states 15.5 KiB each) keeps its scratch in the stream's workspace: a step with
+    out= allocates no array, the backend's code around its kernels included. The kernels'
+    own temporaries (freed as each returns) are left out, as the test above leaves out the
+    backend's: the kernel is replaced by a no-op once the steps have run it."""
+    from bnnsfw.backends.numba import _lstm
+
+    batch, hidden = 31, 64
+    params = LSTMParameters.random(input_size=8, hidden_size=hidden, num_layers=2, seed=1)
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name)) as layer:
+        stream = layer.stream(batch_size=batch)
+        x = rng.standard_normal((batch, 8)).astype(np.float32)
+        out = np.empty((batch, hidden), np.float32)
+        for _ in range(3):                                      # the second step prepares the forward
+            stream.step(x, out=out)
+        monkeypatch.setattr(_lstm, "_forward", lambda *arguments: None)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            for _ in range(5):
+                stream.step(x, out=out)
+            allocated = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        assert allocated < 8192, f"a step with out= allocated {allocated} bytes"
+    assert direct_calls == [2] * 7
 
 
 def test_out_of_any_strides_and_overlapping_x(backend_name, rng):

@@ -141,7 +141,7 @@ class _TieredForward:
             with _tiers.compiled_as(compiled):
                 self._prepared[compiled] = backend._prepared_forward(request)
         self._ready_for: _tiers.Tiers | None = None  # the tiers that said compiled for good
-        self._one_layer = _one_layer_inference(backend, request)
+        self._stack = _stack_inference(backend, request)
 
     def _compiled(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
                   hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
@@ -164,9 +164,8 @@ class _TieredForward:
                  dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> None:
         arrays = (x, hidden, cell, output, hidden_out, cell_out, cache, dropout_masks, workspace)
         compiled = self._compiled(*arrays)
-        if compiled and self._one_layer is not None:
-            self._one_layer(x, None if hidden is None else hidden[0], None if cell is None else cell[0],
-                            output, hidden_out[0], cell_out[0], workspace)
+        if compiled and self._stack is not None:
+            self._stack(x, hidden, cell, output, hidden_out, cell_out, workspace)
             return
         prepared = self._prepared[compiled]
         if compiled and prepared.kernels_fixed:
@@ -176,17 +175,15 @@ class _TieredForward:
             prepared(*arrays)
 
 
-def _one_layer_inference(backend: NumbaBackend,
-                         request: LSTMForwardRequest) -> _lstm.OneLayerInference | None:
+def _stack_inference(backend: NumbaBackend, request: LSTMForwardRequest) -> _lstm.StackInference | None:
     """The compiled forward of ``request``'s kind without the stack's layers of calls
-    (:class:`._lstm.OneLayerInference`), for an inference of full-length sequences through one
-    layer and direction of the cells :func:`._lstm.serves` names whose steps
+    (:class:`._lstm.StackInference`), for an inference of full-length sequences through one
+    direction of any number of layers of the cells :func:`._lstm.serves` names whose steps
     :meth:`NumbaBackend._lstm_direction_kernels` keeps on the calling thread for every call of
     the kind (no layer output to mask then); None for every other kind."""
     config, payload = request.config, request.weights.payload
-    if (request.training or request.sequence_lengths is not None or config.num_layers != 1
-            or config.num_directions != 1 or not isinstance(payload, _Packed)
-            or not _lstm.serves(payload.plan)):
+    if (request.training or request.sequence_lengths is not None or config.num_directions != 1
+            or not isinstance(payload, _Packed) or not _lstm.serves(payload.plan)):
         return None
     seq_len, batch = request.x.shape[:2]
     dtype = np.dtype(config.dtype)
@@ -195,8 +192,8 @@ def _one_layer_inference(backend: NumbaBackend,
     with _tiers.compiled_as(True):
         if backend._lstm_direction_kernels(payload.plan, None, batch, dtype) is not _compiled_kernels(1):
             return None
-    return _lstm.OneLayerInference(payload.weights[0][0], seq_len, batch, config.input_size,
-                                   config.hidden_size, dtype)
+    return _lstm.StackInference([row[0] for row in payload.weights], seq_len, batch, config.input_size,
+                                config.hidden_size, dtype)
 
 
 class NumbaBackend(ScipyBlasBackend):
