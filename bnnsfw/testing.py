@@ -290,7 +290,7 @@ def _check_lstm_bptt(compare: _Comparison, backend: Any, case: dict[str, Any]) -
 
 def _prepared_cases(quick: bool) -> Iterator[dict[str, Any]]:
     dtypes = (np.float64,) if quick else (np.float32, np.float64)
-    stacks = ((1, False, None), (2, True, "diagonal"))
+    stacks = ((1, False, None), (2, True, "diagonal"), (3, False, None))  # (layers, bidirectional, peepholes)
     for dtype, (layers, bidirectional, peepholes), training, states in itertools.product(
             dtypes, stacks, (False, True), (False, True)):
         yield dict(dtype=dtype, num_layers=layers, bidirectional=bidirectional, peepholes=peepholes,
