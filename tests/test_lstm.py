@@ -2265,10 +2265,13 @@ def test_parameters_keep_arrays_of_the_right_dtype_and_cast_the_others(backend_n
         assert layer.apply(np.zeros((1, 1, 3), np.float32)).output.shape == (1, 1, 2)
 
 
-@pytest.mark.parametrize("num_layers,bidirectional", [(2, True), (1, False)], ids=["stacked", "one-layer"])
-def test_concurrent_calls_get_their_own_scratch_space(backend_name, rng, num_layers, bidirectional):
+@pytest.mark.parametrize("num_layers,bidirectional", [(2, True), (1, False), (3, False)],
+                         ids=["stacked", "one-layer", "stacked-one-direction"])
+def test_concurrent_calls_get_their_own_scratch_space(backend_name, rng, num_layers, bidirectional,
+                                                      direct_calls):
     """Calls from several threads at once, each of its own input: each gets what it gets alone
-    (one layer and direction: the prepared forward ``numba`` runs without the stack)."""
+    (one direction: the prepared forward ``numba`` runs without the stack, its scratch views
+    kept for the last workspace buffer it saw)."""
     import threading
 
     params = LSTMParameters.random(input_size=3, hidden_size=8, num_layers=num_layers,
@@ -2289,6 +2292,7 @@ def test_concurrent_calls_get_their_own_scratch_space(backend_name, rng, num_lay
             thread.join()
     for k in range(4):
         np.testing.assert_array_equal(results[k], expected[k])
+    assert direct_calls is None or bool(direct_calls) == (not bidirectional)
 
 
 def test_client_pointer_sees_in_place_updates(backend_name, rng):
