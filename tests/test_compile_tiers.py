@@ -152,6 +152,34 @@ def test_a_job_replays_the_call_with_the_same_kinds_of_array_on_zeros(monkeypatc
         assert _tiers.kind_of(operation, again) == _tiers.kind_of(operation, request)
 
 
+def test_a_forward_job_also_runs_the_forward_a_layer_prepares_for_its_kind(monkeypatch, tmp_path):
+    """A layer runs the second and later calls of a kind through the forward it prepared
+    (``lstm_prepare_forward``), whose compiled path may take other kinds of argument: the job
+    runs that too, so that the switch finds its kernels on disk."""
+    from bnnsfw.backends.numba import NumbaBackend, _tiers
+
+    x = np.random.default_rng(0).standard_normal((4, 3, 3))
+    request = _requests(monkeypatch, x)["lstm_forward"]
+    ran: list[bool] = []
+    original = NumbaBackend.lstm_prepare_forward
+
+    def spy(self, req):
+        call = original(self, req)
+
+        def counted(*args):
+            ran.append(True)
+            return call(*args)
+
+        return None if call is None else counted
+
+    monkeypatch.setattr(NumbaBackend, "lstm_prepare_forward", spy)
+    job = tmp_path / "job.pickle"
+    marker = tmp_path / ("0" * 32)
+    job.write_bytes(pickle.dumps((str(marker), 1, _tiers.job_bytes("lstm_forward", request))))
+    assert _tiers.run_jobs(NumbaBackend(), [job]) == 0
+    assert ran == [True] and marker.exists() and not job.exists()
+
+
 @pytest.mark.parametrize("writeable", [True, False])
 @pytest.mark.parametrize("layout", ["C", "F", "A"])
 def test_the_arrays_of_a_job_keep_their_layout_and_write_flag(layout, writeable):
@@ -294,8 +322,9 @@ model = bf.Sequential(
                                                      dtype=np.float64), bf.FilterParameters(backend="numba")),
 )
 x = np.random.default_rng(0).standard_normal((4, 3, 3))
-model.apply_backward(np.ones((3, 7)) * model.apply(x, training=True))
-model(x)
+for _ in range(2):  # the second call of each kind runs the forward the layer prepared for it
+    model.apply_backward(np.ones((3, 7)) * model.apply(x, training=True))
+    model(x)
 backend = bf.get_backend("numba")
 if sys.argv[1] == "first":
     while backend.compile_status().pending:

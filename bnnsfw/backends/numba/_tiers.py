@@ -259,6 +259,8 @@ def run_jobs(backend: Any, paths: list[Path]) -> int:
             with _locked(marker.parent):
                 operation, request = pickle.loads(job)
                 getattr(backend, operation)(request)
+                if operation == "lstm_forward":
+                    _replay_prepared(backend, request)
             _write_marker(marker, f"{operation}\n")
         except Exception as exc:  # recorded for the process that asked; it keeps to scipy-blas
             failures += 1
@@ -268,6 +270,16 @@ def run_jobs(backend: Any, paths: list[Path]) -> int:
             with contextlib.suppress(OSError):
                 path.unlink()
     return failures
+
+
+def _replay_prepared(backend: Any, request: Any) -> None:
+    """The forward a layer prepares for ``request``'s kind (``lstm_prepare_forward``), run
+    once: a layer runs the second and later calls of a kind through it, and its compiled path
+    may pass the kernels other kinds of argument than ``lstm_forward`` does."""
+    call = backend.lstm_prepare_forward(request)
+    if call is not None:
+        r = request
+        call(r.x, r.hidden, r.cell, r.output, r.hidden_out, r.cell_out, r.cache, r.dropout_masks, r.workspace)
 
 
 # --------------------------------------------------------------------------------------
