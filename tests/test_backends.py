@@ -394,11 +394,11 @@ def _fresh_asm(kernel, *args) -> str:
     return fresh.inspect_asm(tuple(fresh.typeof_pyval(a) for a in args))
 
 
-def _forward_step_asm(block: np.ndarray, *, stream: bool = False) -> str:
+def _forward_step_asm(block: np.ndarray) -> str:
     """The assembly of a shared-out forward step (``_forward_part``) compiled anew, in float32,
     for one piece of all ``H = block.shape[0] // 6`` units of ``block.shape[1]`` sequences
     (random weights, projection and state; no packed rows, no lengths; a training step, its
-    gate rows written into ``block``, stored past the caches with ``stream``)."""
+    gate rows written into ``block``)."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     h, batch, f32 = block.shape[0] // 6, block.shape[1], np.float32
@@ -408,7 +408,7 @@ def _forward_step_asm(block: np.ndarray, *, stream: bool = False) -> str:
                       rng.standard_normal((4 * h, 2 * batch)).astype(f32), 0, batch,
                       np.zeros((4, h * batch), f32), block, rng.standard_normal((h, batch)).astype(f32),
                       np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((batch, h), f32),
-                      np.empty(0, np.int64), 0, True, False, stream, np.zeros((1, 1), f32),
+                      np.empty(0, np.int64), 0, True, False, np.zeros((1, 1), f32),
                       np.zeros((0, 0), f32), np.zeros((0, 0), f32), np.zeros((0, 0), f32), -1)
 
 
@@ -500,21 +500,6 @@ def test_numba_prefetch_asks_without_reading():
         pytest.skip("the hint's instruction is named here for x86-64 only")
     assert "prefetcht1" in asked_sum.inspect_asm(asked_sum.signatures[0])
     assert "prefetcht1" in _forward_step_asm(np.zeros((6 * 32, 16), np.float32))
-
-
-@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-def test_numba_streamed_gate_rows_are_non_temporal_stores():
-    """The cache rows a shared-out training step streams (``_forward_part`` with ``stream``)
-    compile to non-temporal stores on x86-64 (``movntps`` or ``movntpd``, which LLVM may pick
-    for float32 vectors too: the same store of the line's bits), and the rows are written."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("the instruction is named here for x86-64 only")
-    h = 32
-    block = np.zeros((6 * h, 16), np.float32)
-    assert "movntp" in _forward_step_asm(block, stream=True)
-    assert np.all(np.isfinite(block[h:])) and np.any(block[h:] != 0)  # the rows were written
 
 
 # ------------------------------------------------------------------------------------------

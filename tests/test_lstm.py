@@ -1381,8 +1381,7 @@ def test_numba_tile_without_avx512_agrees_with_a_float64_product(tmp_path):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("hidden_size", [5, 38])
 @pytest.mark.parametrize("batch", [4, 8, 16, 24, 27])
-@pytest.mark.parametrize("tiled", [False, True], ids=["blas-products", "tile-products"])
-def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, batch, tiled,
+def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, batch,
                                                                    monkeypatch, rng):
     """Each step's units and each product shared out over threads (a thread may get no unit:
     H = 5 over 2 or 3 parts cut at multiples of 16) agree with the reference, forward and
@@ -1398,8 +1397,7 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     in float64) take packed rows of ``[U W]`` forward with AVX-512 (each step's product over
     ``[h; x]``, no projection), a block of 12 of each gate's rows of a piece of 16 or 22 units
     (H = 38) and the rest (4 and 10 rows) in one more block. The chunks' gradient
-    products are made by one-thread BLAS calls or by the register tile (``tiles_chunks``,
-    which answers for the shapes where the tile is the faster, made to answer here)."""
+    products are made by one-thread BLAS calls."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     used = _record_calls(monkeypatch, ("_forward_threads", "_backward_threads"),
@@ -1408,8 +1406,6 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     monkeypatch.setattr(_numba_lstm, "group_sequences", lambda *args: False)  # groups: below
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
     monkeypatch.setattr(_numba_lstm, "OVERLAP_COLUMNS", 0)  # the walk shared out too (overlapped: below)
-    asked = []
-    monkeypatch.setattr(_numba_lstm, "tiles_chunks", lambda *args: (asked.append(args), tiled)[1])
     directions = 1 if parts == 2 else 2
     params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2,
                                    bidirectional=directions == 2, peepholes="diagonal", seed=4, dtype=dtype)
@@ -1433,7 +1429,6 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     # 3 forward calls and 1 backward, each 2 layers × the directions
     assert sorted(used) == ([("_backward_threads", parts)] * 2 * directions
                             + [("_forward_threads", parts)] * 6 * directions)
-    assert len(asked) == 2 * directions
     _assert_all_close(results[1], results[0], dtype)
 
 
@@ -1501,64 +1496,6 @@ def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts,
                                 plain.cell, out.output, out.hidden, out.cell, grads.input]
                                + _gate_gradients(grads))
             _assert_all_close(results[1], results[0], dtype)
-
-
-@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("batch", [8, 16, 27])
-def test_numba_training_forward_streams_the_gate_rows_of_large_caches(dtype, batch, monkeypatch, rng):
-    """A training forward on threads whose cache blocks reach ``STREAM_CACHE_MIN`` bytes stores
-    their gate rows past the caches, and writes the same cache (every byte of the payload, as
-    numbers within the tolerance), outputs and gradients as one that stores them plainly, all
-    of which agree with the reference (two layers, diagonal peepholes, lengths, one of them 0,
-    initial states; 38 units, so most rows start inside a cache line). Inference never streams;
-    by default the long row's blocks stream and L's do not, and the threshold's bytes do."""
-    from bnnsfw.backends.numba import _lstm as _numba_lstm
-    from bnnsfw.layers._lstm_cache import HEADER_BYTES
-
-    streamed = []
-    original = _numba_lstm._forward_threads
-
-    def spy(*args):
-        streamed.append(bool(_argument(original, args, "stream")))
-        return original(*args)
-
-    monkeypatch.setattr(_numba_lstm, "_forward_threads", spy)
-    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
-    monkeypatch.setattr(_numba_lstm, "group_sequences", lambda *args: False)  # the units shared out
-    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)
-    assert _numba_lstm.streams(np.empty((2000, 6 * 256, 8), np.float32))  # the long row
-    assert not _numba_lstm.streams(np.empty((64, 6 * 256, 32), np.float32))  # L
-    least = _numba_lstm.STREAM_CACHE_MIN  # bytes or more
-    assert _numba_lstm.streams(np.empty((8, least // 8), np.uint8))
-    assert not _numba_lstm.streams(np.empty((8, least // 8 - 1), np.uint8))
-    block = np.empty((1, 6 * 256, 8), np.float32)
-    assert not _numba_lstm.streams(np.broadcast_to(block, (2000, 6 * 256, 8)))  # an inference's
-    hidden = 38
-    params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, peepholes="diagonal",
-                                   seed=6, dtype=dtype)
-    x = rng.standard_normal((7, batch, 3)).astype(dtype)
-    dy = rng.standard_normal((7, batch, hidden)).astype(dtype)
-    states = tuple(rng.standard_normal((2, batch, hidden)).astype(dtype) for _ in range(2))
-    lengths = np.resize([7, 3, 0, 5], batch)
-    results, payloads = [], []
-    for name, least in (("numpy", None), ("numba", 0), ("numba", 1 << 62)):
-        if least is not None:
-            monkeypatch.setattr(_numba_lstm, "STREAM_CACHE_MIN", least)
-        streamed.clear()
-        with layer_for(params, name) as layer:
-            cache = np.zeros(layer.training_cache_capacity(batch_size=batch, seq_len=7), np.uint8)
-            out = layer.apply(x, *states, training=True, training_cache=cache, sequence_lengths=lengths)
-            grads = layer.apply_backward(x, dy, *states, sequence_lengths=lengths, training_cache=cache)
-            inference = layer.apply(x, *states, sequence_lengths=lengths)
-        if least is not None:  # two layers trained, then two inferred
-            assert streamed == [least == 0] * 2 + [False] * 2
-            payloads.append(cache[HEADER_BYTES:].view(dtype))
-        results.append([out.output, out.hidden, out.cell, grads.input, inference.output]
-                       + _gate_gradients(grads))
-    _assert_all_close(results[1], results[0], dtype)
-    _assert_all_close(results[1], results[2], dtype)
-    _assert_all_close(payloads[:1], payloads[1:], dtype)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -88,15 +88,15 @@ from . import _cache
 from .._shared.lstm_kernels import LSTMStepPlan, LSTMWeights, repeated
 from ._progress import claim, count_up, wait_for
 from ._stream import LINE_BYTES, prefetch, store_fence, stream_copy
-from ._tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, WIDE_BYTES, column_product, pack_rows,
+from ._tiles import (COLUMN_ROWS, PACK_ROWS, VECTOR_BYTES, column_product, pack_rows,
                            pack_size, packed_product, packed_rest_product, packs, paired, paired_product,
                            product, row_product, transposed_product, wide_loops)
 
 _cache.install()  # before any kernel: their cache entries' stamps cover the sources they carry
 
 __all__ = ["CHUNK_COLUMNS", "FAST_MATH", "SUM_MATH", "OVERLAP_COLUMNS",
-           "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "STREAM_CACHE_MIN", "THREADED_STEP_MIN",
-           "serves", "step_parts", "group_sequences", "chunk_steps", "overlaps", "overlap_pieces", "streams",
+           "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "ROW_PAD", "THREADED_STEP_MIN",
+           "serves", "step_parts", "group_sequences", "chunk_steps", "overlaps", "overlap_pieces",
            "wide_rows", "forward", "backward"]
 
 #: Columns (steps × sequences) per chunk of the input projection and of the weight-gradient
@@ -283,38 +283,6 @@ def overlap_pieces(seq_len: int, hidden_size: int, input_size: int) -> np.ndarra
 def _widest_piece(seq_len: int, hidden_size: int, input_size: int) -> int:
     """Steps in the longest of the pieces :func:`overlap_pieces` gives (made once per shape)."""
     return int(np.max(np.diff(overlap_pieces(seq_len, hidden_size, input_size))))
-
-
-def tiles_chunks(dtype: np.dtype, input_size: int, hidden_size: int) -> bool:
-    """True when a backward shared out over threads makes its chunks' gradient products with
-    the register tile (:func:`_chunk_products_threads`): float32 with 64-byte vectors (AVX-512),
-    ``I`` and ``H`` whole numbers of vectors, the shapes measured."""
-    lane = WIDE_BYTES // np.dtype(dtype).itemsize
-    return (np.dtype(dtype) == np.float32 and WIDE_BYTES > VECTOR_BYTES
-            and input_size % lane == 0 and hidden_size % lane == 0)
-
-
-#: Fewest bytes of cache blocks (``T·6H·N`` values) whose gate rows a training forward on
-#: threads stores past the caches (:func:`streams`). A step writes five rows of its block
-#: (the gates and ``tanh(c_t)``) that nothing reads before the backward; in a cache larger
-#: than the processors' caches hold, an ordinary store first reads each of those lines from
-#: memory. Alternated in one process with plain stores (``ab.py``: pairs of 40 ms blocks,
-#: medians of the pairs' ratios; 10 to 30 pairs), a training forward and a training step of
-#: the long row (T = 2000, N = 8, I = H = 256; blocks of 94 MiB): 0.91, 0.89 and 0.90; 0.95,
-#: 0.97 and 0.97. Of 1000 of its steps (47 MiB) 0.92 and 0.98, of 250 of L's (N = 32, 47
-#: MiB) 0.93 and 0.97, of 500 of the long row's (23 MiB) 0.94 and 0.96. Below this size the
-#: gain comes and goes with the machine's state: XL (24 MiB) 0.98–1.00 and 0.99–1.00, L (12
-#: MiB) 0.95–1.02 and 0.98–1.03, 400 of M's steps (19 MiB) 0.98 and 1.00; M (2.3 MiB, which
-#: the level-2 caches of two cores hold for the backward) took 1.02 the time of a training
-#: step in one run.
-STREAM_CACHE_MIN = 32 << 20
-
-
-def streams(steps: np.ndarray) -> bool:
-    """True when a forward on threads stores the gate rows of ``steps`` (:func:`forward`'s
-    cache blocks, (T, 6H, N)) past the caches: :data:`STREAM_CACHE_MIN` bytes or more, and not
-    an inference (a zero stride along T: it keeps two blocks of its own)."""
-    return steps.strides[0] != 0 and steps.nbytes >= STREAM_CACHE_MIN
 
 
 # --------------------------------------------------------------------------------------
@@ -833,15 +801,13 @@ def _ask_columns(projection, h, j0, j1, first, batch):
 
 @_kernel
 def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_prev, c_next, h_next, out_t,
-                  lengths, t, with_product, light, stream, x2, operand, next_operand, bias_rows, next_t):
+                  lengths, t, with_product, light, x2, operand, next_operand, bias_rows, next_t):
     """One step for the units ``j0 … j1 − 1``: their four gate rows of ``U h + W x + b`` (``U h``
     left out for a zero state), the fused cell update, the cache block's rows, the new states
     (``c_next``/``h_next`` (H, N)) and the output row ``out_t`` (N, H); a sequence past its
     length keeps its state and outputs zeros. ``pe`` (4, H·N) holds the diagonal peepholes
     repeated over the sequences (zeros without them); ``light``: inference without peepholes
-    (no cache rows, :func:`_state_run`); ``stream``: the gate rows of the cache block go past
-    the caches (:func:`streams`: the pass writes them into rows of the thread's own, then
-    :func:`._stream.stream_copy`). Without an ``operand``, ``U h`` is
+    (no cache rows, :func:`_state_run`). Without an ``operand``, ``U h`` is
     :func:`paired_product` on the thread's rows of ``u``, which stay in its cache from step to
     step, added to the chunk's ``projection``. With one (``[h; x_t]`` (H + I, N)), ``tiles``
     (4, B, H + I, R) holds each gate's rows of the units' ``[U W]`` packed
@@ -867,9 +833,7 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
     m = count * batch
     if m == 0:
         return
-    # the thread's own: aliases nothing, so the pass vectorizes; with ``stream`` five more rows
-    # for the gates the pass makes
-    zl = np.empty((9 if stream and not light else 4, m), block.dtype)
+    zl = np.empty((4, m), block.dtype)  # the thread's own: aliases nothing, so the pass vectorizes
     if following >= 0:  # the next step's columns of the units' rows, asked for a step ahead
         _ask_columns(projection, h, j0, j1, following, batch)
     if operand.size and tiles.shape[3] == COLUMN_ROWS:  # U h + W x + b, the column tile's blocks
@@ -904,11 +868,6 @@ def _forward_part(j0, j1, u, tiles, projection, first, following, pe, block, h_p
     hid = h_next.reshape(hn)[a0:a0 + m]
     if light:
         _state_run(zg, zf, zi, zo, c_prev, cell, hid)
-    elif stream:
-        _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, zl[4], zl[5], zl[6], zl[7], zl[8], cell, hid)
-        for r, row in enumerate((g_row, f_row, i_row, o_row, a_row)):
-            stream_copy(zl[4 + r], row)
-        store_fence()
     else:
         _gate_run(zg, zf, zi, zo, c_prev, pg, pf, pi, po, g_row, f_row, i_row, o_row, a_row, cell, hid)
     for n in range(batch):
@@ -946,7 +905,7 @@ def _next_operand(operand, h_next, x2, t, j0, j1, first, batch):
 
 @_threaded
 def _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps, hidden, out, h_fin, c_fin,
-                   reverse, k_begin, k_end, with_state, light, stream, claims, done, x2, operands, bias_rows):
+                   reverse, k_begin, k_end, with_state, light, claims, done, x2, operands, bias_rows):
     """The steps ``k_begin … k_end − 1`` in one parallel region: each step's units in ``parts``
     pieces (:func:`_part`, :func:`_forward_part`), which the threads take as they come to them.
     Thread ``p`` tries piece ``p`` first, so each keeps its rows of ``u`` in its cache from step
@@ -957,7 +916,7 @@ def _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps,
     for the chunk instead of one per step (about 1.4 µs each on M's steps).
     ``with_state``: the state before the first step is not zero. ``tiles`` (P, 4, B, H + I,
     PACK_ROWS): piece ``p``'s packed rows of ``[U W]`` (:func:`_step_tiles`), or an empty
-    (1, 4, 0, 0, PACK_ROWS) array for none; ``light`` and ``stream`` as in
+    (1, 4, 0, 0, PACK_ROWS) array for none; ``light`` as in
     :func:`_forward_part`. With packed rows, ``operands`` (2, H + I, N) holds each step's
     ``[h; x_t]`` in turn (the first one made by :func:`_recur_threads`) and ``bias_rows``
     (4H, N) the bias repeated over the sequences: each step makes ``U h + W x + b`` in one
@@ -985,7 +944,7 @@ def _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps,
                                   (t - chunk_first) * batch,
                                   -1 if fused else _following(k, k_end, t, chunk_first, batch, reverse), pe,
                                   block, h_prev, c_next, h_next, out[t], lengths, t, k > 0 or with_state,
-                                  light, stream, x2, operand, next_operand, bias_rows, next_t)
+                                  light, x2, operand, next_operand, bias_rows, next_t)
                     count_up(done)
 
 
@@ -1005,7 +964,7 @@ def _project_threads(parts, wx, bias, x2, projection, first_t, count, batch):
 
 @_kernel
 def _recur_threads(parts, projection, chunk_first, u, tiles, pe, h0, c0, lengths, steps, hidden, out, h_fin,
-                   c_fin, reverse, k_begin, k_end, light, stream, x2, operands, bias_rows):
+                   c_fin, reverse, k_begin, k_end, light, x2, operands, bias_rows):
     """:func:`_recur` with each step shared out over ``parts`` threads (:func:`_steps_threads`,
     whose first operand, with packed rows, is made here)."""
     if k_begin == 0:
@@ -1017,14 +976,14 @@ def _recur_threads(parts, projection, chunk_first, u, tiles, pe, h0, c0, lengths
     claims = np.zeros((k_end - k_begin) * parts, np.int64)
     done = np.zeros(1, np.int64)
     _steps_threads(parts, u, tiles, projection, chunk_first, pe, lengths, steps, hidden, out, h_fin, c_fin,
-                   reverse, k_begin, k_end, h0.size > 0, light, stream, claims, done, x2, operands, bias_rows)
+                   reverse, k_begin, k_end, h0.size > 0, light, claims, done, x2, operands, bias_rows)
 
 
 @_kernel
 def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, hidden, outs, h_fin, c_fin,
-                     projection, reverse, light, stream):
+                     projection, reverse, light):
     """:func:`_forward` with each step shared out over ``parts`` threads; ``u`` as there,
-    ``tiles`` as in :func:`_steps_threads`, ``pe`` (4, H·N), ``light`` and ``stream`` as in
+    ``tiles`` as in :func:`_steps_threads`, ``pe`` (4, H·N), ``light`` as in
     :func:`_forward_part`. With packed rows (``tiles``: :func:`_step_tiles`) the steps make
     their input's product too, one step at a time, and ``projection`` is not used; without,
     chunks of steps are projected first (:func:`_project_threads`)."""
@@ -1040,7 +999,7 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
                 bias_rows[r, n] = bias[r]
         first = _runtime(0)  # not a literal 0, which would compile _recur_threads a second time
         _recur_threads(parts, projection, first, u_rows, tiles, pe, h0, c0, lengths, steps, hidden, out,
-                       h_fin, c_fin, reverse, first, seq_len, light, stream, x2, operands, bias_rows)
+                       h_fin, c_fin, reverse, first, seq_len, light, x2, operands, bias_rows)
         return
     no_operands = np.empty((2, 0, 0), steps.dtype)
     chunk = _projection_steps(projection, batch)
@@ -1048,7 +1007,7 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
         _recur_threads(parts, projection, first_t, u_rows, tiles, pe, h0, c0, lengths, steps, hidden, out,
-                       h_fin, c_fin, reverse, k_begin, k_end, light, stream, x2, no_operands, no_operands[0])
+                       h_fin, c_fin, reverse, k_begin, k_end, light, x2, no_operands, no_operands[0])
 
 
 def group_sequences(parts: int, batch: int, dtype: np.dtype) -> bool:
@@ -1110,13 +1069,13 @@ def _sequence_group(n0, n1, u, tiles, pe, h0, c0, lengths, x2, bias, out, h_fin,
     t = seq_len - 1 if reverse else 0
     _next_operand(operands[0], states[0], x2, t, 0, h, n0, batch)
     # the shared-out steps' specialization of _forward_part (:func:`_runtime`)
-    zero, none, yes, no = _runtime(0), _runtime(-1), _runtime(True), _runtime(False)
+    zero, none, yes = _runtime(0), _runtime(-1), _runtime(True)
     for k in range(seq_len):
         t = seq_len - 1 - k if reverse else k
         now, following = k % 2, (k + 1) % 2
         _forward_part(zero, h, u, tiles, bias_rows, zero, none, own_pe, blocks[now], states[now],
                       blocks[following, :h], states[following], out[t, n0:n1], own_lengths, t, yes, light,
-                      no, x2, operands[now], operands[following], bias_rows, none)
+                      x2, operands[now], operands[following], bias_rows, none)
         if k + 1 < seq_len:
             _next_operand(operands[following], states[following], x2, t - 1 if reverse else t + 1, 0, h, n0,
                           batch)
@@ -1308,9 +1267,7 @@ def _tile_input_gradient(wx, gates, d_input, input_beta):
     """``d_input`` (w, I) set to ``gatesᵀ wx + input_beta·d_input`` with the register tile:
     ``wx`` (4H, I) the true input weights and ``gates`` (4H, w), both with unit-stride rows,
     the tile reading ``gates`` by columns (:func:`~._tiles.transposed_product`); the
-    shared axis in blocks of :data:`TILE_BLOCK`. On L's chunk shared out over two threads
-    (float32, AVX-512) a chunk's products took 3.44–3.64 ms against 3.65–3.82 when the
-    gradient was made as its transpose ``Wᵀ gates`` into scratch and copied."""
+    shared axis in blocks of :data:`TILE_BLOCK`."""
     if input_beta == 0.0:
         d_input[:, :] = 0.0
     elif input_beta != 1.0:
@@ -1559,41 +1516,30 @@ def _backprop_threads(parts, steps, dy, lengths, u_t, pe, dc, carried, dh, dz, d
 
 
 @_summing_threaded
-def _chunk_products_threads(parts, x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_wx, d_u,
-                            d_bias, d_peep, d_input, input_beta, chunk_first, count, beta, tiled):
+def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u,
+                            d_bias, d_peep, d_input, input_beta, chunk_first, count, beta):
     """:func:`_chunk_products` shared out over ``parts`` threads: rows of the weight
-    gradients, of the input gradient, units for the hidden states and the peepholes. The
-    products with the register tile when ``tiled`` (:func:`tiles_chunks`; the hidden states
-    copied as rows, :func:`_tile_weight_gradients`, :func:`_tile_input_gradient`), else each
-    thread calls a one-thread BLAS (the hidden states copied as ``columns``)."""
+    gradients, of the input gradient, units for the hidden states and the peepholes, each
+    thread calling a one-thread BLAS (the hidden states copied as ``columns``). The register
+    tile made these products no faster: alternated in one process (the bench's rounds), L's
+    training step took 0.971-0.977 of the time with it, XL's 0.995-1.002."""
     batch = steps.shape[2]
     h = steps.shape[1] // 6
     width = count * batch
     x0 = chunk_first * batch
-    states = np.empty((width if tiled else 0, h), d_gates.dtype)
     for p in numba.prange(parts):
         wide_loops()
         j0, j1 = _part(h, parts, p)
-        if tiled:
-            _states_as_rows(hidden, chunk_first, count, states, j0, j1)
-        else:
-            _states_as_columns(hidden, chunk_first, count, columns, j0, j1)
+        _states_as_columns(hidden, chunk_first, count, columns, j0, j1)
     for p in numba.prange(parts):
         wide_loops()
         r0, r1 = p * 4 * h // parts, (p + 1) * 4 * h // parts
         c0, c1 = p * width // parts, (p + 1) * width // parts
         if r1 > r0:
-            if tiled:
-                _tile_weight_gradients(d_gates[r0:r1, :width], x2[x0:x0 + width], states, d_wx[r0:r1],
-                                       d_u[r0:r1], beta)
-            else:
-                _mm(d_gates[r0:r1, :width], False, x2[x0:x0 + width], False, d_wx[r0:r1], beta)
-                _mm(d_gates[r0:r1, :width], False, columns[:, :width], True, d_u[r0:r1], beta)
+            _mm(d_gates[r0:r1, :width], False, x2[x0:x0 + width], False, d_wx[r0:r1], beta)
+            _mm(d_gates[r0:r1, :width], False, columns[:, :width], True, d_u[r0:r1], beta)
         if c1 > c0:
-            if tiled:
-                _tile_input_gradient(wx, d_gates[:, c0:c1], d_input[x0 + c0:x0 + c1], input_beta)
-            else:
-                _mm(d_gates[:, c0:c1], True, wx_t, True, d_input[x0 + c0:x0 + c1], input_beta)
+            _mm(d_gates[:, c0:c1], True, wx_t, True, d_input[x0 + c0:x0 + c1], input_beta)
         _row_sums(d_gates, r0, r1, width, d_bias, beta)
         if has_peep:
             j0, j1 = _part(h, parts, p)
@@ -1619,12 +1565,11 @@ def _chunk_products_threads(parts, x2, wx_t, wx, steps, hidden, has_peep, d_gate
 
 
 @_kernel
-def _backward_threads(parts, x2, wx_t, wx, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried,
+def _backward_threads(parts, x2, wx_t, u_t, pe, has_peep, lengths, steps, hidden, dys, dc, carried,
                       d_wx, d_u, d_bias, d_peep, d_input, input_beta, dh_first, d_gates, columns, dh, dz,
-                      reverse, tiled):
+                      reverse):
     """:func:`_backward` with every step and every product shared out over ``parts`` threads
-    (BLAS held to one thread by the caller); ``u_t`` as there, scratch ``dz`` (2, 4H, N);
-    ``tiled`` as in :func:`_chunk_products_threads`."""
+    (BLAS held to one thread by the caller); ``u_t`` as there, scratch ``dz`` (2, 4H, N)."""
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
     chunk = d_gates.shape[1] // batch
@@ -1634,9 +1579,9 @@ def _backward_threads(parts, x2, wx_t, wx, u_t, pe, has_peep, lengths, steps, hi
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _backprop_threads(parts, steps, dy, lengths, u_t_rows, pe, dc, carried, dh, dz, d_gates, dh_first,
                           reverse, k_begin, k_end, first_t)
-        _chunk_products_threads(parts, x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_wx, d_u,
+        _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, columns, d_wx, d_u,
                                 d_bias, d_peep, d_input, input_beta, first_t, k_end - k_begin,
-                                0.0 if q == n_chunks - 1 else 1.0, tiled)
+                                0.0 if q == n_chunks - 1 else 1.0)
 
 
 @_inline
@@ -2016,8 +1961,7 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     """One layer and direction forward (:func:`_forward`); ``steps`` is (T, 6H, N), with a
     zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
     units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
-    thread meanwhile; the gate rows of a large cache stored past the caches, :func:`streams`);
-    :func:`backward` then takes the same ``parts``. An inference whose sequences
+    thread meanwhile); :func:`backward` then takes the same ``parts``. An inference whose sequences
     :func:`group_sequences` shares out instead walks one group a thread
     (:func:`_groups_threads`)."""
     seq_len, _, batch = steps.shape
@@ -2040,8 +1984,7 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
         assert a.full_pre.size == 0 and a.full_out.size == 0, "threads serve no full peepholes"
         with blas_limit(1):
             _forward_threads(parts, a.x2, a.wx, a.bias, a.u, tiles, a.pe, a.h0, a.c0, a.lengths, a.steps,
-                             a.hidden, a.outs, a.h_fin, a.c_fin, a.projection, reverse, a.light,
-                             streams(steps))
+                             a.hidden, a.outs, a.h_fin, a.c_fin, a.projection, reverse, a.light)
     else:
         a.run(reverse)
     a.finish()
@@ -2263,10 +2206,10 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
                     _EMPTY[dtype])
             else:
                 dz = scratch.array("lstm_numba_dz", (2, 4 * h, batch), dtype)
-                _backward_threads(parts, a.x2, a.wx_t, a.wx, a.u_t, a.pe, a.has_peep, a.lengths, a.steps,
+                _backward_threads(parts, a.x2, a.wx_t, a.u_t, a.pe, a.has_peep, a.lengths, a.steps,
                                   a.hidden, a.dys, a.dc, a.carried, a.d_wx, a.d_u, a.d_bias, a.d_peep,
                                   a.d_input, a.input_beta, a.dh_first, a.d_gates, a.columns, a.dh, dz,
-                                  reverse, tiles_chunks(dtype, x2.shape[1], h))
+                                  reverse)
     else:
         a.run(reverse)
     return a.finish()
