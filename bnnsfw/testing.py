@@ -37,6 +37,7 @@ from .backends.contract import (
     LSTMForwardRequest,
     LSTMGradientBuffers,
     LSTMPackRequest,
+    call_prepared,
 )
 from .backends.numpy import lstm_bptt as _bptt
 from .filter import FilterParameters
@@ -375,8 +376,7 @@ def _check_prepared_lstm(compare: _Comparison, backend: Any, case: dict[str, Any
                 prepared = prepare(r)
                 if prepared is None:  # nothing prepared for this kind: lstm_forward serves it
                     return
-            prepared(r.x, r.hidden, r.cell, r.output, r.hidden_out, r.cell_out, r.cache, r.dropout_masks,
-                     r.workspace)
+            call_prepared(prepared, r)
             want, got = results(unprepared), results(r)
             for name, expected in want.items():
                 compare.arrays(where, f"call {call + 1}: {name}", got[name], expected)

@@ -67,6 +67,7 @@ __all__ = [
     "LSTMForwardRequest",
     "LSTMForwardResult",
     "LSTMForwardCall",
+    "call_prepared",
     "LSTMGradientBuffers",
     "LSTMBackwardRequest",
     "LSTMBackwardResult",
@@ -409,6 +410,12 @@ class LSTMForwardCall(Protocol):
     def __call__(self, x: Array, hidden: Array | None, cell: Array | None, output: Array,
                  hidden_out: Array, cell_out: Array, cache: Array | None,
                  dropout_masks: tuple[Array | None, ...] | None, workspace: Workspace) -> None: ...
+
+
+def call_prepared(call: LSTMForwardCall, request: LSTMForwardRequest) -> None:
+    """Run a prepared forward on the arrays of ``request`` (a request of the call's kind)."""
+    r = request
+    call(r.x, r.hidden, r.cell, r.output, r.hidden_out, r.cell_out, r.cache, r.dropout_masks, r.workspace)
 
 
 @attrs.frozen(kw_only=True, eq=False)

@@ -58,6 +58,7 @@ from ..contract import (
     LSTMForwardCall,
     LSTMForwardRequest,
     LSTMForwardResult,
+    call_prepared,
     LSTMGateArrays,
     LSTMPackedWeights,
     LSTMPackRequest,
@@ -460,9 +461,7 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
             self.general_forward(request)
             _zero_length_states(request.sequence_lengths, request.hidden_out, request.cell_out)
         else:
-            r = request
-            self._prepared_forward(r)(r.x, r.hidden, r.cell, r.output, r.hidden_out, r.cell_out, r.cache,
-                                      r.dropout_masks, r.workspace)
+            call_prepared(self._prepared_forward(request), request)
         return LSTMForwardResult(output=request.output, hidden=request.hidden_out, cell=request.cell_out)
 
     def lstm_prepare_forward(self, request: LSTMForwardRequest) -> LSTMForwardCall | None:

@@ -52,6 +52,7 @@ from numba.core import config
 
 from ..._threadpool import blas_limit
 from .._shared.compiling import compile_mode, set_compile_mode
+from ..contract import call_prepared
 from . import _cache, _lstm
 
 try:
@@ -278,8 +279,7 @@ def _replay_prepared(backend: Any, request: Any) -> None:
     may pass the kernels other kinds of argument than ``lstm_forward`` does."""
     call = backend.lstm_prepare_forward(request)
     if call is not None:
-        r = request
-        call(r.x, r.hidden, r.cell, r.output, r.hidden_out, r.cell_out, r.cache, r.dropout_masks, r.workspace)
+        call_prepared(call, request)
 
 
 # --------------------------------------------------------------------------------------
