@@ -15,6 +15,7 @@ and the last block to end restores the saved settings exactly, whatever the inte
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any, Callable, NamedTuple
 
@@ -28,6 +29,12 @@ _limit_lock = threading.Lock()
 _active: list[int] = []  # the limits of the blocks running now (one entry per block)
 _saved: list[tuple[_Switch, int]] = []  # (library, its own thread count) while any block runs
 _now: list[int] = []  # each saved library's thread count as the blocks have set it
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says it)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return max(1, len(affinity(0))) if affinity is not None else max(1, os.cpu_count() or 1)
 
 
 def blas_controller() -> Any:

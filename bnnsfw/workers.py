@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ._threadpool import set_blas_threads
+from ._threadpool import set_blas_threads, usable_cores
 from .errors import InvalidParameterError, must_be
 
 __all__ = ["worker_threads", "worker_environment", "init_worker"]
@@ -30,12 +30,6 @@ def _positive_int(where: str, value: object) -> int:
     return value
 
 
-def _cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system says it)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
-
-
 def worker_threads(workers: int, cores: int | None = None) -> int:
     """Each of ``workers`` processes' share of ``cores`` (default: the cores this process may
     run on): ``cores // workers``, at least 1.
@@ -44,7 +38,7 @@ def worker_threads(workers: int, cores: int | None = None) -> int:
     (4, 2, 1)
     """
     workers = _positive_int("worker_threads(workers)", workers)
-    cores = _cores() if cores is None else _positive_int("worker_threads(cores)", cores)
+    cores = usable_cores() if cores is None else _positive_int("worker_threads(cores)", cores)
     return max(1, cores // workers)
 
 

@@ -50,7 +50,7 @@ import numba
 import numpy as np
 from numba.core import config
 
-from ..._threadpool import blas_limit
+from ..._threadpool import blas_limit, usable_cores
 from .._shared.compiling import compile_mode, set_compile_mode
 from ..contract import call_prepared
 from . import _cache, _lstm
@@ -73,14 +73,6 @@ _KEPT_BYTES = 1 << 16
 _FROZEN = bool(getattr(sys, "frozen", False))
 #: NumPy's C-contiguous, F-contiguous and writeable flags (``ndarray.flags.num``).
 _FLAGS = 0x1 | 0x2 | 0x400
-
-
-def _usable_cores() -> int:
-    """The processors this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -429,7 +421,7 @@ class Tiers:
         on one."""
         if compiled or self._worker is None:
             return compiled_as(compiled)
-        return _uncompiled_beside_compile(max(1, _usable_cores() - 1))
+        return _uncompiled_beside_compile(max(1, usable_cores() - 1))
 
     @staticmethod
     def compiles_in_process() -> bool:

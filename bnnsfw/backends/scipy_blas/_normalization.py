@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from ..._compat import vecdot
-from ..._threadpool import blas_limit
+from ..._threadpool import blas_limit, usable_cores
 from .._shared.normalization_kernels import NormalizationKernels, reciprocal_std
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,14 +96,9 @@ _PLAIN_MOMENTS_RATIO = 4.0  # rows with mean² above this many variances need th
 _BACKWARD_VARIANCE = {4: 2.0**80, 8: 2.0**600}
 
 
-def _available_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
-_CPUS = _available_cpus()
+_CPUS = usable_cores()
 
 
 def default_threads() -> int:
