@@ -1386,8 +1386,7 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     """Each step's units and each product shared out over threads (a thread may get no unit:
     H = 5 over 2 or 3 parts cut at multiples of 16) agree with the reference, forward and
     backward, inference and training, with lengths (one of 0), diagonal peepholes, both
-    directions (over three parts; over two, a bidirectional layer runs its directions
-    together, tested below, so the layers here are unidirectional), two layers, initial
+    directions, two layers, initial
     states, final-state gradients and chunks of steps. The step products see every kind of
     column panel: 27 sequences are two vectors' worth, one vector's and a padded rest in
     float32, and 4 are one padded vector, or one whole one in float64; 16 are whole cache
@@ -1406,9 +1405,9 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     monkeypatch.setattr(_numba_lstm, "group_sequences", lambda *args: False)  # groups: below
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
     monkeypatch.setattr(_numba_lstm, "OVERLAP_COLUMNS", 0)  # the walk shared out too (overlapped: below)
-    directions = 1 if parts == 2 else 2
+    directions = 2
     params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2,
-                                   bidirectional=directions == 2, peepholes="diagonal", seed=4, dtype=dtype)
+                                   bidirectional=True, peepholes="diagonal", seed=4, dtype=dtype)
     x = rng.standard_normal((6, batch, 3)).astype(dtype)
     dy = rng.standard_normal((6, batch, directions * hidden_size)).astype(dtype)
     states = tuple(rng.standard_normal((2 * directions, batch, hidden_size)).astype(dtype) for _ in range(2))
@@ -1456,8 +1455,7 @@ def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts,
                                                                            rng):
     """A float32 inference on threads, each walking its own group of the sequences through every
     step (``_groups_threads``), agrees with the reference, without and with diagonal peepholes: two
-    layers, both directions (over three parts: over two a bidirectional layer runs its
-    directions together), lengths (one of them 0), initial states or none, groups of one or
+    layers, both directions, lengths (one of them 0), initial states or none, groups of one or
     two vectors' worth of columns. A training forward keeps each step's units shared out
     (``_forward_threads``), and its backward agrees too."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
@@ -1470,7 +1468,7 @@ def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts,
         pytest.skip("no group of these columns takes packed products on this processor")
     used = _record_calls(monkeypatch, ("_groups_threads", "_forward_threads"))
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
-    directions = 1 if parts == 2 else 2
+    directions = 2
     calls = 2 * directions  # forward calls a layer call makes: one per layer and direction
     for batch in grouped_batches:
         x = rng.standard_normal((6, batch, 3)).astype(dtype)
@@ -1480,7 +1478,7 @@ def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts,
         lengths = np.resize([6, 2, 0, 5], batch)
         for peepholes in (None, "diagonal"):
             params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2, seed=5,
-                                           bidirectional=directions == 2, peepholes=peepholes, dtype=dtype)
+                                           bidirectional=True, peepholes=peepholes, dtype=dtype)
             results = []
             for name in ("numpy", "numba"):
                 used.clear()
@@ -1703,17 +1701,19 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("peepholes", [None, "diagonal"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, monkeypatch, rng):
+def test_numba_runs_the_two_directions_one_after_the_other_and_agrees(peepholes, dtype, monkeypatch, rng):
     """With two threads for the steps, each layer of a bidirectional model runs its two
-    directions at the same time, each on one thread with the single-thread kernels; forward,
-    backward (the reverse direction's input gradient made apart and added), inference and
-    training agree with the reference, with lengths (one of 0), initial states, final-state
-    gradients, two layers, chunks of steps and 11 sequences (the tile product)."""
+    directions one after the other on the calling thread, each step's units shared out over
+    the threads (both directions at the same time, one a thread, made M-2L-bi slower
+    forward and no faster a training step); forward, backward, inference and training agree
+    with the reference, with lengths (one of 0), initial states, final-state gradients, two
+    layers, chunks of steps and 11 sequences (the tile product)."""
     import threading
 
     from bnnsfw.backends.numba import _lstm as _numba_lstm
 
-    seen = _record_calls(monkeypatch, ("_forward", "_backward", "_forward_threads", "_backward_threads"),
+    seen = _record_calls(monkeypatch, ("_forward", "_backward", "_forward_threads", "_backward_threads",
+                                       "_backward_overlapped"),
                          lambda name, function, args: (name, bool(_argument(function, args, "reverse")),
                                                        threading.get_ident()))
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
@@ -1734,11 +1734,11 @@ def test_numba_runs_the_two_directions_together_and_agrees(peepholes, dtype, mon
             out = layer.apply(x, *states, training=True, sequence_lengths=lengths)
             grads = layer.apply_backward(x, dy, *states, *final_grads, sequence_lengths=lengths,
                                          training_cache=out.training_cache)
-        if name == "numba":  # 2 forward calls and 1 backward, 2 layers each, no threaded kernel
-            assert sorted(k for k, _, _ in seen) == ["_backward"] * 4 + ["_forward"] * 8
+        if name == "numba":  # 2 forward calls and 1 backward, 2 layers each, on two threads (the
+            # backward of these small steps overlapped)
+            assert sorted(k for k, _, _ in seen) == ["_backward_overlapped"] * 4 + ["_forward_threads"] * 8
             caller = threading.get_ident()
-            where = {(reverse, ident == caller) for _, reverse, ident in seen}
-            assert where == {(False, True), (True, False)}  # forward on the caller, reverse on the helper
+            assert {(reverse, ident == caller) for _, reverse, ident in seen} == {(False, True), (True, True)}
         arrays = [inference.output, inference.hidden, inference.cell, out.output, out.hidden, out.cell,
                   grads.input, grads.hidden, grads.cell]
         results.append(arrays + _gate_gradients(grads))
@@ -1891,71 +1891,6 @@ def test_numba_cells_without_peepholes_share_zeros_nothing_writes(rng):
         assert zeros.shape == (4, hidden * batch) and not zeros.any()
 
 
-def test_directions_run_directions_end_together_and_raise_their_errors():
-    """:func:`run_directions`: the second call runs on another thread while the first runs;
-    an error in either is raised, and only once both calls have ended."""
-    import threading
-    import time
-
-    from bnnsfw.backends._shared.lstm_stack import run_directions
-
-    ended: list[str] = []
-    idents: list[int] = []
-
-    def slow(name, fail=False):
-        def call():
-            idents.append(threading.get_ident())
-            time.sleep(0.05)
-            ended.append(name)
-            if fail:
-                raise RuntimeError(name)
-        return call
-
-    run_directions([slow("a"), slow("b")], True)
-    assert sorted(ended) == ["a", "b"] and len(set(idents)) == 2
-    for failing in (0, 1):
-        ended.clear()
-        calls = [slow("a", failing == 0), slow("b", failing == 1)]
-        with pytest.raises(RuntimeError, match="ab"[failing]):
-            run_directions(calls, True)
-        assert sorted(ended) == ["a", "b"]
-    ended.clear()
-    idents.clear()
-    run_directions([slow("a"), slow("b")], False)  # one after the other, on the calling thread
-    assert ended == ["a", "b"] and set(idents) == {threading.get_ident()}
-
-
-def _directions_in_a_child(queue) -> None:
-    from bnnsfw.backends._shared.lstm_stack import run_directions
-
-    done: list[int] = []
-    run_directions([lambda: done.append(0), lambda: done.append(1)], True)
-    queue.put(sorted(done))
-
-
-@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(),
-                    reason="needs fork")
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_directions_run_directions_in_a_forked_child():
-    """A process forked after the helper thread started runs directions together too (the
-    helper does not survive a fork; a new one is made instead of waiting for it forever)."""
-    import multiprocessing
-
-    from bnnsfw.backends._shared.lstm_stack import run_directions
-
-    run_directions([lambda: None, lambda: None], True)  # the parent's helper exists
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_directions_in_a_child, args=(queue,))
-    child.start()
-    child.join(timeout=60)
-    if child.is_alive():
-        child.kill()
-        pytest.fail("the forked child waited for a helper thread that does not exist")
-    assert child.exitcode == 0
-    assert queue.get(timeout=5) == [0, 1]
-
-
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_steps_shared_over_threads_from_several_caller_threads(monkeypatch, rng):
     """Layers whose steps are shared out over Numba's threads, called from three Python threads
@@ -2034,8 +1969,7 @@ def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dty
     """Inference of a cell without peepholes takes the light pass (no cache rows), on the
     calling thread and shared out over threads; it agrees with the reference and with the
     same layer's training forward (lengths, one of them 0, initial states, two layers, chunks
-    of steps; both directions on one thread; over two parts the layers are unidirectional, as
-    a bidirectional one would run its directions together on the one-thread kernels).
+    of steps; both directions).
     Training, and inference with peepholes, take the full pass."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
 
@@ -2044,7 +1978,7 @@ def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dty
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 12)
     kernel = "_forward" if parts == 1 else "_forward_threads"
-    directions = 2 if parts == 1 else 1
+    directions = 2
     calls_per_apply = 2 * directions  # two layers
     batch, hidden = 11, 37  # 11 sequences: the tile product (float32: a vector and a padded rest)
     x = rng.standard_normal((7, batch, 3)).astype(dtype)
@@ -2052,7 +1986,7 @@ def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dty
     lengths = np.resize([7, 3, 0, 5], batch)
     for peepholes, light in ((None, True), ("diagonal", False)):
         params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2,
-                                       bidirectional=directions == 2, peepholes=peepholes, seed=5,
+                                       bidirectional=True, peepholes=peepholes, seed=5,
                                        dtype=dtype)
         results = []
         for name in ("numpy", "numba"):

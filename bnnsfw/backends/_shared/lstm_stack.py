@@ -31,24 +31,17 @@ contract's optional ``lstm_prepare_forward`` hands one out for every request of 
 what a forward works out from the request alone (the cache layout, the step masks, which
 kernels run) is worked out once for calls that repeat.
 
-The directions of a layer run one after the other, or, where the backend's
-:class:`DirectionKernels` give a ``pair``, the two of a bidirectional layer at the same time
-(:func:`run_directions`): the reverse direction then takes scratch of its own and makes its
-input gradient apart, added to the forward direction's when both have ended.
+The directions of a layer run one after the other.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from ..._threadpool import blas_limit
 from ..contract import (
     LSTMBackwardRequest,
     LSTMBackwardResult,
@@ -103,68 +96,10 @@ class CallArguments(NamedTuple):
 class DirectionKernels(NamedTuple):
     """What runs one layer and direction: ``forward`` and ``backward`` take the arguments of
     :meth:`LSTMStack._sequence_forward` and :meth:`LSTMStack._sequence_backward` after their
-    first (the per-sequence kernel those two wrap). ``pair``, when given, is such a
-    ``(forward, backward)`` couple for the two directions of a bidirectional layer to run at
-    the same time, each on one thread (:func:`run_directions`); None runs them one after the
-    other with ``forward`` and ``backward``."""
+    first (the per-sequence kernel those two wrap)."""
 
     forward: Callable[..., None]
     backward: Callable[..., None]
-    pair: tuple[Callable[..., None], Callable[..., None]] | None = None
-
-
-class _Scoped:
-    """A workspace whose buffer names carry a prefix: the scratch of one of two directions
-    running at the same time."""
-
-    def __init__(self, workspace: Workspace, prefix: str) -> None:
-        self._workspace = workspace
-        self._prefix = prefix
-
-    def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return self._workspace.array(self._prefix + name, shape, dtype)
-
-    def bytes(self, name: str, nbytes: int) -> np.ndarray:
-        return self._workspace.bytes(self._prefix + name, nbytes)
-
-
-_helper: ThreadPoolExecutor | None = None
-_helper_lock = threading.Lock()
-
-
-def _forget_helper() -> None:
-    """In a child process made by ``fork``: the helper thread did not come along, so the next
-    :func:`run_directions` makes a new one (the old executor would queue work forever)."""
-    global _helper, _helper_lock
-    _helper = None
-    _helper_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_helper)
-
-
-def run_directions(calls: Sequence[Callable[[], None]], together: bool) -> None:
-    """Run one layer's per-direction ``calls``: one after the other, or with ``together`` the
-    two of a bidirectional layer at the same time (the second on a helper thread, the first on
-    the calling one), BLAS held to one thread meanwhile so that the two never wait for the
-    cores. An exception in either is raised here, after both have ended."""
-    if not together or len(calls) != 2:
-        for call in calls:
-            call()
-        return
-    global _helper
-    with _helper_lock:
-        if _helper is None:
-            _helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bnnsfw-direction")
-        helper = _helper
-    with blas_limit(1):
-        second = helper.submit(calls[1])
-        try:
-            calls[0]()
-        except BaseException:
-            wait([second])  # the helper must not go on writing into arrays the caller reuses
-            raise
-        second.result()
 
 
 class CacheViews(NamedTuple):
@@ -384,29 +319,20 @@ class PreparedForward:
         kernels = self._kernels
         if kernels is None:
             kernels = self._backend._lstm_direction_kernels(plan, lengths, batch, self._dtype)
-        pair = kernels.pair if size_d == 2 else None
-        together = pair is not None
-        forward = kernels.forward if pair is None else pair[0]
+        forward = kernels.forward
         last = self._num_layers - 1
         masks = dropout_masks if self._training else None
         layer_input = x.reshape(seq_len * batch, self._input_size)
         for layer in range(self._num_layers):
             target = output if layer == last else views.inputs[layer + 1]
             assert target is not None
-            calls = []
             for d in range(size_d):
                 index = layer * size_d + d
-                scratch = _Scoped(workspace, "reverse.") if together and d else workspace
-                calls.append(functools.partial(
-                    forward, plan, weights[layer][d], layer_input, None if hidden is None else hidden[index],
+                forward(plan, weights[layer][d], layer_input, None if hidden is None else hidden[index],
                     None if cell is None else cell[index], views.steps[layer][d], views.pre[layer][d],
                     views.hidden[layer][d], target[:, :, d * h:(d + 1) * h],
                     hidden_out[index], cell_out[index], reverse=d == 1, lengths=lengths, inactive=inactive,
-                    workspace=scratch))
-            if len(calls) == 1:
-                calls[0]()
-            else:
-                run_directions(calls, together)
+                    workspace=workspace)
             finish_output(self._num_layers, layer, target, self._active,
                           None if layer == last else views.masks[layer + 1], masks)
             if layer < last:
@@ -505,9 +431,7 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
         views = CacheLayout(plan, config, seq_len, batch, training=True).bind(request.cache)
         lengths = request.sequence_lengths
         kernels = self._lstm_direction_kernels(plan, lengths, batch, dtype)
-        pair = kernels.pair if size_d == 2 else None
-        together = pair is not None
-        backward = kernels.backward if pair is None else pair[1]
+        backward = kernels.backward
         active, inactive = _step_masks(lengths, seq_len)
         grads = request.gradients
         dy, dh_final, dc_final = request.output_gradient, request.hidden_gradient, request.cell_gradient
@@ -534,20 +458,9 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
 
         for layer in range(size_l - 1, -1, -1):
             d_input = input_gradient(layer)
-            calls = []
-            # run together, the reverse direction adds its input gradient to zeros of its own
-            reverse_input = None
-            if together:
-                reverse_input = workspace.array("lstm_d_input_reverse", d_input.shape, dtype)
-                reverse_input.fill(0.0)
             for d in range(size_d):
-                d_input_d = reverse_input if reverse_input is not None and d else d_input
-                call = arguments(layer, d, dy, d_input_d,
-                                 _Scoped(workspace, "reverse.") if together and d else workspace)
-                calls.append(functools.partial(backward, *call.args, **call.keywords))
-            run_directions(calls, together)
-            if reverse_input is not None:
-                d_input += reverse_input
+                call = arguments(layer, d, dy, d_input, workspace)
+                backward(*call.args, **call.keywords)
             if layer > 0:
                 mask = views.masks[layer]
                 if mask is not None:
