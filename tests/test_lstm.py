@@ -1698,6 +1698,58 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
     assert len(seen) == 4 and set(seen) == {((80, 3 * batch + _numba_lstm.ROW_PAD), True)}
 
 
+def _compiled_signatures() -> dict[str, int]:
+    """How many signatures each compiled LSTM kernel has been compiled for in this process."""
+    from bnnsfw.backends.numba import _cells as _numba_cells
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+
+    return {f"{module.__name__}.{name}": len(value.signatures)
+            for module in (_numba_lstm, _numba_cells) for name, value in vars(module).items()
+            if hasattr(value, "signatures") and hasattr(value, "py_func")}
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    copy = a.copy()
+    copy.flags.writeable = False
+    return copy
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("hidden_activation", [None, "relu"])
+def test_numba_read_only_inputs_run_the_kernels_compiled_for_writable_ones(hidden_activation, rng):
+    """Read-only inputs (a memory-mapped file opened for reading, an array over ``bytes``) reach
+    the kernels compiled for writable ones, for the default cells and the others: forward,
+    backward, inference (prepared from the second call on, as a stream's steps are) and the
+    training cache read back, with initial states, lengths and final-state gradients, two
+    layers. No kernel is compiled for them (each read-only flag was a signature of its own:
+    the demo's model compiled its training step again, 27 s of CPU), and the results agree
+    with those of the writable arrays."""
+    options = {} if hidden_activation is None else {"hidden_activation": A.relu()}
+    params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, seed=8, dtype=np.float32,
+                                   **options)
+    x = rng.standard_normal((6, 4, 3)).astype(np.float32)
+    dy = rng.standard_normal((6, 4, 5)).astype(np.float32)
+    states = tuple(rng.standard_normal((2, 4, 5)).astype(np.float32) for _ in range(2))
+    final_grads = tuple(rng.standard_normal((2, 4, 5)).astype(np.float32) for _ in range(2))
+    lengths = np.array([6, 2, 0, 5])
+
+    def run(layer, x, dy, states, final_grads, lengths, read_only_cache=False):
+        inferred = [layer.apply(x, *states).output for _ in range(3)]
+        out = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+        cache = _read_only(out.training_cache) if read_only_cache else out.training_cache
+        grads = layer.apply_backward(x, dy, *states, *final_grads, sequence_lengths=lengths,
+                                     training_cache=cache)
+        return inferred + [out.output, grads.input, grads.hidden, grads.cell] + _gate_gradients(grads)
+
+    with layer_for(params, "numba") as layer:
+        want = run(layer, x, dy, states, final_grads, lengths)
+        compiled = _compiled_signatures()
+        got = run(layer, _read_only(x), _read_only(dy), tuple(map(_read_only, states)),
+                  tuple(map(_read_only, final_grads)), _read_only(lengths), read_only_cache=True)
+    assert _compiled_signatures() == compiled
+    _assert_all_close(got, want, np.float32)
+
+
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("peepholes", [None, "diagonal"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

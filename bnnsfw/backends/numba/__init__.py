@@ -16,8 +16,9 @@ the section "Which implementation serves a request" below, and nowhere else.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
+import attrs
 import numpy as np
 
 from . import _cells, _lstm, _normalization, _tiers
@@ -118,6 +119,30 @@ def _compiled_kernels(parts: int) -> DirectionKernels:
                             functools.partial(_compiled_backward, parts=parts))
 
 
+#: The fields of each request whose arrays, a caller's, the compiled kernels only read.
+_READ_FIELDS = {"lstm_forward": ("x", "hidden", "cell", "sequence_lengths"),
+                "lstm_backward": ("x", "cache", "output_gradient", "hidden_gradient", "cell_gradient",
+                                  "sequence_lengths")}
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    """``a``, or a writable copy of it when it is read-only. Numba compiles a kernel once per
+    read-only flag of each of its array arguments: a read-only input (a memory-mapped file
+    opened for reading, an array over ``bytes``) compiled the forward and backward families
+    a second time (the demo's model's first training step: 36.7 s of CPU from cold for
+    writable ``x`` and ``dy``, then 27.2 s more for read-only ones). The copy costs one pass
+    over that input."""
+    return a if a.flags.writeable else a.copy(order="K")
+
+
+def _writable_inputs(operation: str, request: _Request) -> _Request:
+    """``request`` with each array the kernels only read :func:`_writable`."""
+    given = {name: getattr(request, name) for name in _READ_FIELDS[operation]}
+    copies: dict[str, Any] = {name: _writable(a) for name, a in given.items()
+                              if a is not None and not a.flags.writeable}
+    return attrs.evolve(request, **copies) if copies else request
+
+
 class _TieredForward:
     """``lstm_forward`` prepared for one kind of request (``lstm_prepare_forward``), compiled or
     not as :class:`._tiers.Tiers` decides: one :class:`PreparedForward` for each tier, each
@@ -158,6 +183,9 @@ class _TieredForward:
     def __call__(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
                  hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
                  dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> None:
+        x = _writable(x)  # as _writable_inputs
+        hidden = None if hidden is None else _writable(hidden)
+        cell = None if cell is None else _writable(cell)
         arrays = (x, hidden, cell, output, hidden_out, cell_out, cache, dropout_masks, workspace)
         compiled = self._compiled(*arrays)
         if compiled and self._stack is not None:
@@ -262,6 +290,7 @@ class NumbaBackend(ScipyBlasBackend):
         payload = request.weights.payload
         if not (isinstance(payload, _Packed) and (_lstm.serves(payload.plan) or _cells.serves(payload.plan))):
             return run(request)
+        request = _writable_inputs(operation, request)
         with self._tiers.serving(operation, request):
             return run(request)
 
