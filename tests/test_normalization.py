@@ -1307,3 +1307,44 @@ def test_relying_on_the_old_default_is_warned_where_it_changes_the_result(backen
         with make_layer(make_params(kind, (4, 2), rng), backend_name) as layer:
             np.testing.assert_array_equal(layer.apply(x), layer.apply(x, training=True))
             layer.apply_backward(x, dy)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("kind", ["batch", "layer", "instance", "group"])
+def test_numba_read_only_inputs_run_the_passes_compiled_for_writable_ones(kind):
+    """A read-only ``x`` and ``dy`` (a memory-mapped file opened for reading, an array over
+    ``bytes``) reach the passes compiled for writable arrays: no
+    pass is compiled for them (each read-only flag was a signature of its own), and the
+    results agree with those of the writable arrays."""
+    from bnnsfw.backends.numba import _normalization as _numba_normalization
+
+    def signatures() -> dict[str, int]:
+        return {name: len(value.signatures) for name, value in vars(_numba_normalization).items()
+                if hasattr(value, "signatures") and hasattr(value, "py_func")}
+
+    def read_only(a: np.ndarray) -> np.ndarray:
+        copy = a.copy()
+        copy.flags.writeable = False
+        return copy
+
+    rng = np.random.default_rng(3)
+    shape = (6, 5) if kind == "layer" else (4, 6, 5)
+    types = {"batch": lambda: bf.NormalizationType.batch(moving_mean=np.zeros(4, np.float32),
+                                                          moving_variance=np.ones(4, np.float32)),
+             "layer": lambda: bf.NormalizationType.layer(normalization_axis=1),
+             "instance": bf.NormalizationType.instance,
+             "group": lambda: bf.NormalizationType.group(group_count=2)}
+    x = rng.standard_normal((3, *shape)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    results = []
+    for arrays in ((x, dy), (read_only(x), read_only(dy))):
+        params = bf.NormalizationParameters(type=types[kind](), input_shape=shape, dtype=np.float32)
+        layer = bf.NormalizationLayer(params, FilterParameters(backend="numba"))
+        if arrays[0] is not x:
+            compiled = signatures()
+        out = layer.apply(arrays[0], training=True)
+        grads = layer.apply_backward(arrays[0], arrays[1], training=True)
+        results.append([out, grads.input, grads.gamma, grads.beta])
+    assert signatures() == compiled
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

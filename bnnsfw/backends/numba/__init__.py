@@ -122,20 +122,24 @@ def _compiled_kernels(parts: int) -> DirectionKernels:
 #: The fields of each request whose arrays, a caller's, the compiled kernels only read.
 _READ_FIELDS = {"lstm_forward": ("x", "hidden", "cell", "sequence_lengths"),
                 "lstm_backward": ("x", "cache", "output_gradient", "hidden_gradient", "cell_gradient",
-                                  "sequence_lengths")}
+                                  "sequence_lengths"),
+                "normalization_forward": ("x", "gamma", "beta"),
+                "normalization_backward": ("x", "dy", "gamma")}
+_Read = TypeVar("_Read", LSTMForwardRequest, LSTMBackwardRequest, NormalizationForwardRequest,
+                NormalizationBackwardRequest)
 
 
 def _writable(a: np.ndarray) -> np.ndarray:
     """``a``, or a writable copy of it when it is read-only. Numba compiles a kernel once per
     read-only flag of each of its array arguments: a read-only input (a memory-mapped file
-    opened for reading, an array over ``bytes``) compiled the forward and backward families
-    a second time (the demo's model's first training step: 36.7 s of CPU from cold for
-    writable ``x`` and ``dy``, then 27.2 s more for read-only ones). The copy costs one pass
-    over that input."""
+    opened for reading, an array over ``bytes``) compiled the LSTM's forward and backward
+    families, or normalization's passes, a second time (the demo's model's first training
+    step: 36.7 s of CPU from cold for writable ``x`` and ``dy``, then 27.2 s more for
+    read-only ones). The copy costs one pass over that input."""
     return a if a.flags.writeable else a.copy(order="K")
 
 
-def _writable_inputs(operation: str, request: _Request) -> _Request:
+def _writable_inputs(operation: str, request: _Read) -> _Read:
     """``request`` with each array the kernels only read :func:`_writable`."""
     given = {name: getattr(request, name) for name in _READ_FIELDS[operation]}
     copies: dict[str, Any] = {name: _writable(a) for name, a in given.items()
@@ -331,7 +335,7 @@ class NumbaBackend(ScipyBlasBackend):
         normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
         process forked from one running GNU OpenMP threads (every compiled normalization kernel
         is a parallel region: :func:`._tiers.forked_from_openmp`)."""
-        r = request
+        r = request = _writable_inputs("normalization_forward", request)
         if not (r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
                 and not _tiers.forked_from_openmp()
                 and self._tiers.decide("normalization_forward", request)):
@@ -350,7 +354,7 @@ class NumbaBackend(ScipyBlasBackend):
         """Compiled for the statistics of the batch and the identity activation (not for RMS
         normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
         forked process as :meth:`normalization_forward` says."""
-        r = request
+        r = request = _writable_inputs("normalization_backward", request)
         if not (r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
                 and not _tiers.forked_from_openmp()
                 and self._tiers.decide("normalization_backward", request)):
