@@ -1449,6 +1449,55 @@ def test_numba_group_sequences_rules():
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_group_parts_rules(monkeypatch):
+    """An inference too small to share its steps out still walks groups of the sequences on the
+    threads in force when the call holds ``GROUP_CALL_MIN`` multiply-adds and each group's step
+    ``GROUP_STEP_MIN``, where ``group_sequences`` takes the groups; else one thread."""
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba._lstm import GROUP_CALL_MIN, GROUP_STEP_MIN, group_parts, group_sequences
+
+    f32 = np.float32
+    monkeypatch.setattr(_numba_lstm, "_threads_in_force", lambda: 2)
+    takes = group_sequences(2, 32, f32)
+    assert group_parts(32, 32, 32, 32, f32) == (2 if takes else 1)  # 8.4 M, a group's step 2¹⁷
+    assert group_parts(8, 32, 32, 32, f32) == (2 if takes else 1)  # the call 2²¹: the least
+    assert 8 * 32 * 4 * 32 * 64 == GROUP_CALL_MIN
+    assert group_parts(7, 32, 32, 32, f32) == 1  # the call below
+    assert 4 * 16 * 32 * 32 < 2 * GROUP_STEP_MIN
+    assert group_parts(64, 32, 16, 16, f32) == 1  # each group's step below
+    assert group_parts(32, 32, 32, 32, np.float64) == 1  # groups serve float32 only
+    assert group_parts(32, 30, 32, 32, f32) == (2 if group_sequences(2, 30, f32) else 1)
+    monkeypatch.setattr(_numba_lstm, "_threads_in_force", lambda: 1)
+    assert group_parts(32, 32, 32, 32, f32) == 1
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_small_steps_of_a_large_inference_walk_groups_of_sequences(monkeypatch, rng):
+    """A float32 inference whose steps are too small to share out (``step_parts`` 1) but whose
+    call is large enough (``group_parts``) walks groups of the sequences on the threads, at
+    every call (the prepared ones too, each layer of two); it agrees with the reference. Its
+    training forward stays on the calling thread."""
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+
+    batch, size = 32, 32
+    if _numba_lstm.group_parts(32, batch, size, size, np.float32) < 2:
+        pytest.skip("fewer than two cheap threads, or no groups of these sequences on this processor")
+    assert _numba_lstm.step_parts(size, batch) == 1
+    used = _record_calls(monkeypatch, ("_groups_threads", "_forward", "_forward_threads"))
+    params = LSTMParameters.random(input_size=size, hidden_size=size, num_layers=2, seed=7, dtype=np.float32)
+    x = rng.standard_normal((32, batch, size)).astype(np.float32)
+    with layer_for(params, "numpy") as layer:
+        want = layer.apply(x).output
+    with layer_for(params, "numba") as layer:
+        got = [layer.apply(x).output for _ in range(3)]
+        assert used == ["_groups_threads"] * 6
+        used.clear()
+        layer.apply(x, training=True)
+        assert used == ["_forward"] * 2
+    _assert_all_close(got, [want] * 3, np.float32)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("hidden_size", [5, 38])
 def test_numba_inference_in_groups_of_sequences_agrees_with_the_reference(parts, hidden_size, monkeypatch,

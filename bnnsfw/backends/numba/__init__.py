@@ -208,7 +208,8 @@ def _stack_inference(backend: NumbaBackend, request: LSTMForwardRequest) -> _lst
     (:class:`._lstm.StackInference`), for an inference of full-length sequences through one
     direction of any number of layers of the cells :func:`._lstm.serves` names whose steps
     :meth:`NumbaBackend._lstm_direction_kernels` keeps on the calling thread for every call of
-    the kind (no layer output to mask then); None for every other kind."""
+    the kind (no layer output to mask then) and whose layers do not walk groups of the
+    sequences on threads instead (:func:`._lstm.group_parts`); None for every other kind."""
     config, payload = request.config, request.weights.payload
     if (request.training or request.sequence_lengths is not None or config.num_directions != 1
             or not isinstance(payload, _Packed) or not _lstm.serves(payload.plan)):
@@ -220,6 +221,10 @@ def _stack_inference(backend: NumbaBackend, request: LSTMForwardRequest) -> _lst
     with _tiers.compiled_as(True):
         if backend._lstm_direction_kernels(payload.plan, None, batch, dtype) is not _compiled_kernels(1):
             return None
+    h = config.hidden_size
+    inputs = {config.input_size, h} if config.num_layers > 1 else {config.input_size}
+    if any(_lstm.group_parts(seq_len, batch, h, size_i, dtype) > 1 for size_i in inputs):
+        return None  # its layers walk groups of the sequences on threads (in the stack's calls)
     return _lstm.StackInference([row[0] for row in payload.weights], seq_len, batch, config.input_size,
                                 config.hidden_size, dtype)
 

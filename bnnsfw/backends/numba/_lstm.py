@@ -199,6 +199,12 @@ def step_parts(hidden_size: int, batch: int) -> int:
     products). A thread limit in force (a layer's ``n_threads``, :func:`blas_limit`) caps it."""
     if not threads_matter(hidden_size, batch):
         return 1
+    return _threads_in_force()
+
+
+def _threads_in_force() -> int:
+    """Numba's thread count, capped by a thread limit in force, when parallel regions are
+    cheap; else 1."""
     threads = numba.get_num_threads()
     limit = current_limit()
     if limit:
@@ -1008,6 +1014,32 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
         _recur_threads(parts, projection, first_t, u_rows, tiles, pe, h0, c0, lengths, steps, hidden, out,
                        h_fin, c_fin, reverse, k_begin, k_end, light, x2, no_operands, no_operands[0])
+
+
+#: Fewest multiply-adds of a call (``T·N·4H·(H + I)``), and of each group's step
+#: (``4H·(H + I)·N / threads``), for which an inference too small to share its steps out
+#: (:func:`step_parts`) still gives each thread a group of the sequences (:func:`group_parts`):
+#: the groups share nothing between steps, so one parallel region serves the whole call.
+#: Measured (float32, one layer, groups on two threads ÷ one thread, alternated in one
+#: process): T 32, N 32, I = H = 32 (8.4 M) 0.66; I 1, H 32 (4.3 M) 0.86; T 8, N 32,
+#: I = H = 32 (2.1 M) 0.71; T 32, N 16, I = H = 32 0.71; T 32, N 32, I = H = 16 (2.1 M, a
+#: group's step 2¹⁵) 0.95; T 2, N 32, I = H = 32 (0.5 M) 1.42; T 32, N 32, I = H = 8 1.52.
+GROUP_CALL_MIN = 1 << 21
+GROUP_STEP_MIN = 1 << 16
+
+
+def group_parts(seq_len: int, batch: int, hidden_size: int, input_size: int, dtype: np.dtype) -> int:
+    """Threads for an inference whose steps stay on one thread (:func:`step_parts` 1), each
+    walking a group of the sequences (:func:`_groups_threads`): the threads in force when
+    :func:`group_sequences` takes them and the call and each group's step hold at least
+    :data:`GROUP_CALL_MIN` and :data:`GROUP_STEP_MIN` multiply-adds; else 1."""
+    step = 4 * hidden_size * (hidden_size + input_size) * batch
+    if seq_len * step < GROUP_CALL_MIN:
+        return 1
+    threads = _threads_in_force()
+    if threads < 2 or step < GROUP_STEP_MIN * threads or not group_sequences(threads, batch, dtype):
+        return 1
+    return threads
 
 
 def group_sequences(parts: int, batch: int, dtype: np.dtype) -> bool:
@@ -1963,16 +1995,20 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
     thread meanwhile); :func:`backward` then takes the same ``parts``. An inference whose sequences
     :func:`group_sequences` shares out instead walks one group a thread
-    (:func:`_groups_threads`)."""
-    seq_len, _, batch = steps.shape
+    (:func:`_groups_threads`), and so does one with ``parts`` 1 that :func:`group_parts` gives
+    threads."""
+    seq_len, six_h, batch = steps.shape
     inference = hidden is None or not steps.strides[0]
-    grouped = (inference and group_sequences(parts, batch, steps.dtype) and w.full_pre is None
+    groups = parts
+    if inference and parts == 1:  # steps too small to share out: perhaps groups of sequences
+        groups = group_parts(seq_len, batch, six_h // 6, x2.shape[1], steps.dtype)
+    grouped = (inference and group_sequences(groups, batch, steps.dtype) and w.full_pre is None
                and w.peepholes.full_output is None)
-    tiles = _step_tiles(w, 1, batch // parts) if grouped else _NO_TILES[steps.dtype]  # every unit's rows
+    tiles = _step_tiles(w, 1, batch // groups) if grouped else _NO_TILES[steps.dtype]  # every unit's rows
     if tiles.shape[2]:
         a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch, 0)
         with blas_limit(1):
-            _groups_threads(parts, a.u, tiles, a.pe, a.h0, a.c0, a.lengths, a.x2, a.bias, a.outs, a.h_fin,
+            _groups_threads(groups, a.u, tiles, a.pe, a.h0, a.c0, a.lengths, a.x2, a.bias, a.outs, a.h_fin,
                             a.c_fin, reverse, a.light)
         a.finish()
         return
