@@ -1476,7 +1476,8 @@ def test_numba_small_steps_of_a_large_inference_walk_groups_of_sequences(monkeyp
     """A float32 inference whose steps are too small to share out (``step_parts`` 1) but whose
     call is large enough (``group_parts``) walks groups of the sequences on the threads, at
     every call (the prepared ones too, each layer of two); it agrees with the reference. Its
-    training forward stays on the calling thread."""
+    training forward stays on the calling thread, and so does every call in a process forked from
+    one running GNU OpenMP threads."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     batch, size = 32, 32
@@ -1494,6 +1495,15 @@ def test_numba_small_steps_of_a_large_inference_walk_groups_of_sequences(monkeyp
         used.clear()
         layer.apply(x, training=True)
         assert used == ["_forward"] * 2
+    _assert_all_close(got, [want] * 3, np.float32)
+    # a process forked from one running GNU OpenMP threads starts no parallel region
+    from bnnsfw.backends.numba import _tiers
+
+    monkeypatch.setattr(_tiers, "forked_from_openmp", lambda: True)
+    used.clear()
+    with layer_for(params, "numba") as layer:
+        got = [layer.apply(x).output for _ in range(3)]
+    assert used and set(used) == {"_forward"}  # on the calling thread
     _assert_all_close(got, [want] * 3, np.float32)
 
 

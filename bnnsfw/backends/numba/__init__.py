@@ -58,9 +58,10 @@ def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarra
                       lengths: np.ndarray | None, inactive: Sequence[np.ndarray | None],
                       workspace: Workspace, parts: int = 1) -> None:
     """One layer and direction forward, compiled (``DirectionKernels.forward``); ``parts``
-    threads share out each step's units when it is above 1."""
+    threads share out each step's units when it is above 1. No groups of sequences on threads
+    in a process that cannot start a parallel region (:func:`._tiers.forked_from_openmp`)."""
     _lstm.forward(w, layer_input, h0, c0, lengths, steps, hidden, output, h_final, c_final,
-                  reverse=reverse, scratch=workspace, parts=parts)
+                  reverse=reverse, scratch=workspace, parts=parts, groups=not _tiers.forked_from_openmp())
 
 
 def _backward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
@@ -223,7 +224,8 @@ def _stack_inference(backend: NumbaBackend, request: LSTMForwardRequest) -> _lst
             return None
     h = config.hidden_size
     inputs = {config.input_size, h} if config.num_layers > 1 else {config.input_size}
-    if any(_lstm.group_parts(seq_len, batch, h, size_i, dtype) > 1 for size_i in inputs):
+    if not _tiers.forked_from_openmp() and any(_lstm.group_parts(seq_len, batch, h, size_i, dtype) > 1
+                                               for size_i in inputs):
         return None  # its layers walk groups of the sequences on threads (in the stack's calls)
     return _lstm.StackInference([row[0] for row in payload.weights], seq_len, batch, config.input_size,
                                 config.hidden_size, dtype)

@@ -1989,26 +1989,27 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
 
 def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
             lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None, output: np.ndarray,
-            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch, parts: int = 1) -> None:
+            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch, parts: int = 1,
+            groups: bool = True) -> None:
     """One layer and direction forward (:func:`_forward`); ``steps`` is (T, 6H, N), with a
     zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
     units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
     thread meanwhile); :func:`backward` then takes the same ``parts``. An inference whose sequences
     :func:`group_sequences` shares out instead walks one group a thread
     (:func:`_groups_threads`), and so does one with ``parts`` 1 that :func:`group_parts` gives
-    threads."""
+    threads, unless ``groups`` is False."""
     seq_len, six_h, batch = steps.shape
     inference = hidden is None or not steps.strides[0]
-    groups = parts
-    if inference and parts == 1:  # steps too small to share out: perhaps groups of sequences
-        groups = group_parts(seq_len, batch, six_h // 6, x2.shape[1], steps.dtype)
-    grouped = (inference and group_sequences(groups, batch, steps.dtype) and w.full_pre is None
+    threads = parts
+    if inference and parts == 1 and groups:  # steps too small to share out: perhaps groups
+        threads = group_parts(seq_len, batch, six_h // 6, x2.shape[1], steps.dtype)
+    grouped = (inference and group_sequences(threads, batch, steps.dtype) and w.full_pre is None
                and w.peepholes.full_output is None)
-    tiles = _step_tiles(w, 1, batch // groups) if grouped else _NO_TILES[steps.dtype]  # every unit's rows
+    tiles = _step_tiles(w, 1, batch // threads) if grouped else _NO_TILES[steps.dtype]  # every unit's rows
     if tiles.shape[2]:
         a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch, 0)
         with blas_limit(1):
-            _groups_threads(groups, a.u, tiles, a.pe, a.h0, a.c0, a.lengths, a.x2, a.bias, a.outs, a.h_fin,
+            _groups_threads(threads, a.u, tiles, a.pe, a.h0, a.c0, a.lengths, a.x2, a.bias, a.outs, a.h_fin,
                             a.c_fin, reverse, a.light)
         a.finish()
         return
