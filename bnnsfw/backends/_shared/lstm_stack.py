@@ -75,7 +75,7 @@ from .lstm_kernels import (
     repeated,
 )
 
-__all__ = ["LSTMStack", "PreparedForward", "CacheLayout", "CACHE_FORMAT", "DirectionKernels", "CallArguments",
+__all__ = ["LSTMStack", "PreparedForward", "CacheLayout", "CACHE_FORMAT", "DirectionKernels",
            "scatter_gradients"]
 
 #: The name of the payload layout below; backends that share it share caches.
@@ -83,14 +83,6 @@ CACHE_FORMAT = "bnnsfw.lstm.steps/2"
 
 ForwardKernel = Callable[..., None]
 BackwardKernel = Callable[..., None]
-
-
-class CallArguments(NamedTuple):
-    """The arguments of one call of a ``DirectionKernels.forward`` or ``backward``:
-    ``forward(*args, **keywords)``."""
-
-    args: tuple
-    keywords: dict
 
 
 class DirectionKernels(NamedTuple):
@@ -446,21 +438,16 @@ class LSTMStack(LSTMKernels, GeneralLSTM):
                 return grads.input.reshape(x2.shape)
             return workspace.array(f"lstm_d_input{layer % 2}", input_of(layer).shape, dtype)
 
-        def arguments(layer: int, d: int, dy: np.ndarray | None, d_input: np.ndarray,
-                      scratch: Workspace) -> CallArguments:
-            index = layer * size_d + d
-            return CallArguments(
-                (plan, weights[layer][d], layer, d, input_of(layer), views,
-                 None if dy is None else dy[:, :, d * h:(d + 1) * h],
-                 None if dh_final is None else dh_final[index], None if dc_final is None else dc_final[index],
-                 grads.hidden[index], grads.cell[index], d_input, grads.gates),
-                dict(lengths=lengths, active=active, inactive=inactive, workspace=scratch))
-
         for layer in range(size_l - 1, -1, -1):
             d_input = input_gradient(layer)
             for d in range(size_d):
-                call = arguments(layer, d, dy, d_input, workspace)
-                backward(*call.args, **call.keywords)
+                index = layer * size_d + d
+                backward(plan, weights[layer][d], layer, d, input_of(layer), views,
+                         None if dy is None else dy[:, :, d * h:(d + 1) * h],
+                         None if dh_final is None else dh_final[index],
+                         None if dc_final is None else dc_final[index],
+                         grads.hidden[index], grads.cell[index], d_input, grads.gates,
+                         lengths=lengths, active=active, inactive=inactive, workspace=workspace)
             if layer > 0:
                 mask = views.masks[layer]
                 if mask is not None:

@@ -95,9 +95,6 @@ _PLAIN_MOMENTS_RATIO = 4.0  # rows with mean² above this many variances need th
 #: such blocks (values beyond about 1e12 in float32) go to the reference kernels, which scale them.
 _BACKWARD_VARIANCE = {4: 2.0**80, 8: 2.0**600}
 
-
-
-
 _CPUS = usable_cores()
 
 
