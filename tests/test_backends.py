@@ -399,12 +399,12 @@ def _forward_step_asm(block: np.ndarray) -> str:
     for one piece of all ``H = block.shape[0] // 6`` units of ``block.shape[1]`` sequences
     (random weights, projection and state; no packed rows, no lengths; a training step, its
     gate rows written into ``block``)."""
-    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba import _lstm_forward, _tiles
 
     h, batch, f32 = block.shape[0] // 6, block.shape[1], np.float32
     rng = np.random.default_rng(0)
-    return _fresh_asm(_numba_lstm._forward_part, 0, h, rng.standard_normal((4 * h, h)).astype(f32),
-                      np.empty((4, 0, 0, _numba_lstm.PACK_ROWS), f32),
+    return _fresh_asm(_lstm_forward._forward_part, 0, h, rng.standard_normal((4 * h, h)).astype(f32),
+                      np.empty((4, 0, 0, _tiles.PACK_ROWS), f32),
                       rng.standard_normal((4 * h, 2 * batch)).astype(f32), 0, batch,
                       np.zeros((4, h * batch), f32), block, rng.standard_normal((h, batch)).astype(f32),
                       np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((batch, h), f32),
@@ -432,7 +432,7 @@ def test_numba_kernel_loops_take_the_wide_vectors():
     import llvmlite.binding
     from numba.core import config
 
-    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba import _lstm_backward
     from bnnsfw.backends.numba import _normalization as _numba_normalization
     from bnnsfw.backends.numba import _tiles as _numba_tiles
 
@@ -459,7 +459,7 @@ def test_numba_kernel_loops_take_the_wide_vectors():
     assert "ymm" not in registers, registers
     if registers:  # an LLVM may leave this pass scalar (Numba 0.59's did)
         assert "zmm" in registers, registers
-    backward = _fresh_asm(_numba_lstm._backward_part, 0, h, arrays(6 * h, batch), arrays(2, batch, h), 0,
+    backward = _fresh_asm(_lstm_backward._backward_part, 0, h, arrays(6 * h, batch), arrays(2, batch, h), 0,
                           no_lengths, np.zeros((4, h * batch), f32), np.zeros((h, batch), f32),
                           np.zeros((h, batch), f32), np.zeros((h, batch), f32), np.zeros((4 * h, batch), f32),
                           np.zeros((4 * h, 2 * batch), f32), 0)

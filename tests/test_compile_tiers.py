@@ -312,7 +312,7 @@ import sys, time
 import numpy as np
 import bnnsfw as bf
 from bnnsfw.backends import set_compile_mode
-from bnnsfw.backends.numba import _cells, _lstm, _normalization, _tiles
+from bnnsfw.backends.numba import _cells, _lstm_backward, _lstm_cell, _lstm_forward, _normalization, _tiles
 set_compile_mode("background")
 model = bf.Sequential(
     bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=7, num_layers=2, seed=5,
@@ -330,8 +330,8 @@ if sys.argv[1] == "first":
     while backend.compile_status().pending:
         time.sleep(0.1)
 else:
-    dispatchers = [getattr(m, name) for m in (_cells, _lstm, _normalization, _tiles) for name in dir(m)
-                   if hasattr(getattr(m, name), "stats")]
+    modules = (_cells, _lstm_cell, _lstm_forward, _lstm_backward, _normalization, _tiles)
+    dispatchers = {getattr(m, name) for m in modules for name in dir(m) if hasattr(getattr(m, name), "stats")}
     misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers)
     hits = sum(sum(d.stats.cache_hits.values()) for d in dispatchers)
     print(misses, hits, backend.compile_status().pending)

@@ -989,7 +989,8 @@ def test_numba_narrow_step_product_agrees_with_a_float64_product(dtype, beta, rn
     padded rows whose padding is never read (NaN there), ``beta`` 0 overwriting whatever ``c``
     held (NaN included), 1 adding to it; ``c`` a view inside a larger array, nothing written
     around it; ``b`` left as it was."""
-    from bnnsfw.backends.numba._lstm import _narrow_product, wide_rows
+    from bnnsfw.backends.numba._lstm_cell import _narrow_product
+    from bnnsfw.backends.numba._lstm_operands import wide_rows
 
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
     for m in (1, 3, 4, 6, 7, 64, 257):
@@ -1028,7 +1029,7 @@ def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(dtype,
     a chunk's products shared out over threads (blocks of ``TILE_BLOCK`` along the shared axes,
     the last one shorter, and for the input gradient ``TRANSPOSED_ROWS`` columns of ``dz`` at a
     time, 11 left over); nothing written around the outputs."""
-    from bnnsfw.backends.numba._lstm import TILE_BLOCK, _tile_input_gradient, _tile_weight_gradients
+    from bnnsfw.backends.numba._lstm_backward import TILE_BLOCK, _tile_input_gradient, _tile_weight_gradients
     from bnnsfw.backends.numba._tiles import TRANSPOSED_ROWS
 
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
@@ -1692,10 +1693,10 @@ def test_numba_fused_passes_agree_in_vector_loops_and_their_remainders(rng):
     (``test_same_inputs_give_bitwise_the_same_results_on_one_backend``)."""
     import numba
 
-    from bnnsfw.backends.numba import _lstm as kernels
+    from bnnsfw.backends.numba import _lstm_cell as kernels
     from bnnsfw.backends.numba._tiles import wide_loops
 
-    options = {k: v for k, v in kernels._recur.targetoptions.items() if k in ("fastmath", "error_model")}
+    options = {k: v for k, v in kernels._mm.targetoptions.items() if k in ("fastmath", "error_model")}
 
     @numba.njit(**options)
     def passes(z, out, lo, hi):
@@ -1988,7 +1989,7 @@ def test_numba_cells_without_peepholes_share_zeros_nothing_writes(rng):
     """Cells without diagonal peepholes take one shared zero array of each shape for them
     (made once); forward and backward, on one thread and shared out over threads, leave it
     zero."""
-    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba import _lstm_operands
 
     for hidden, batch in ((7, 3), (48, 64)):  # one thread; the steps shared out over threads
         params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, seed=2)
@@ -1997,8 +1998,8 @@ def test_numba_cells_without_peepholes_share_zeros_nothing_writes(rng):
             out = layer.apply(x, training=True)
             layer.apply_backward(x, np.ones_like(out.output), training_cache=out.training_cache)
             layer.apply(x)
-        zeros = _numba_lstm._no_peepholes(hidden, batch, np.dtype(np.float32))
-        assert zeros is _numba_lstm._no_peepholes(hidden, batch, np.dtype(np.float32))
+        zeros = _lstm_operands._no_peepholes(hidden, batch, np.dtype(np.float32))
+        assert zeros is _lstm_operands._no_peepholes(hidden, batch, np.dtype(np.float32))
         assert zeros.shape == (4, hidden * batch) and not zeros.any()
 
 
@@ -2142,14 +2143,15 @@ def test_numba_shared_steps_ask_for_the_columns_the_next_step_reads(seq_len, chu
     for every walking step of every chunk, forward in time and reversed, the columns are those
     of the next walking step's time step, inside the chunk's; the chunk's last step asks for
     none (the next chunk's projection is not made yet)."""
-    from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba._lstm_cell import _chunk
+    from bnnsfw.backends.numba._lstm_forward import _following
 
     batch = 4
     for q in range(-(-seq_len // chunk)):
-        k_begin, k_end, first_t = _numba_lstm._chunk(seq_len, chunk, q, reverse)
+        k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         for k in range(k_begin, k_end):
             t = seq_len - 1 - k if reverse else k
-            got = _numba_lstm._following(k, k_end, t, first_t, batch, reverse)
+            got = _following(k, k_end, t, first_t, batch, reverse)
             if k == k_end - 1:
                 assert got == -1
                 continue

@@ -24,13 +24,20 @@ _BNNSFW = Path(bf.__file__).resolve().parent
 #: Which sources stamp the kernels of each module of the package: the module, the package's
 #: modules it imports (theirs in turn; ``_cache.py`` aside), and ``enums.py`` for the cells.
 _STAMPS = {
-    "_cells.py": ["_cells.py", "_lstm.py", "_progress.py", "_stream.py", "_tiles.py", "enums.py"],
-    "_lstm.py": ["_lstm.py", "_progress.py", "_stream.py", "_tiles.py"],
+    "_cells.py": ["_cells.py", "_lstm_cell.py", "_lstm_operands.py", "_stream.py", "enums.py"],
+    "_lstm_backward.py": ["_lstm_backward.py", "_lstm_cell.py", "_progress.py", "_stream.py", "_tiles.py"],
+    "_lstm_cell.py": ["_lstm_cell.py", "_stream.py"],
+    "_lstm_forward.py": ["_lstm_cell.py", "_lstm_forward.py", "_lstm_operands.py", "_progress.py",
+                         "_stream.py", "_tiles.py"],
     "_normalization.py": ["_normalization.py", "_stream.py", "_tiles.py"],
     "_progress.py": ["_progress.py"],
     "_stream.py": ["_stream.py"],
     "_tiles.py": ["_tiles.py"],
 }
+
+#: Modules that define no kernel but whose values kernels read: they are in the stamps of the
+#: kernel modules that import them (the padding of the step weights' rows, ``ROW_PAD``).
+_READ_BY_KERNELS = {"_lstm_operands.py"}
 
 #: The jit decorators of Numba by their last name: a function under one (or under a module
 #: global bound to one, such as ``_kernel = numba.njit(...)``) runs compiled or while compiling.
@@ -62,6 +69,22 @@ def _last_name(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
 
 
+def _jit_aliases(path: Path) -> set[str]:
+    """The module-level names of the module at ``path`` bound to a Numba decorator: its own
+    (``_kernel = numba.njit(...)``) and those it imports from the package's modules that bind
+    them."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    aliases = {t.id for node in tree.body if isinstance(node, ast.Assign)
+               and _last_name(node.value) in _COMPILING for t in node.targets if isinstance(t, ast.Name)}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            source = path.parent / f"{node.module}.py"
+            if source.exists():
+                theirs = _jit_aliases(source)
+                aliases |= {a.asname or a.name for a in node.names if a.name in theirs}
+    return aliases
+
+
 def _frozen_sources(path: Path) -> tuple[set[str], set[str], set[str]]:
     """From the code of the module at ``path``: the modules of bnnsfw outside the numba package
     (relative to bnnsfw's folder) whose values its compiled code reads, those it imports, and
@@ -84,8 +107,7 @@ def _frozen_sources(path: Path) -> tuple[set[str], set[str], set[str]]:
                 outside[alias.asname or alias.name] = _file(module if is_module else dotted)
     reads: dict[str, set[str]] = {}  # module-level name: the names its definitions read
     roots: set[str] = set()
-    jit_aliases = {t.id for node in tree.body if isinstance(node, ast.Assign)
-                   and _last_name(node.value) in _COMPILING for t in node.targets if isinstance(t, ast.Name)}
+    jit_aliases = _jit_aliases(path)
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
@@ -162,8 +184,8 @@ def test_import_statements_found_line_by_line_are_the_full_parse():
 
 def test_each_kernel_module_is_stamped_with_the_sources_it_reaches():
     """Each kernel's cache entry is stamped with what Numba's own locator gives plus the digest
-    of the sources its module reaches (:data:`_STAMPS`); modules with no kernels import none
-    of the others but ``_cache.py``, and no kernel module imports them."""
+    of the sources its module reaches (:data:`_STAMPS`); no kernel module imports a module with
+    no kernels but those whose values kernels read (:data:`_READ_BY_KERNELS`)."""
     import importlib
 
     import numba
@@ -174,7 +196,7 @@ def test_each_kernel_module_is_stamped_with_the_sources_it_reaches():
         stamped = [p.name for p in _cache.stamped_modules(path)]
         if path.name in _STAMPS:
             assert stamped == _STAMPS[path.name], path.name
-        else:
+        elif path.name not in _READ_BY_KERNELS:
             assert not any(path.name in names for names in _STAMPS.values()), path.name
         module = importlib.import_module(f"{_PACKAGE_NAME}.{path.stem}")
         kernels = [v for v in vars(module).values() if isinstance(v, numba.core.dispatcher.Dispatcher)
@@ -210,12 +232,15 @@ def test_a_kernel_that_cannot_be_cached_warns_with_its_file():
 _ONE_KERNEL_EACH = """
 import json
 import numpy as np
-from bnnsfw.backends.numba import _cells, _lstm, _normalization, _progress, _stream, _tiles
+from bnnsfw.backends.numba import (_cells, _lstm_backward, _lstm_cell, _lstm_forward, _normalization,
+                                   _progress, _stream, _tiles)
 calls = {
     "_progress.py": (_progress.wait_for, (np.ones(1, np.int64), 1)),
     "_stream.py": (_stream.stream_copy, (np.ones(64, np.float32), np.empty(64, np.float32))),
     "_tiles.py": (_tiles._unit_rows, (np.ones((2, 2)),)),
-    "_lstm.py": (_lstm._chunk, (8, 4, 1, False)),
+    "_lstm_cell.py": (_lstm_cell._chunk, (8, 4, 1, False)),
+    "_lstm_forward.py": (_lstm_forward._following, (0, 2, 0, 0, 1, False)),
+    "_lstm_backward.py": (_lstm_backward._states_as_rows, (np.ones((1, 2, 1)), 0, 1, np.empty((1, 2)), 0, 2)),
     "_normalization.py": (_normalization._combine, (1.0, 0.0, 0.0, 1.0, 1.0, 0.0)),
     "_cells.py": (_cells._zero_columns, (np.ones((4, 2)), np.zeros(2, np.bool_), 0, 4)),
 }
@@ -230,12 +255,13 @@ print(json.dumps(found))
 def test_an_edit_recompiles_the_kernels_that_carry_the_edited_sources_and_no_others(tmp_path):
     """End to end, in a copy of bnnsfw with a cache of its own, one small kernel of each kernel
     module: all compile in the first process; after edits to modules no kernel carries (the
-    compile tiers, the package's ``__init__``, the stamping itself, the shared LSTM kernels and
-    ``Activation``, which the LSTM modules import for their Python code) all load from the
-    cache; after an edit to ``_progress.py`` the LSTM's kernels (``_lstm.py``, ``_cells.py``)
-    and its own compile again, the others load; after one to ``_tiles.py``, all but those of
-    ``_stream.py`` and ``_progress.py``; after one to ``enums.py``, whose values the cells'
-    kernels freeze, those of ``_cells.py`` alone."""
+    compile tiers, the package's ``__init__``, the stamping itself, the LSTM's entry points in
+    ``_lstm.py``, the shared LSTM kernels and ``Activation``, which the LSTM modules import for
+    their Python code) all load from the cache; after an edit to ``_progress.py`` the kernels
+    of the LSTM's forward and backward and its own compile again, the others load; after one to
+    ``_lstm_backward.py``, its own alone; after one to ``_tiles.py``, those of every module that
+    calls the tiles; after one to ``enums.py``, whose values the cells' kernels freeze, those
+    of ``_cells.py`` alone."""
     tree = tmp_path / "tree"
     shutil.copytree(_BNNSFW, tree / "bnnsfw", ignore=shutil.ignore_patterns("__pycache__"))
     env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
@@ -253,9 +279,11 @@ def test_an_edit_recompiles_the_kernels_that_carry_the_edited_sources_and_no_oth
 
     numba = "backends/numba/"
     assert compiled_after() == set(_STAMPS)
-    no_kernel_carries = ("_tiers.py", "__init__.py", "_cache.py", "_worker.py")
+    no_kernel_carries = ("_tiers.py", "__init__.py", "_cache.py", "_worker.py", "_lstm.py")
     assert compiled_after(*(numba + name for name in no_kernel_carries), "backends/_shared/lstm_kernels.py",
                           "activation.py") == set()
-    assert compiled_after(numba + "_progress.py") == {"_progress.py", "_lstm.py", "_cells.py"}
-    assert compiled_after(numba + "_tiles.py") == {"_tiles.py", "_lstm.py", "_cells.py", "_normalization.py"}
+    assert compiled_after(numba + "_progress.py") == {"_progress.py", "_lstm_forward.py", "_lstm_backward.py"}
+    assert compiled_after(numba + "_lstm_backward.py") == {"_lstm_backward.py"}
+    assert compiled_after(numba + "_tiles.py") == {"_tiles.py", "_lstm_forward.py", "_lstm_backward.py",
+                                                   "_normalization.py"}
     assert compiled_after("enums.py") == {"_cells.py"}

@@ -322,7 +322,7 @@ class NumbaBackend(ScipyBlasBackend):
         """``scipy-blas``'s packing; for the cells the compiled kernels serve, with ``U`` and
         ``Uᵀ`` once more in the wider rows those kernels read (:func:`._lstm.wide_rows`),
         made once per packing instead of at every call, ``W`` as rows (the backward's input
-        gradient reads them, :func:`._lstm._tile_input_gradient`), and a place for the rows
+        gradient reads them, :func:`._lstm_backward._tile_input_gradient`), and a place for the rows
         of ``[U W]`` packed for the steps shared out over threads
         (:func:`._lstm._step_tiles`, made when first needed) and for the forward's arguments
         taken from the weights (:func:`._lstm._forward_weights`)."""

@@ -21,10 +21,11 @@ of exactly the sources they can carry (:func:`stamped_modules`):
   plan and weights, thread limits, ``Activation``) serve their Python code only.
 
 So an edit recompiles the kernels that carry the edited code or values and no others:
-``_tiles.py`` those of every kernel module but ``_stream.py`` and ``_progress.py``;
-``_progress.py`` the LSTM's (``_lstm.py``, ``_cells.py``); ``enums.py`` the cells'; the
-package's ``__init__.py``, ``_tiers.py`` and ``_worker.py``, which define no kernels and which
-no kernel module imports, none. Numba's own list of locators (``NUMBA_CACHE_LOCATOR_CLASSES``),
+``_tiles.py`` those of the LSTM's forward and backward and of normalization;
+``_progress.py`` the LSTM's forward and backward; ``_lstm_backward.py`` its own;
+``enums.py`` the cells'; the package's ``__init__.py``, ``_lstm.py`` (the LSTM's entry points),
+``_tiers.py`` and ``_worker.py``, which define no kernels and which no kernel module imports,
+none. Numba's own list of locators (``NUMBA_CACHE_LOCATOR_CLASSES``),
 when set, replaces this one.
 """
 

@@ -30,7 +30,7 @@ Each activation runs in a loop of its own, in which its BNNS number is a constan
 :mod:`bnnsfw.activation`'s, :func:`_functions` and :func:`_derivatives`), in the dtype of the
 arrays: in float32 ``tanh`` and the sigmoid are the default cell's rational ``tanh`` (error
 about 2.6e-7), so their loops vectorize. A sigmoid gate, whose forward weights are halved, is
-``½·tanh(z/2) + ½`` as in the reference. The fast-math flags are :data:`._lstm.FAST_MATH`
+``½·tanh(z/2) + ½`` as in the reference. The fast-math flags are :data:`._lstm_cell.FAST_MATH`
 (the same bits in a vectorized loop and its scalar remainder). The kernels are compiled on first
 use and cached on disk, as :mod:`._lstm`'s are.
 """
@@ -51,7 +51,8 @@ from ...enums import ActivationFunction as AF
 from . import _cache
 from .._shared.lstm_kernels import (LSTMKernels, LSTMScratch, LSTMStepPlan, LSTMWeights, _copy_or_zero,
                                    gather_output)
-from ._lstm import _EMPTY, FAST_MATH, _feature_major, _mm, _repeated, _runtime, _tanh
+from ._lstm_cell import FAST_MATH, _mm, _runtime, _tanh
+from ._lstm_operands import _EMPTY, _feature_major, _repeated
 
 _cache.install()  # before any kernel: their cache entries' stamps cover the sources they carry
 

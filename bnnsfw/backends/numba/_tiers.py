@@ -53,7 +53,7 @@ from numba.core import config
 from ..._threadpool import blas_limit, usable_cores
 from .._shared.compiling import compile_mode, set_compile_mode
 from ..contract import call_prepared
-from . import _cache, _lstm
+from . import _cache, _lstm_forward
 
 try:
     import fcntl
@@ -279,7 +279,7 @@ def _replay_prepared(backend: Any, request: Any) -> None:
 # --------------------------------------------------------------------------------------
 def ready_folder() -> Path:
     """Where the markers live: a folder beside the compiled kernels' disk cache."""
-    cache: Any = getattr(_lstm._recur, "_cache")
+    cache: Any = getattr(_lstm_forward._recur, "_cache")
     return Path(cache._cache_path) / "bnnsfw-ready"
 
 
