@@ -1694,9 +1694,10 @@ def test_numba_fused_passes_agree_in_vector_loops_and_their_remainders(rng):
     import numba
 
     from bnnsfw.backends.numba import _lstm_cell as kernels
+    from bnnsfw.backends.numba._lstm_forward import _recur
     from bnnsfw.backends.numba._tiles import wide_loops
 
-    options = {k: v for k, v in kernels._mm.targetoptions.items() if k in ("fastmath", "error_model")}
+    options = {k: v for k, v in _recur.targetoptions.items() if k in ("fastmath", "error_model")}
 
     @numba.njit(**options)
     def passes(z, out, lo, hi):

@@ -152,8 +152,8 @@ def test_frozen_names_every_module_whose_values_compiled_code_reads(tmp_path):
                 else getattr(value, "_defn", None) if isinstance(value, _Intrinsic) else None
             if func is not None and func.__module__ == module.__name__:
                 assert func.__name__ in roots, (path.name, func.__name__)
-    assert _frozen_sources(_cache.PACKAGE / "_lstm.py")[:2] == (
-        set(), {"enums.py", "_threadpool.py", "backends/_shared/lstm_kernels.py"})
+    assert _frozen_sources(_cache.PACKAGE / "_cells.py")[:2] == (
+        {"enums.py"}, {"activation.py", "enums.py", "backends/_shared/lstm_kernels.py"})
     sample = tmp_path / "_sample.py"
     sample.write_text("import numba\n"
                       "from ...enums import ActivationFunction as AF\n"
@@ -196,7 +196,9 @@ def test_each_kernel_module_is_stamped_with_the_sources_it_reaches():
         stamped = [p.name for p in _cache.stamped_modules(path)]
         if path.name in _STAMPS:
             assert stamped == _STAMPS[path.name], path.name
-        elif path.name not in _READ_BY_KERNELS:
+        elif path.name in _READ_BY_KERNELS:
+            assert any(path.name in names for names in _STAMPS.values()), path.name
+        else:
             assert not any(path.name in names for names in _STAMPS.values()), path.name
         module = importlib.import_module(f"{_PACKAGE_NAME}.{path.stem}")
         kernels = [v for v in vars(module).values() if isinstance(v, numba.core.dispatcher.Dispatcher)
@@ -259,7 +261,9 @@ def test_an_edit_recompiles_the_kernels_that_carry_the_edited_sources_and_no_oth
     ``_lstm.py``, the shared LSTM kernels and ``Activation``, which the LSTM modules import for
     their Python code) all load from the cache; after an edit to ``_progress.py`` the kernels
     of the LSTM's forward and backward and its own compile again, the others load; after one to
-    ``_lstm_backward.py``, its own alone; after one to ``_tiles.py``, those of every module that
+    ``_lstm_backward.py``, its own alone; after one to ``_lstm_operands.py`` (no kernel, but
+    values the kernels read), those of the forward and the cells; after one to
+    ``_lstm_cell.py``, those of every LSTM module; after one to ``_tiles.py``, those of every module that
     calls the tiles; after one to ``enums.py``, whose values the cells' kernels freeze, those
     of ``_cells.py`` alone."""
     tree = tmp_path / "tree"
@@ -284,6 +288,9 @@ def test_an_edit_recompiles_the_kernels_that_carry_the_edited_sources_and_no_oth
                           "activation.py") == set()
     assert compiled_after(numba + "_progress.py") == {"_progress.py", "_lstm_forward.py", "_lstm_backward.py"}
     assert compiled_after(numba + "_lstm_backward.py") == {"_lstm_backward.py"}
+    assert compiled_after(numba + "_lstm_operands.py") == {"_lstm_forward.py", "_cells.py"}
+    lstm_modules = {"_lstm_cell.py", "_lstm_forward.py", "_lstm_backward.py", "_cells.py"}
+    assert compiled_after(numba + "_lstm_cell.py") == lstm_modules
     assert compiled_after(numba + "_tiles.py") == {"_tiles.py", "_lstm_forward.py", "_lstm_backward.py",
                                                    "_normalization.py"}
     assert compiled_after("enums.py") == {"_cells.py"}

@@ -1,9 +1,10 @@
 """A backend with compiled (Numba) kernels, on top of the ``scipy-blas`` backend.
 
-It runs each layer and direction of the LSTM as compiled loops (:mod:`._lstm`: per step one
-BLAS product and one fused, vectorized pass, forward and backward, or for larger steps one
-parallel region per chunk of steps, whose threads each take a run of units of every step; the
-input projection and the weight gradients one product per chunk of steps) for the cell almost
+It runs each layer and direction of the LSTM as compiled loops (:mod:`._lstm`, which picks the
+path and calls :mod:`._lstm_forward` and :mod:`._lstm_backward`: per step one product and one
+fused, vectorized pass, forward and backward, or for larger steps one parallel region per chunk
+of steps, whose threads each take a run of units of every step; the input projection and the
+weight gradients one product per chunk of steps) for the cell almost
 every model uses, with no, diagonal or full peepholes, over full or variable lengths; the cells
 with other per-element activations as compiled per-sequence loops of their own
 (:mod:`._cells`); and normalization with the statistics of the batch and the identity

@@ -1,13 +1,13 @@
 """The compiled kernels' disk cache, each module's kernels stamped with the sources they carry.
 
 Numba stamps each cached kernel with the source of its own module only. A kernel that calls
-compiled code from another module carries that code in its cache entry (each LSTM kernel calls
-the step product of ``_tiles.py``; the normalization kernels call the streaming stores of
-``_stream.py``), and the values of the globals its compiled code reads are frozen into it (the
-cells' kernels take each activation's BNNS number from ``enums.ActivationFunction``). Numba
-goes on loading such an entry after the other module has changed: in a checkout updated in
-place, a new step product left the LSTM kernels running the old one, with no sign of it but
-their speed.
+compiled code from another module carries that code in its cache entry (the LSTM's forward and
+backward kernels call the step product of ``_tiles.py``; the normalization kernels call the
+streaming stores of ``_stream.py``), and the values of the globals its compiled code reads are
+frozen into it (the cells' kernels take each activation's BNNS number from
+``enums.ActivationFunction``). Numba goes on loading such an entry after the other module has
+changed: in a checkout updated in place, a new step product left the LSTM kernels running the
+old one, with no sign of it but their speed.
 
 :func:`install` puts a locator first in Numba's list which, for the modules of the numba
 package, keeps the cache folder Numba would have chosen (``NUMBA_CACHE_DIR``, else beside the

@@ -1,11 +1,11 @@
 """Compiled (Numba) LSTM kernels for the cells with other activations than the default ones.
 
-:mod:`._lstm` compiles the cell almost every model uses (tanh candidate and cell activation,
-sigmoid forget, input and output gates). These kernels serve every other cell a layer accepts:
-any per-element activation (:class:`~bnnsfw.Activation`) on each gate and on the cell, with its
-``alpha`` and ``beta``, with no, diagonal or full peepholes, over full or variable lengths, in
-float32 and float64. They are the reference's per-sequence kernels
-(:meth:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels.lstm_forward_sequence` and
+:mod:`._lstm_forward` and :mod:`._lstm_backward` compile the cell almost every model uses (tanh
+candidate and cell activation, sigmoid forget, input and output gates). These kernels serve
+every other cell a layer accepts: any per-element activation (:class:`~bnnsfw.Activation`) on
+each gate and on the cell, with its ``alpha`` and ``beta``, with no, diagonal or full peepholes,
+over full or variable lengths, in float32 and float64. They are the reference's per-sequence
+kernels (:meth:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels.lstm_forward_sequence` and
 :meth:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels.lstm_backward_sequence`) compiled: the
 same arguments, the same training cache (the step blocks, the hidden states, and the true
 pre-activations when a gate's derivative needs its input), the same results up to rounding. So a
@@ -32,7 +32,7 @@ arrays: in float32 ``tanh`` and the sigmoid are the default cell's rational ``ta
 about 2.6e-7), so their loops vectorize. A sigmoid gate, whose forward weights are halved, is
 ``½·tanh(z/2) + ½`` as in the reference. The fast-math flags are :data:`._lstm_cell.FAST_MATH`
 (the same bits in a vectorized loop and its scalar remainder). The kernels are compiled on first
-use and cached on disk, as :mod:`._lstm`'s are.
+use and cached on disk, as the default cell's are.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Compiled (Numba) LSTM kernels: one layer and direction, forward and backward, per call.
+"""The compiled (Numba) LSTM kernels' entry points: one layer and direction, forward and
+backward, per call, and the choice of the path that serves it.
 
 They serve the cell almost every model uses (tanh candidate, sigmoid forget, input and output
 gates, tanh hidden activation), with no, diagonal or full peepholes, over full or variable
@@ -13,8 +14,9 @@ The kernels, by concept:
 
 - this module: which path serves a call (:func:`step_parts`, :func:`group_parts`,
   :func:`overlaps`, :func:`chunk_steps`), the arguments a call hands the kernels
-  (prepared once per layer and shape where they depend on the weights), and the entry points
-  the stack calls (:func:`forward`, :func:`backward`, :class:`StackInference`);
+  (prepared once per layer and shape where they depend on the weights), the entry points the
+  stack calls (:func:`forward`, :func:`backward`), and a prepared inference through every
+  layer of a stack (:class:`StackInference`, which the backend's prepared forward calls);
 - :mod:`._lstm_cell`: the arithmetic every path shares: the fused passes of a step over the
   units, forward and backward, the float32 tanh, the small products;
 - :mod:`._lstm_forward`: the forward's paths: on the calling thread, each step's units shared

@@ -1,10 +1,11 @@
 """The arithmetic every compiled LSTM kernel of the default cell shares: the compiler's flags,
-the float32 tanh, the small products, and the fused passes of one step over the units,
-forward and backward.
+the float32 tanh, the products made outside the register tiles, the fused passes of one step
+over the units, forward and backward, and the walk's bookkeeping (a chunk's or piece's steps,
+a thread's units: :func:`_chunk`, :func:`_piece`, :func:`_part`).
 
 - **One fused pass per step** over the ``H·N`` units reads ``U h`` plus the step's
   projection (the product starts from it), applies the four gate functions and the
-  peepholes, updates the cell and the hidden state, writes the cache block and the output
+  peepholes, updates the cell and the hidden state and writes the cache block
   (:func:`_forward_step`; :func:`_forward_step_full` with full peepholes, whose output gate's
   ``P_o c_t`` needs every unit's new cell, so the pass splits in two around it). It runs over
   each gate's ``H·N`` elements as one unit-stride loop (feature-major blocks keep them
@@ -12,11 +13,13 @@ forward and backward.
   (:func:`_state_run`): no cache rows, which nothing reads, and no peephole terms. Backward
   is one fused pass computing ``dz`` for the four gates and the cell gradient
   (:func:`_backward_step`, :func:`_backward_step_full`).
-- **Small products.** The large products are BLAS calls made from the compiled loop
-  (:func:`_mm`: ``?gemm`` on strided operands, the same SciPy BLAS the rest of the backend
+- **Products outside the tiles.** The large products are BLAS calls made from the compiled
+  loop (:func:`_mm`: ``?gemm`` on strided operands, the same SciPy BLAS the rest of the backend
   uses: two BLAS libraries would each keep a spinning thread pool and take the cores from
-  each other). A step's product for two to seven sequences, where BLAS would pack ``U`` at
-  every call, is dot products of ``U``'s rows (:func:`_narrow_product`).
+  each other); the input projection is BLAS adding ``W x`` to rows filled with the bias
+  (:func:`_biased_product`). A step's product for two to seven float32 sequences (two or three
+  float64), where BLAS would pack ``U`` at every call, is dot products of ``U``'s rows
+  (:func:`_narrow_product`).
 - float32 uses a rational tanh (an odd polynomial over an even one on ``|x| ≤ 7.9``; largest
   error about 2e-7 absolute, inside the contract's float32 tolerance), which is pure
   multiply-add and one division, so with fast math (:data:`FAST_MATH`: an exact division and

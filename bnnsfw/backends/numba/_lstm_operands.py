@@ -1,6 +1,7 @@
 """How the compiled LSTM kernels take their operands: states feature-major, peepholes as
-rows, step weights in padded rows that start on cache lines, and every array behind one
-layout so that each kernel compiles once (:func:`_any_layout`)."""
+rows, step weights in padded rows that start on cache lines, and the outputs and output
+gradients behind one layout whatever their strides, so that each kernel compiles once for
+them (:func:`_any_layout`)."""
 
 from __future__ import annotations
 

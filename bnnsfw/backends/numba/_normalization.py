@@ -51,7 +51,7 @@ __all__ = ["serves", "forward", "backward"]
 #: Fast-math flags that let LLVM reorder sums (vector reductions) but keep NaN and infinity
 #: meaningful: the loops' ``not squares < limit`` test must see a NaN, and with all flags on
 #: (``fastmath=True`` assumes no NaN) it was folded away.
-#: ``arcp`` stays (the LSTM kernels leave it out: ``_lstm.FAST_MATH``): these kernels
+#: ``arcp`` stays (the LSTM kernels leave it out: ``_lstm_cell.FAST_MATH``): these kernels
 #: divide only in scalar code, per statistics set, so no element's bits depend on whether a
 #: vectorized loop or its scalar remainder computed it.
 _FASTMATH = {"reassoc", "nsz", "arcp", "contract", "afn"}

@@ -1,8 +1,8 @@
 """Counters compiled loops advance and wait on, across threads.
 
-The threads that share out each step of one layer (:func:`._lstm._steps_threads`)
+The threads that share out each step of one layer (:func:`._lstm_forward._steps_threads`)
 :func:`claim` its pieces and :func:`count_up` the pieces done, and each :func:`wait_for`\\ s
-the count of the step before; in the overlapped backward (:func:`._lstm._backward_overlapped`)
+the count of the step before; in the overlapped backward (:func:`._lstm_backward._backward_overlapped`)
 one thread counts the pieces it has walked and the other waits for them.
 
 Numba has no atomic operations on arrays, and a plain store or load may be moved or kept in a
