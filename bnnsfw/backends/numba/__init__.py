@@ -59,10 +59,9 @@ def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarra
                       lengths: np.ndarray | None, inactive: Sequence[np.ndarray | None],
                       workspace: Workspace, parts: int = 1) -> None:
     """One layer and direction forward, compiled (``DirectionKernels.forward``); ``parts``
-    threads share out each step's units when it is above 1. No groups of sequences on threads
-    in a process that cannot start a parallel region (:func:`._tiers.forked_from_openmp`)."""
+    threads share out each step's units when it is above 1."""
     _lstm.forward(w, layer_input, h0, c0, lengths, steps, hidden, output, h_final, c_final,
-                  reverse=reverse, scratch=workspace, parts=parts, groups=not _tiers.forked_from_openmp())
+                  reverse=reverse, scratch=workspace, parts=parts)
 
 
 def _backward_keywords(plan: LSTMStepPlan, w: LSTMWeights, layer: int, d: int, layer_input: np.ndarray,
@@ -225,8 +224,7 @@ def _stack_inference(backend: NumbaBackend, request: LSTMForwardRequest) -> _lst
             return None
     h = config.hidden_size
     inputs = {config.input_size, h} if config.num_layers > 1 else {config.input_size}
-    if not _tiers.forked_from_openmp() and any(_lstm.group_parts(seq_len, batch, h, size_i, dtype) > 1
-                                               for size_i in inputs):
+    if any(_lstm.group_parts(seq_len, batch, h, size_i, dtype) > 1 for size_i in inputs):
         return None  # its layers walk groups of the sequences on threads (in the stack's calls)
     return _lstm.StackInference([row[0] for row in payload.weights], seq_len, batch, config.input_size,
                                 config.hidden_size, dtype)
@@ -251,7 +249,8 @@ class NumbaBackend(ScipyBlasBackend):
         :meth:`_lstm_sequence_kernels`, with the weight gradients made from their gate
         gradients. Full peepholes keep the steps on the calling thread: their products need
         every unit's cell, and so does a process forked from one running Numba's GNU OpenMP
-        threads, which cannot start a parallel region (:func:`._tiers.forked_from_openmp`).
+        threads, which cannot start a parallel region: no threads are in force there
+        (:func:`._lstm.step_parts`, :func:`._tiers.forked_from_openmp`).
 
         The two directions of a bidirectional layer run one after the other, each step's units
         shared out: the two directions at the same time, each on one of two threads, took
@@ -266,7 +265,7 @@ class NumbaBackend(ScipyBlasBackend):
         EPYC), and their kernels took about 32 s of the 82 s its first training step compiled."""
         if _lstm.serves(plan) and _tiers.compiled_now():
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
-            parts = 1 if full or _tiers.forked_from_openmp() else _lstm.step_parts(plan.hidden_size, batch)
+            parts = 1 if full else _lstm.step_parts(plan.hidden_size, batch)
             return _compiled_kernels(parts)
         return super()._lstm_direction_kernels(plan, lengths, batch, dtype)
 

@@ -45,6 +45,7 @@ import numpy as np
 from ..._threadpool import blas_limit, current_limit
 from ...enums import ActivationFunction as AF
 from .._shared.lstm_kernels import LSTMStepPlan, LSTMWeights
+from . import _tiers
 from ._lstm_backward import _backward, _backward_overlapped, _backward_threads
 from ._lstm_cell import _part, _touch_threads
 from ._lstm_forward import _forward, _forward_threads, _groups_threads, _pack_tiles
@@ -111,7 +112,10 @@ def step_parts(hidden_size: int, batch: int) -> int:
 
 def _threads_in_force() -> int:
     """Numba's thread count, capped by a thread limit in force, when parallel regions are
-    cheap; else 1."""
+    cheap; else 1, and 1 in a process forked from one running Numba's GNU OpenMP threads,
+    which cannot start a parallel region (:func:`._tiers.forked_from_openmp`)."""
+    if _tiers.forked_from_openmp():
+        return 1
     threads = numba.get_num_threads()
     limit = current_limit()
     if limit:
@@ -398,19 +402,18 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
 
 def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
             lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None, output: np.ndarray,
-            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch, parts: int = 1,
-            groups: bool = True) -> None:
+            h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch, parts: int = 1) -> None:
     """One layer and direction forward (:func:`_forward`); ``steps`` is (T, 6H, N), with a
     zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
     units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
     thread meanwhile); :func:`backward` then takes the same ``parts``. An inference whose sequences
     :func:`group_sequences` shares out instead walks one group a thread
     (:func:`_groups_threads`), and so does one with ``parts`` 1 that :func:`group_parts` gives
-    threads, unless ``groups`` is False."""
+    threads."""
     seq_len, six_h, batch = steps.shape
     inference = hidden is None or not steps.strides[0]
     threads = parts
-    if inference and parts == 1 and groups:  # steps too small to share out: perhaps groups
+    if inference and parts == 1:  # steps too small to share out: perhaps groups
         threads = group_parts(seq_len, batch, six_h // 6, x2.shape[1], steps.dtype)
     grouped = (inference and group_sequences(threads, batch, steps.dtype) and w.full_pre is None
                and w.peepholes.full_output is None)
