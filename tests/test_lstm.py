@@ -2038,6 +2038,33 @@ def test_numba_steps_shared_over_threads_from_several_caller_threads(monkeypatch
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_backward_takes_its_columns_in_one_layout_for_every_hidden_size(rng):
+    """The backward's scratch columns (a row a unit, rows padded apart) have two rows at least,
+    so that one unit's (H = 1) is no contiguous view, which Numba would compile the backward
+    for once more; the gradients agree with the reference for H = 1 and 2."""
+    import inspect
+
+    from bnnsfw.backends.numba import _lstm_backward
+
+    x = rng.standard_normal((5, 3, 2))
+    for hidden_size in (1, 2):
+        params = LSTMParameters.random(input_size=2, hidden_size=hidden_size, seed=2, dtype=np.float64)
+        dy = rng.standard_normal((5, 3, hidden_size))
+        results = []
+        for backend in ("numba", "numpy"):
+            with layer_for(params, backend) as layer:
+                out = layer.apply(x, training=True)
+                grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
+                results.append([grads.input, grads.hidden, grads.cell] + _gate_gradients(grads))
+        for got, want in zip(*results):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    kernel = _lstm_backward._backward
+    position = list(inspect.signature(kernel.py_func).parameters).index("columns")
+    layouts = {signature[position].layout for signature in kernel.signatures}
+    assert layouts == {"A"}, layouts
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("parts", [1, 2])
 def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, parts):
     """A contiguous output, a bidirectional layer's strided halves and an absent output

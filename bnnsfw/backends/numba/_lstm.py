@@ -612,7 +612,9 @@ def _backward_call(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, s
         d_input, 1.0 if accumulate_input else 0.0,
         scratch.array("lstm_numba_dh_first", (h, batch), dtype),
         _aligned(scratch, "lstm_numba_d_gates", (4 * h, chunk * batch), dtype),
-        _aligned(scratch, "lstm_numba_columns", (h, chunk * batch), dtype),
+        # two rows at least: a view of one row is contiguous, and Numba would compile the
+        # backward family once more for that layout (H = 1)
+        _aligned(scratch, "lstm_numba_columns", (max(h, 2), chunk * batch), dtype),
         scratch.array("lstm_numba_dh", (h, batch), dtype), dh_initial, dc_initial)
 
 

@@ -224,7 +224,7 @@ def _chunk_products(x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_w
     else:
         _states_as_columns(hidden, chunk_first, count, columns, 0, h)
         _mm(d_gates[:, :width], False, x2[rows], False, d_wx, beta)
-        _mm(d_gates[:, :width], False, columns[:, :width], True, d_u, beta)
+        _mm(d_gates[:, :width], False, columns[:h, :width], True, d_u, beta)
         _mm(d_gates[:, :width], True, wx_t, True, d_input[rows], input_beta)
     _row_sums(d_gates, 0, 4 * h, width, d_bias, beta)
     if has_peep:  # g, f, i see the previous cell, o the new one
@@ -248,7 +248,7 @@ def _chunk_products(x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_w
                 for n in range(batch):
                     columns[j, s * batch + n] = block[j, n]
         if d_full_pre.size:
-            _mm(d_gates[:, :width], False, columns[:, :width], True, d_full_pre, beta)
+            _mm(d_gates[:, :width], False, columns[:h, :width], True, d_full_pre, beta)
         if d_full_out.size:  # the output gate sees the new cells, f·c + i·g
             for s in range(count):
                 block = steps[chunk_first + s]
@@ -257,7 +257,7 @@ def _chunk_products(x2, wx_t, wx, steps, hidden, has_peep, d_gates, columns, d_w
                         column = s * batch + n
                         f, i, g = block[2 * h + j, n], block[3 * h + j, n], block[h + j, n]
                         columns[j, column] = f * columns[j, column] + i * g
-            _mm(d_gates[3 * h:, :width], False, columns[:, :width], True, d_full_out, beta)
+            _mm(d_gates[3 * h:, :width], False, columns[:h, :width], True, d_full_out, beta)
 
 
 @_kernel
@@ -279,7 +279,7 @@ def _backward(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad
     (overwrites) ``d_wx`` (4H, I), ``d_u`` (4H, H), ``d_bias`` (4H,), ``d_peep``, ``d_full_pre``
     and ``d_full_out`` (shaped as their weights), ``dh_first`` (H, N), and ``d_input`` (T·N, I)
     as ``dX + input_beta·d_input``. Scratch: ``d_gates`` (4H, chunk·N), ``columns``
-    (H, chunk·N), ``dh`` (H, N).
+    (at least H rows of chunk·N; its first H are read), ``dh`` (H, N).
     """
     dy = dys[0]
     seq_len, batch = steps.shape[0], steps.shape[2]
@@ -413,7 +413,7 @@ def _chunk_products_threads(parts, x2, wx_t, steps, hidden, has_peep, d_gates, c
         c0, c1 = p * width // parts, (p + 1) * width // parts
         if r1 > r0:
             _mm(d_gates[r0:r1, :width], False, x2[x0:x0 + width], False, d_wx[r0:r1], beta)
-            _mm(d_gates[r0:r1, :width], False, columns[:, :width], True, d_u[r0:r1], beta)
+            _mm(d_gates[r0:r1, :width], False, columns[:h, :width], True, d_u[r0:r1], beta)
         if c1 > c0:
             _mm(d_gates[:, c0:c1], True, wx_t, True, d_input[x0 + c0:x0 + c1], input_beta)
         _row_sums(d_gates, r0, r1, width, d_bias, beta)
