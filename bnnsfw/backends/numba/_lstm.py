@@ -154,11 +154,16 @@ def _piece_steps(seq_len: int) -> int:
     return -(-seq_len // OVERLAP_PIECES)
 
 
-def overlaps(parts: int, seq_len: int, batch: int, hidden_size: int) -> bool:
+def overlaps(parts: int, seq_len: int, batch: int, hidden_size: int, dtype: np.dtype) -> bool:
     """True when a backward on ``parts`` threads is overlapped (:func:`_backward_overlapped`):
-    two threads, steps below :data:`OVERLAP_STEP_MAX`, at most :data:`OVERLAP_COLUMNS` columns
-    and at least two pieces of steps."""
-    return (parts == 2 and 4 * hidden_size * hidden_size * batch < OVERLAP_STEP_MAX
+    float32, two threads, steps below :data:`OVERLAP_STEP_MAX`, at most :data:`OVERLAP_COLUMNS`
+    columns and at least two pieces of steps.
+
+    Float64 is shared out instead (:func:`_backward_threads`): the overlapped kernel compiles
+    for about 20 s a dtype, the longest of any, and in float64 gained a tenth of the backward
+    (M's training step 0.90 of the time), where float64 serves checks more than speed."""
+    return (dtype == np.float32 and parts == 2
+            and 4 * hidden_size * hidden_size * batch < OVERLAP_STEP_MAX
             and seq_len * batch <= OVERLAP_COLUMNS and _piece_steps(seq_len) < seq_len)
 
 
@@ -629,12 +634,12 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     diagonal peepholes' (4, H), the full peepholes' of the candidate, forget and input gates
     (4H, H) and of the output gate (H, H) (each None without them); writes ``d_input`` (added
     to it with ``accumulate_input``) and the initial states' gradients. With ``parts`` = 2
-    and small steps the walk and the products overlap (:func:`overlaps`,
+    and small float32 steps the walk and the products overlap (:func:`overlaps`,
     :func:`_backward_overlapped`); else, with ``parts`` > 1, both are shared out
     (:func:`_backward_threads`)."""
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
-    overlapped = overlaps(parts, seq_len, batch, h)
+    overlapped = overlaps(parts, seq_len, batch, h, steps.dtype)
     # overlapped: the walk's dz in a ring of steps, gathered piece by piece (no chunk of columns)
     a = _backward_call(w, x2, lengths, steps, hidden, dy, dh_final, dc_final, dh_initial, dc_initial, d_input,
                        accumulate_input, scratch, 1 if overlapped else chunk_steps(seq_len, batch))
