@@ -951,70 +951,100 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_row_product_agrees_with_a_float64_product(dtype, rng):
-    """``row_product`` (``out = a @ b`` for one row: a step's product for one sequence)
-    agrees with a float64 product: column counts that take tiles of ``ROW_VECTORS`` vectors,
-    of one, and columns one by one, or none of some; an empty sum; ``b`` a view of the first
-    columns of wider rows (NaN beyond, never read) and ``a`` a column of a larger array;
-    ``out`` overwritten whatever it held (NaN), nothing written around it."""
-    from bnnsfw.backends.numba._tiles import ROW_VECTORS, WIDE_BYTES, row_product
+def test_numba_steps_of_fewer_sequences_than_a_vector_agree_with_the_reference(dtype, rng):
+    """One to seven float32 sequences (one to three float64), fewer than a vector holds, take
+    the step's product as rows (``row_product``) forward and backward: outputs, final states
+    and every gradient agree with the reference, with lengths (one of 0), diagonal peepholes,
+    initial states and final-state gradients, hidden sizes that fill no vector."""
+    from bnnsfw.backends.numba._tiles import VECTOR_BYTES
 
-    lane = WIDE_BYTES // np.dtype(dtype).itemsize
-    tolerance = 1e-5 if dtype == np.float32 else 1e-13
-    tile = ROW_VECTORS * lane
-    for k in (0, 1, 7, 64, 130):
-        for n in (1, lane - 1, lane, 3 * lane + 5, tile, tile + lane + 3, 2 * tile, 4 * 64):
-            a = rng.standard_normal((k, 3)).astype(dtype)[:, 1:2].T  # (1, k), stride of 3 elements
-            wide = np.full((k, n + 9), np.nan, dtype)
-            wide[:, :n] = rng.standard_normal((k, n))
-            b = wide[:, :n]
-            want = a.astype(np.float64) @ b.astype(np.float64)
-            frame = np.full((3, n + 2), 7.0, dtype)
-            out = frame[1:2, 1:-1]
-            out[:] = np.nan
-            row_product(a, b, out)
-            edges = np.ones(frame.shape, bool)
-            edges[1:2, 1:-1] = False
-            assert (frame[edges] == 7.0).all(), (k, n)
-            assert np.abs(out - want).max() <= tolerance * (1.0 + np.abs(want).max()), (k, n)
+    for batch in range(1, VECTOR_BYTES // np.dtype(dtype).itemsize):
+        for hidden_size in (5, 33):
+            params = LSTMParameters.random(input_size=7, hidden_size=hidden_size, peepholes="diagonal",
+                                           seed=1, dtype=dtype)
+            x = rng.standard_normal((9, batch, 7)).astype(dtype)
+            dy = rng.standard_normal((9, batch, hidden_size)).astype(dtype)
+            states = tuple(rng.standard_normal((1, batch, hidden_size)).astype(dtype) for _ in range(4))
+            lengths = np.resize([9, 4, 0, 8], batch)
+            results = []
+            for name in ("numpy", "numba"):
+                with layer_for(params, name) as layer:
+                    out = layer.apply(x, *states[:2], training=True, sequence_lengths=lengths)
+                    grads = layer.apply_backward(x, dy, *states, sequence_lengths=lengths,
+                                                 training_cache=out.training_cache)
+                    results.append([out.output, out.hidden, out.cell, grads.input, grads.hidden, grads.cell]
+                                   + _gate_gradients(grads))
+            _assert_all_close(results[1], results[0], dtype)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("beta", [0.0, 1.0])
-def test_numba_narrow_step_product_agrees_with_a_float64_product(dtype, beta, rng):
-    """``_narrow_product`` (``c = a[:, :width] @ b + beta·c``, a step's ``U h`` and ``Uᵀ dz``
-    for fewer sequences than a vector holds) agrees with a float64 product: row counts that
-    leave 0 to 3 rows after its blocks of four, one to seven columns, an empty sum, ``a`` with
-    padded rows whose padding is never read (NaN there), ``beta`` 0 overwriting whatever ``c``
-    held (NaN included), 1 adding to it; ``c`` a view inside a larger array, nothing written
-    around it; ``b`` left as it was."""
-    from bnnsfw.backends.numba._lstm_cell import _narrow_product
-    from bnnsfw.backends.numba._lstm_operands import wide_rows
+def test_numba_row_product_agrees_with_a_float64_product(dtype, rng):
+    """``row_product`` (``out = a @ b`` for one row or a few: a step's product for fewer
+    sequences than a vector holds, their states as rows) agrees with a float64 product: one
+    to nine rows (tiles of four, two and one), column counts that take tiles of
+    ``ROW_VECTORS`` and ``ROWS_VECTORS`` vectors, of one, and columns one by one, or none of
+    some; an empty sum; ``b`` a view of the first columns of wider rows (NaN beyond, never
+    read) and ``a`` a strided view (the transpose of a step's states, columns of a larger
+    array); ``out`` overwritten whatever it held (NaN), nothing written around it."""
+    from bnnsfw.backends.numba._tiles import ROW_VECTORS, ROWS_VECTORS, WIDE_BYTES, row_product
 
+    lane = WIDE_BYTES // np.dtype(dtype).itemsize
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
-    for m in (1, 3, 4, 6, 7, 64, 257):
-        for width in (0, 1, 5, 64, 130):
-            for n in (1, 2, 3, 7):
-                a = rng.standard_normal((m, width)).astype(dtype)
-                padded = wide_rows(a)
-                padded[:, width:] = np.nan
-                b = rng.standard_normal((width, n)).astype(dtype)
-                b_before = b.copy()
-                start = (np.full((m, n), np.nan, dtype) if beta == 0.0
-                         else rng.standard_normal((m, n)).astype(dtype))
+    tile, rows_tile = ROW_VECTORS * lane, ROWS_VECTORS * lane
+    for m in (1, 2, 3, 4, 7, 9):
+        for k in (0, 1, 7, 64, 130):
+            for n in (1, lane - 1, lane, rows_tile + lane, 3 * lane + 5, tile, tile + rows_tile + lane + 3,
+                      2 * tile, 4 * 64):
+                a = rng.standard_normal((k, 2 * m + 1)).astype(dtype)[:, 1::2].T  # (m, k), strided
+                wide = np.full((k, n + 9), np.nan, dtype)
+                wide[:, :n] = rng.standard_normal((k, n))
+                b = wide[:, :n]
                 want = a.astype(np.float64) @ b.astype(np.float64)
-                if beta:
-                    want += start
-                frame = np.full((m + 2, n + 3), 7.0, dtype)
-                c = frame[1:-1, 1:-2]
-                c[:] = start
-                _narrow_product(padded, width, b, c, beta)
+                frame = np.full((m + 2, n + 2), 7.0, dtype)
+                out = frame[1:-1, 1:-1]
+                out[:] = np.nan
+                row_product(a, b, out)
                 edges = np.ones(frame.shape, bool)
-                edges[1:-1, 1:-2] = False
-                assert (frame[edges] == 7.0).all(), (m, width, n)
-                assert np.abs(c - want).max() <= tolerance * (1.0 + np.abs(want).max()), (m, width, n)
-                np.testing.assert_array_equal(b, b_before)
+                edges[1:-1, 1:-1] = False
+                assert (frame[edges] == 7.0).all(), (m, k, n)
+                assert np.abs(out - want).max() <= tolerance * (1.0 + np.abs(want).max()), (m, k, n)
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_narrow_steps_put_their_operands_between_rows_and_columns(dtype, rng):
+    """A narrow step's operands go between the columns the fused passes read and the rows
+    ``row_product`` takes: ``_columns_from_rows`` writes ``z[r, n] = add[r, first + n] +
+    s·rows[n, r]`` and ``_rows_from_columns`` ``rows[n, r] = s·z[r, n]``, ``s`` 1 for the
+    first ``h`` rows and ``scale`` after (the halved gates), for one to seven columns (four at a
+    time, then one); exactly (one product and one sum an element), nothing written around
+    the outputs, the inputs left as they were."""
+    from bnnsfw.backends.numba._lstm_cell import _columns_from_rows, _rows_from_columns
+
+    h, first = 5, 3
+    scale = dtype(0.5)
+    for k in range(1, 8):
+        rows = rng.standard_normal((k, 4 * h)).astype(dtype)
+        add = rng.standard_normal((4 * h, first + k + 2)).astype(dtype)
+        inputs = rows.copy(), add.copy()
+        s = np.where(np.arange(4 * h) < h, dtype(1.0), scale)[:, None]
+        frame = np.full((4 * h + 2, k + 2), 7.0, dtype)
+        z = frame[1:-1, 1:-1]
+        _columns_from_rows(z, rows, add, first, h, scale)
+        np.testing.assert_array_equal(z, add[:, first:first + k] + s * rows.T)
+        edges = np.ones(frame.shape, bool)
+        edges[1:-1, 1:-1] = False
+        assert (frame[edges] == 7.0).all(), k
+        np.testing.assert_array_equal(rows, inputs[0])
+        np.testing.assert_array_equal(add, inputs[1])
+        frame = np.full((k + 2, 4 * h + 2), 7.0, dtype)
+        back = frame[1:-1, 1:-1]
+        z_before = z.copy()
+        _rows_from_columns(back, z, h, scale)
+        np.testing.assert_array_equal(back, (s * z).T)
+        assert (frame[edges.T] == 7.0).all(), k
+        np.testing.assert_array_equal(z, z_before)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")

@@ -89,7 +89,7 @@ class NormalizationCase:
 
 LSTM_CASES = (
     LSTMCase(name="S", seq_len=100, batch=1, input_size=32, hidden_size=64),
-    # fewer sequences than a vector holds: the steps' products of U's rows, dot products apart
+    # fewer sequences than a vector holds: the steps' products as a tile of their states as rows
     LSTMCase(name="S4", seq_len=100, batch=4, input_size=32, hidden_size=64),
     LSTMCase(name="M", seq_len=50, batch=16, input_size=128, hidden_size=128),
     LSTMCase(name="L", seq_len=64, batch=32, input_size=256, hidden_size=256),

@@ -25,9 +25,9 @@ import numba
 import numpy as np
 
 from . import _cache
-from ._lstm_cell import (_backward_step, _backward_step_full, _cell_run, _chunk, _inline,
-                         _kernel, _mm, _narrow_product, _part, _piece, _rows, _runtime, _six_rows,
-                         _store_columns, _summing, _summing_threaded, _threaded)
+from ._lstm_cell import (_backward_step, _backward_step_full, _cell_run, _chunk, _inline, _kernel, _mm,
+                         _part, _piece, _rows, _rows_from_columns, _runtime, _six_rows, _store_columns,
+                         _summing, _summing_threaded, _threaded)
 from ._progress import claim, count_up, wait_for
 from ._stream import store_fence
 from ._tiles import VECTOR_BYTES, product, row_product, transposed_product, wide_loops
@@ -59,12 +59,13 @@ def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, 
     h = six_h // 6
     own = np.empty((4 * h, batch), steps.dtype)
     through = np.empty((h, batch), steps.dtype)
-    tiled = batch * own.itemsize >= VECTOR_BYTES  # Uᵀ dz by the tile product, else dot products
+    tiled = batch * own.itemsize >= VECTOR_BYTES  # Uᵀ dz by the tile product, else as rows
     u_t_rows = u_t[:, :4 * h]
-    # one sequence: dzᵀ U as a row over the forward's halved U, dz of the halved gates doubled (exact)
+    # fewer sequences than a vector holds: dzᵀ U a row a sequence over the forward's halved U,
+    # dz of the halved gates doubled (exact)
     u_rows = u[:, :h]
-    dz_row = np.empty((1, 4 * h), steps.dtype)
-    d_row = np.empty((1, h), steps.dtype)
+    dz_row = np.empty((batch, 4 * h), steps.dtype)
+    d_row = np.empty((batch, h), steps.dtype)
     two = steps.dtype.type(2.0)
     ringed = ring.shape[0] > 0
     for k in range(k_end - 1, k_begin - 1, -1):
@@ -111,16 +112,16 @@ def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, 
             if beta == 0.0:
                 target[:] = 0.0
             product(u_t_rows, dz, target, target)
-        elif batch == 1:
-            for r in range(h):
-                dz_row[0, r] = dz[r, 0]
-            for r in range(h, 4 * h):
-                dz_row[0, r] = two * dz[r, 0]
+        else:  # fewer sequences than a vector holds: dzᵀ U, a row a sequence
+            _rows_from_columns(dz_row, dz, h, two)
             row_product(dz_row, u_rows, d_row)
-            for j in range(h):
-                target[j, 0] = d_row[0, j] if beta == 0.0 else target[j, 0] + d_row[0, j]
-        else:
-            _narrow_product(u_t, 4 * h, dz, target, beta)
+            if batch == 1:  # one loop: a nest of one-trip loops costs more
+                for j in range(h):
+                    target[j, 0] = d_row[0, j] if beta == 0.0 else target[j, 0] + d_row[0, j]
+            else:
+                for j in range(h):
+                    for n in range(batch):
+                        target[j, n] = d_row[n, j] if beta == 0.0 else target[j, n] + d_row[n, j]
     store_fence()  # the chunk's gate gradients, before its products read them
 
 

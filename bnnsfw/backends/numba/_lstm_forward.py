@@ -8,9 +8,8 @@ every step (:func:`_groups_threads`). :mod:`._lstm` chooses among them.
   so the scratch memory is bounded by the chunk (:data:`~._lstm.CHUNK_COLUMNS` columns of ``T·N``), not
   by the sequence length, while each product stays large. A step's product ``U h`` is
   :func:`~._tiles.product` as soon as the sequences fill a vector (8 in float32, 4 in
-  float64): a tile kept in registers, with no packing of ``U`` at each step; one sequence
-  takes a tile of one row (:func:`~._tiles.row_product`), two to seven dot products of
-  ``U``'s rows.
+  float64): a tile kept in registers, with no packing of ``U`` at each step; fewer
+  sequences take a tile of their states as rows (:func:`~._tiles.row_product`).
 - **Full peepholes** add a product per step: ``P c_{t−1}`` for the candidate, forget and
   input gates goes into ``z`` with ``U h``. Such cells keep their steps on the calling thread.
 - **Steps shared out over threads**: each of Numba's threads takes a run of units and
@@ -33,8 +32,8 @@ import numba
 import numpy as np
 
 from . import _cache
-from ._lstm_cell import (_biased_product, _chunk, _forward_step, _forward_step_full, _gate_run, _inline,
-                         _kernel, _mm, _narrow_product, _part, _rows, _runtime, _six_rows, _state_run,
+from ._lstm_cell import (_biased_product, _chunk, _columns_from_rows, _forward_step, _forward_step_full,
+                         _gate_run, _inline, _kernel, _mm, _part, _rows, _runtime, _six_rows, _state_run,
                          _threaded)
 from ._lstm_operands import ROW_PAD
 from ._progress import claim, count_up, wait_for
@@ -105,10 +104,10 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
     z = np.empty((4 * h, batch), steps.dtype)
     tiled = batch * z.itemsize >= VECTOR_BYTES  # a vector's worth of sequences: the tile product
     u_rows = u[:, :h]
-    # one sequence: hᵀ Uᵀ as a row (the true Uᵀ), the halved gates' ½ applied to its sums (exact)
+    # fewer sequences than a vector holds: hᵀ Uᵀ a row a sequence (the true Uᵀ), the halved
+    # gates' ½ applied to its sums (exact)
     u_t_rows = u_t[:, :4 * h]
-    h_row = np.empty((1, h), steps.dtype)
-    z_row = np.empty((1, 4 * h), steps.dtype)
+    z_row = np.empty((batch, 4 * h), steps.dtype)
     half = steps.dtype.type(0.5)
     for k in range(k_begin, k_end):
         t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
@@ -117,24 +116,16 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
         with_product = k > 0 or h0.size > 0  # U @ 0 adds nothing
         if with_product and tiled:  # z = the projection's columns + U h: the fused pass reads z alone
             product(u_rows, h_prev, projection[:, first:first + batch], z)
-        elif with_product and batch == 1:
-            for j in range(h):
-                h_row[0, j] = h_prev[j, 0]
-            row_product(h_row, u_t_rows, z_row)
-            for r in range(h):
-                z[r, 0] = projection[r, first] + z_row[0, r]
-            for r in range(h, 4 * h):
-                z[r, 0] = projection[r, first] + half * z_row[0, r]
+        elif with_product:  # fewer sequences than a vector holds: hᵀ Uᵀ, a row a sequence
+            row_product(h_prev.T, u_t_rows, z_row)
+            _columns_from_rows(z, z_row, projection, first, h, half)
+        elif batch == 1:  # one loop: a nest of one-trip loops cost 0.2 µs a step here
+            for r in range(4 * h):
+                z[r, 0] = projection[r, first]
         else:
-            if batch == 1:  # one loop: a nest of one-trip loops cost 0.2 µs a step here
-                for r in range(4 * h):
-                    z[r, 0] = projection[r, first]
-            else:
-                for r in range(4 * h):
-                    for n in range(batch):
-                        z[r, n] = projection[r, first + n]
-            if with_product:
-                _narrow_product(u, h, h_prev, z, 1.0)
+            for r in range(4 * h):
+                for n in range(batch):
+                    z[r, n] = projection[r, first + n]
         if full_pre.size:  # full peepholes of g, f, i on the cell before the step
             _mm(full_pre, False, block[:h], False, z, 1.0)
         if full_out.size:

@@ -58,9 +58,10 @@ from . import _cache
 _cache.install()  # before any kernel: their cache entries' stamps cover the sources they carry
 
 __all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "PAIRS", "ROW_VECTORS",
-           "SPLIT_WIDE_CPUS", "VECTOR_BYTES", "WIDE_BYTES", "COLUMN_ROWS", "COLUMN_COLUMNS", "column_tiles",
-           "column_product", "TRANSPOSED_ROWS", "lanes", "packs", "pack_rows", "pack_size", "packed_product",
-           "paired", "paired_product", "product", "row_product", "transposed_product", "wide_loops"]
+           "ROWS_VECTORS", "SPLIT_WIDE_CPUS", "VECTOR_BYTES", "WIDE_BYTES", "COLUMN_ROWS", "COLUMN_COLUMNS",
+           "column_tiles", "column_product", "TRANSPOSED_ROWS", "lanes", "packs", "pack_rows", "pack_size",
+           "packed_product", "paired", "paired_product", "product", "row_product", "transposed_product",
+           "wide_loops"]
 
 #: Rows of ``out`` per tile: six rows by two vectors keep twelve sums in flight, more than a
 #: fused multiply-add's latency times the two a cycle that a core issues (4 × 2 on the
@@ -837,32 +838,58 @@ def _transposed_product(a_t, b, add, out):
 #: as a core's two fused multiply-adds a cycle, over their latency, keep busy.
 ROW_VECTORS = 8
 
+#: Vectors per tile of four or two rows (:func:`row_product` for a few rows), and of one row
+#: after its tiles of :data:`ROW_VECTORS`: sixteen sums of four rows with AVX-512's 32
+#: registers, eight with AVX2's 16.
+ROWS_VECTORS = 4 if WIDE_BYTES == 64 else 2
+
+
+@_inline
+def _row_tiles(a, b, out, rows, vectors, n0, whole):
+    """``out[:, n0:n1] += a @ b[:, n0:n1]`` by tiles of ``rows`` rows and ``vectors`` vectors
+    (both literal; :data:`WIDE_BYTES`) as many as fit before column ``whole``; returns ``n1``."""
+    width = WIDE_BYTES // out.itemsize
+    while n0 + vectors * width <= whole:
+        _tile(a, b[:, n0:n0 + vectors * width], out[:, n0:n0 + vectors * width],
+              out[:, n0:n0 + vectors * width], rows, vectors, WIDE_BYTES, 0)
+        n0 += vectors * width
+    return n0
+
 
 @_inline
 def row_product(a, b, out):
-    """``out = a @ b`` for one row: ``a`` (1, K), ``b`` (K, N) and ``out`` (1, N), unit-stride
-    rows (``a`` any strides): tiles of :data:`ROW_VECTORS` vectors (:data:`WIDE_BYTES`) along
-    the row, then of one vector, then the columns left one by one; ``out`` is overwritten. A
-    step's product for one sequence: a tile of one row keeps its sums in registers where the
-    tiles of :func:`product`, whose rows share each loaded vector of ``b``, would keep one or
-    two."""
-    n = out.shape[1]
-    width = WIDE_BYTES // out.itemsize
-    for j in range(n):
-        out[0, j] = 0.0
-    n0 = 0
-    while n0 + ROW_VECTORS * width <= n:
-        _tile(a, b[:, n0:n0 + ROW_VECTORS * width], out[:, n0:n0 + ROW_VECTORS * width],
-              out[:, n0:n0 + ROW_VECTORS * width], 1, ROW_VECTORS, WIDE_BYTES, 0)
-        n0 += ROW_VECTORS * width
-    while n0 + width <= n:
-        _tile(a, b[:, n0:n0 + width], out[:, n0:n0 + width], out[:, n0:n0 + width], 1, 1, WIDE_BYTES, 0)
-        n0 += width
-    for j in range(n0, n):
-        total = out[0, j]
-        for k in range(a.shape[1]):
-            total += a[0, k] * b[k, j]
-        out[0, j] = total
+    """``out = a @ b`` for one row or a few: ``a`` (M, K), ``b`` (K, N) and ``out`` (M, N),
+    unit-stride rows (``a`` any strides): four rows at a time, then two, then one, each by
+    tiles of :data:`ROWS_VECTORS` vectors, one row first by tiles of :data:`ROW_VECTORS`
+    (:func:`_row_tiles`), then of one vector; the columns left after the whole vectors one
+    by one; ``out`` is overwritten. A step's product for fewer sequences than a vector holds,
+    their states as the rows of ``a``: a tile of a few rows keeps its sums in registers along
+    the row, where the tiles of :func:`product`, whose vectors run along the sequences, would
+    fill a fraction of each vector."""
+    m, n = out.shape
+    whole = n - n % (WIDE_BYTES // out.itemsize)
+    for i in range(m):
+        for j in range(n):
+            out[i, j] = 0.0
+    i0 = 0
+    while i0 + 4 <= m:
+        a4, out4 = a[i0:i0 + 4], out[i0:i0 + 4]
+        _row_tiles(a4, b, out4, 4, 1, _row_tiles(a4, b, out4, 4, ROWS_VECTORS, 0, whole), whole)
+        i0 += 4
+    if i0 + 2 <= m:
+        a2, out2 = a[i0:i0 + 2], out[i0:i0 + 2]
+        _row_tiles(a2, b, out2, 2, 1, _row_tiles(a2, b, out2, 2, ROWS_VECTORS, 0, whole), whole)
+        i0 += 2
+    if i0 < m:
+        a1, out1 = a[i0:i0 + 1], out[i0:i0 + 1]
+        n0 = _row_tiles(a1, b, out1, 1, ROW_VECTORS, 0, whole)
+        _row_tiles(a1, b, out1, 1, 1, _row_tiles(a1, b, out1, 1, ROWS_VECTORS, n0, whole), whole)
+    for i in range(m):
+        for j in range(whole, n):
+            total = out[i, j]
+            for k in range(a.shape[1]):
+                total += a[i, k] * b[k, j]
+            out[i, j] = total
 
 
 def pack_size(columns: int, dtype: np.dtype) -> int:
