@@ -954,8 +954,9 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
 def test_numba_steps_of_fewer_sequences_than_a_vector_agree_with_the_reference(dtype, rng):
     """One to seven float32 sequences (one to three float64), fewer than a vector holds, take
     the step's product as rows (``row_product``) forward and backward: outputs, final states
-    and every gradient agree with the reference, with lengths (one of 0), diagonal peepholes,
-    initial states and final-state gradients, hidden sizes that fill no vector."""
+    and every gradient agree with the reference, with lengths (one of 0 from three sequences
+    on), diagonal peepholes, initial states and final-state gradients, hidden sizes that fill
+    no vector."""
     from bnnsfw.backends.numba._tiles import VECTOR_BYTES
 
     for batch in range(1, VECTOR_BYTES // np.dtype(dtype).itemsize):
@@ -1048,10 +1049,10 @@ def test_numba_narrow_steps_put_their_operands_between_rows_and_columns(dtype, r
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("beta", [0.0, 1.0])
-def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(dtype, beta, rng):
-    """The weight and input gradients of an overlapped backward's piece made with the register tile
+def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(beta, rng):
+    """The weight and input gradients of an overlapped backward's piece (float32, the only dtype
+    overlapped) made with the register tile
     (``_tile_weight_gradients``: ``dW = dz x``, ``dU = dz h``; ``_tile_input_gradient``:
     ``dX = dzᵀ W``) agree with float64 products: ``beta`` 0 overwrites whatever the
     outputs held (NaN included, as BLAS does), 1 adds to them; gate gradients as a view of
@@ -1062,7 +1063,7 @@ def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(dtype,
     from bnnsfw.backends.numba._lstm_backward import TILE_BLOCK, _tile_input_gradient, _tile_weight_gradients
     from bnnsfw.backends.numba._tiles import TRANSPOSED_ROWS
 
-    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    dtype, tolerance = np.float32, 1e-5
     blocked = (2 * TILE_BLOCK + 18, 56 * TRANSPOSED_ROWS + 11, 20, 9)
     for rows, width, size_i, hidden in ((512, 112, 128, 128), (28, 13, 5, 7), (16, 256, 1, 4), blocked):
         gates = rng.standard_normal((rows, width + 9)).astype(dtype)[:, :width]
@@ -2098,23 +2099,28 @@ def test_numba_backward_takes_its_columns_in_one_layout_for_every_hidden_size(rn
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("parts", [1, 2])
-def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, parts):
+def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, parts, dtype):
     """A contiguous output, a bidirectional layer's strided halves and an absent output
     gradient (only the final states carry one) reach the same compiled kernels: each takes its
     output, or output gradient, as a 4-D view of layout 'A' (``_numba_lstm._any_layout``),
-    never as a layout of its own. The results agree with the reference, the absent gradient's
+    never as a layout of its own (on two threads the float32 backward is overlapped, the
+    float64 one shared out). The results agree with the reference, the absent gradient's
     case included."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
+    from bnnsfw.backends.numba import _lstm_backward, _lstm_forward
 
+    used = _record_calls(monkeypatch, ("_backward", "_backward_threads", "_backward_overlapped"),
+                         lambda name, function, args: name)
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
-    x = rng.standard_normal((5, 3, 4))
+    x = rng.standard_normal((5, 3, 4)).astype(dtype)
     for bidirectional in (False, True):
         params = LSTMParameters.random(input_size=4, hidden_size=6, bidirectional=bidirectional, seed=3,
-                                       dtype=np.float64)
+                                       dtype=dtype)
         d = 2 if bidirectional else 1
-        dy = rng.standard_normal((5, 3, d * 6))
-        dh = rng.standard_normal((d, 3, 6))
+        dy = rng.standard_normal((5, 3, d * 6)).astype(dtype)
+        dh = rng.standard_normal((d, 3, 6)).astype(dtype)
         for output_gradient in (dy, None):
             results = []
             for backend in ("numba", "numpy"):
@@ -2123,11 +2129,13 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
                     grads = layer.apply_backward(x, output_gradient, hidden_gradient=dh,
                                                  training_cache=out.training_cache)
                     results.append((out.output, grads.input, grads.hidden))
-            for got, want in zip(*results):
-                np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
-    kernels = {_numba_lstm._forward: "outs", _numba_lstm._forward_threads: "outs",
-               _numba_lstm._backward: "dys", _numba_lstm._backward_threads: "dys",
-               _numba_lstm._backward_overlapped: "dys"}
+            _assert_all_close(list(results[0]), list(results[1]), dtype)
+    expected = ("_backward" if parts == 1 else "_backward_overlapped" if dtype == np.float32
+                else "_backward_threads")
+    assert set(used) == {expected}, used
+    kernels = {_lstm_forward._forward: "outs", _lstm_forward._forward_threads: "outs",
+               _lstm_backward._backward: "dys", _lstm_backward._backward_threads: "dys",
+               _lstm_backward._backward_overlapped: "dys"}
     for kernel, name in kernels.items():
         position = list(inspect.signature(kernel.py_func).parameters).index(name)
         for signature in kernel.signatures:

@@ -52,8 +52,8 @@ def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, 
     ``dh_first`` written at walking step 0. A sequence past its length has ``dz = 0`` and passes
     ``dh`` and ``dc`` through. With a ``ring`` (T, 4H, N) (not empty) each step's ``dz`` is
     made in ``ring[t]`` and ``d_gates`` is not written (:func:`_backward_overlapped`). ``u_t``
-    (the true ``Uᵀ``) and ``u`` (the forward's ``U``, halved rows; the steps of one sequence
-    take it) with their padded rows (:func:`~._lstm_operands.wide_rows`)."""
+    (the true ``Uᵀ``) and ``u`` (the forward's ``U``, halved rows; the steps of fewer sequences
+    than a vector holds take it) with their padded rows (:func:`~._lstm_operands.wide_rows`)."""
     wide_loops()
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
@@ -270,8 +270,8 @@ def _backward(x2, wx_t, u_t, u, peep, pe, has_peep, full_pre_grad, full_out_grad
 
     ``x2`` (T·N, I) the layer input; ``wx_t`` (I, 4H), ``u_t`` (H, 4H + ROW_PAD:
     :func:`~._lstm_operands.wide_rows`) and ``peep`` (4, H) the true weights (zero peepholes when ``has_peep``
-    is false), ``u`` (4H, H + ROW_PAD) the forward's (halved rows; the steps of one sequence
-    take it), ``pe`` (4, H·N) the peepholes repeated over the sequences, ``full_pre_grad``
+    is false), ``u`` (4H, H + ROW_PAD) the forward's (halved rows; the steps of fewer sequences
+    than a vector holds take it), ``pe`` (4, H·N) the peepholes repeated over the sequences, ``full_pre_grad``
     (4H, H) and ``full_out_grad`` (H, H) the true full peepholes ((0, 0) without them);
     ``steps``/``hidden`` the cache; ``dys[0]`` (T, N, H) the output's gradient (any strides,
     ``dys`` as :func:`~._lstm_operands._any_layout` makes it; zeros when there is none);

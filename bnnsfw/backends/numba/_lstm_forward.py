@@ -158,7 +158,7 @@ def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, step
 
     ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
     (4H, H + ROW_PAD: :func:`~._lstm_operands.wide_rows`) the forward weights (halved rows), ``u_t`` (H, 4H +
-    ROW_PAD) the true ``Uᵀ`` (the steps of one sequence take it), ``pe`` (4, H·N)
+    ROW_PAD) the true ``Uᵀ`` (the steps of fewer sequences than a vector holds take it), ``pe`` (4, H·N)
     the diagonal peepholes repeated over the sequences (zeros without them), ``full_pre``
     (4H, H) the full peepholes of the candidate, forget and input gates and ``full_out`` (H, H)
     the output gate's ((0, 0) without);
