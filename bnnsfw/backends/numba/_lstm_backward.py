@@ -25,9 +25,9 @@ import numba
 import numpy as np
 
 from . import _cache
-from ._lstm_cell import (_backward_step, _backward_step_full, _cell_run, _chunk, _inline, _kernel, _mm,
-                         _part, _piece, _rows, _rows_from_columns, _runtime, _six_rows, _store_columns,
-                         _summing, _summing_threaded, _threaded)
+from ._lstm_cell import (_backward_step, _backward_step_full, _cell_run, _chunk, _columns_from_rows, _inline,
+                         _kernel, _mm, _part, _piece, _rows, _rows_from_columns, _runtime, _six_rows,
+                         _store_columns, _summing, _summing_threaded, _threaded)
 from ._progress import claim, count_up, wait_for
 from ._stream import store_fence
 from ._tiles import VECTOR_BYTES, product, row_product, transposed_product, wide_loops
@@ -108,20 +108,14 @@ def _backprop(steps, dy, lengths, u_t, u, pe, full_pre_grad, full_out_grad, dc, 
                 for n in range(batch):
                     dh_first[j, n] = carried[j, n] if lengths.size else 0.0
         beta = 1.0 if some_inactive or k == 0 else 0.0
+        if beta == 0.0:
+            target[:] = 0.0
         if tiled:
-            if beta == 0.0:
-                target[:] = 0.0
             product(u_t_rows, dz, target, target)
-        else:  # fewer sequences than a vector holds: dzᵀ U, a row a sequence
+        else:  # fewer sequences than a vector holds: dzᵀ U, a row a sequence, added to target
             _rows_from_columns(dz_row, dz, h, two)
             row_product(dz_row, u_rows, d_row)
-            if batch == 1:  # one loop: a nest of one-trip loops costs more
-                for j in range(h):
-                    target[j, 0] = d_row[0, j] if beta == 0.0 else target[j, 0] + d_row[0, j]
-            else:
-                for j in range(h):
-                    for n in range(batch):
-                        target[j, n] = d_row[n, j] if beta == 0.0 else target[j, n] + d_row[n, j]
+            _columns_from_rows(target, d_row, target, 0, h, two)  # target's H rows: none scaled
     store_fence()  # the chunk's gate gradients, before its products read them
 
 

@@ -172,7 +172,7 @@ def _mm(a, trans_a, b, trans_b, c, beta):
 def _from_rows(z, rows, add, first, h, scale, n0, k):
     """``z[r, n] = add[r, first + n] + s·rows[n, r]`` for the ``k`` (literal) columns ``n`` from
     ``n0``, ``s`` 1 for ``r < h``, ``scale`` after: the ``k`` stores of a row unrolled."""
-    one = scale / scale
+    one = z.dtype.type(1.0)
     for r in range(z.shape[0]):
         s = scale if r >= h else one
         base, row = add[r], z[r]
@@ -184,7 +184,8 @@ def _from_rows(z, rows, add, first, h, scale, n0, k):
 def _columns_from_rows(z, rows, add, first, h, scale):
     """A narrow step's ``U h`` made as rows of ``hᵀ Uᵀ`` (:func:`~._tiles.row_product`), put back
     as the columns of ``z`` (4H, N) the fused pass reads, the step's projection ``add`` (from
-    column ``first``) added (:func:`_from_rows`): four columns at a time, then one. On T 100,
+    column ``first``) added (:func:`_from_rows`): four columns at a time, then one. Backward,
+    ``dzᵀ U`` the same way into the hidden state's gradient, ``add`` being ``z`` itself. On T 100,
     N 4, H 64 (one thread, float32) 0.5 µs a step, against 1.4 with a loop over the columns
     inside."""
     k = z.shape[1]
@@ -201,7 +202,7 @@ def _columns_from_rows(z, rows, add, first, h, scale):
 def _to_rows(rows, z, h, scale, n0, k):
     """``rows[n, r] = s·z[r, n]`` for the ``k`` (literal) columns ``n`` of ``z`` from ``n0``,
     ``s`` 1 for ``r < h``, ``scale`` after."""
-    one = scale / scale
+    one = z.dtype.type(1.0)
     for r in range(z.shape[0]):
         s = scale if r >= h else one
         row = z[r]
