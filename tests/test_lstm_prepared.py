@@ -201,3 +201,49 @@ def test_a_one_direction_inference_prepared_agrees(backend_name, peepholes, num_
     # on numba its direct inference ran the second and third call of the five kinds, and every
     # call of the two kinds that came back
     assert direct_calls is None or direct_calls == [num_layers] * (5 * 2 + 2 * 3)
+
+
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_a_one_sequence_inference_takes_the_states_where_they_lie(backend_name, num_layers, rng, monkeypatch):
+    """One sequence through one direction in inference: ``numba``'s direct inference reads and
+    writes contiguous states where the caller's arrays hold them (one sequence's ``(L, 1, H)``
+    lies as the kernels' ``(L, H, 1)``) and copies strided ones; an output of a few KiB is
+    written to scratch and copied out, a larger one written in place. Every case agrees with
+    the ``numpy`` backend's unprepared forward, and the caller's states are left as they were."""
+    seen: list[tuple[np.ndarray, ...]] = []
+    if backend_name == "numba":
+        from bnnsfw.backends.numba import _lstm
+
+        forward = _lstm._forward
+
+        def spy(*args):
+            seen.append(args[8:10] + args[13:16])  # h0, c0, output, h_fin, c_fin
+            return forward(*args)
+
+        monkeypatch.setattr(_lstm, "_forward", spy)
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, num_layers=num_layers, seed=6,
+                                      dtype=np.float32, peepholes="diagonal")
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name)) as layer, \
+            bf.LSTMLayer(params, bf.FilterParameters(backend=Counting(bf.backends.get_backend("numpy"),
+                                                                      prepare=False))) as plain:
+        wide = rng.standard_normal((num_layers, 1, 8)).astype(np.float32)
+        # (T, N, strided states): a small output and a large one (1 100 steps of 4 float32 units)
+        for seq_len, strided in ((2, False), (2, True), (1100, False), (1100, True)):
+            h0, c0 = (w[:, :, ::2] if strided else w[:, :, :4].copy() for w in (wide, wide + np.float32(0.5)))
+            given = (h0.copy(), c0.copy())
+            for _ in range(3):  # the second call prepares the forward, the third reuses it
+                x = rng.standard_normal((seq_len, 1, 3)).astype(np.float32)
+                seen.clear()
+                got, want = layer(x, h0, c0), plain(x, h0, c0)
+                for name in ("output", "hidden", "cell"):
+                    _close(getattr(got, name), getattr(want, name))
+                np.testing.assert_array_equal(h0, given[0])
+                np.testing.assert_array_equal(c0, given[1])
+            if backend_name == "numba":  # the third call's kernels, one per layer
+                assert len(seen) == num_layers
+                top = seen[-1][2][0]
+                assert np.shares_memory(top, got.output) == (seq_len == 1100)
+                for k, (h_in, c_in, _, h_fin, c_fin) in enumerate(seen):
+                    assert np.shares_memory(h_in, h0) == (not strided)
+                    assert np.shares_memory(c_in, c0) == (not strided)
+                    assert np.shares_memory(h_fin, got.hidden[k]) and np.shares_memory(c_fin, got.cell[k])

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numba
 import numpy as np
@@ -456,7 +456,17 @@ class StackInference:
     every layer's states in one copy, runs the layers' kernels and copies every final state
     out in one more. Through the stack's layers of calls a prepared forward ran about 5 µs of
     Python around the kernel at T = N = 1, and taking its scratch arrays one by one about 1 µs
-    more; a stream step of two layers (I = 32, H = 64, N = 1) took 33.9 µs there, 18.3 here."""
+    more; a stream step of two layers (I = 32, H = 64, N = 1) took 33.9 µs there, 18.3 here.
+
+    Two copies are left out when the call is small. With one sequence a C-contiguous state
+    ``(L, 1, H)`` lies in memory as the kernels' feature-major ``(L, H, 1)``, a C-contiguous
+    view of the same kind as the scratch's, so the kernels read and write the caller's states
+    in place (each copy took about 0.4 µs). And an output of at most :data:`TOP_COPIED_BYTES`
+    is written to scratch and copied out, because making the stride-0 view the kernel takes
+    (:func:`_any_layout`) of a new output at each call took 1.0 µs, and the copy 0.2-0.6."""
+
+    #: The largest output the top layer writes to scratch, to copy it out after the kernel.
+    TOP_COPIED_BYTES = 16384
 
     def __init__(self, weights: Sequence[LSTMWeights], seq_len: int, batch: int, size_i: int, h: int,
                  dtype: np.dtype) -> None:
@@ -475,8 +485,13 @@ class StackInference:
         # and the chunk's projection (ROW_PAD more columns); every layer's initial and final
         # states, feature-major; the outputs of the layers below the top, two taken in turn
         # (a layer reads one and writes the other)
+        # (and the top layer's output when it is copied out)
+        self._top_copied = seq_len * batch * h * dtype.itemsize <= self.TOP_COPIED_BYTES
+        #: (L, H, 1), the kernels' view of a C-contiguous (L, 1, H) state, with one sequence
+        self._columns = (size_l, h, 1) if batch == 1 else None
         shapes = ((2, 6 * h, batch), (2, h, batch), (4 * h, chunk * batch + ROW_PAD),
-                  *[(size_l, h, batch)] * 4, *[(seq_len, batch, h)] * min(size_l - 1, 2))
+                  *[(size_l, h, batch)] * 4, *[(seq_len, batch, h)] * min(size_l - 1, 2),
+                  *[(seq_len, batch, h)] * self._top_copied)
         self._layout = []
         offset = 0
         for shape in shapes:
@@ -487,9 +502,9 @@ class StackInference:
         self._bound: tuple[np.ndarray | None, tuple] = (None, ())
 
     def _scratch(self, scratch) -> tuple:
-        """The scratch arrays in the workspace's buffer, with each layer's views of them:
-        states in and out, and below the top the output it writes (as :func:`_any_layout`
-        makes it) and the rows the next layer reads. Made again only when the workspace hands
+        """The scratch arrays in the workspace's buffer, with each layer's views of the output
+        it writes (as :func:`_any_layout` makes it; the top's only when it is copied out) and
+        of that output as the next layer reads it. Made again only when the workspace hands
         out another buffer."""
         buffer = scratch.bytes("lstm_numba_stack", self._nbytes)
         base, bound = self._bound
@@ -497,33 +512,52 @@ class StackInference:
             dtype = self._dtype
             views = [buffer[o:o + n].view(dtype).reshape(shape) for o, n, shape in self._layout]
             steps, states, projection, h0, c0, h_fin, c_fin, *between = views
-            outputs = [(_any_layout(b), b.reshape(-1, b.shape[2])) for b in between]
+            top = between.pop() if self._top_copied else None
+            outputs: list[tuple[Any, Any]] = [(_any_layout(b), b.reshape(-1, b.shape[2])) for b in between]
             last = len(self._layers) - 1  # the top layer writes the call's output
-            layers = tuple((h0[k], c0[k], h_fin[k], c_fin[k], *(outputs[k % 2] if k < last else (None, None)))
-                           for k in range(last + 1))
-            bound = (steps, states, projection, h0, c0, h_fin, c_fin, layers)
+            outputs.append((None, None) if top is None else (_any_layout(top), top))
+            layers = tuple(outputs[k % 2] if k < last else outputs[-1] for k in range(last + 1))
+            bound = (steps, states, projection, h0, c0, h_fin, c_fin, top, layers)
             self._bound = (buffer.base, bound)
         return bound
 
+    def _in_place(self, state: np.ndarray) -> bool:
+        """Whether the kernels read or write ``state`` (L, N, H) where it lies (see the class)."""
+        flags = state.flags
+        return self._columns is not None and flags.c_contiguous and flags.aligned
+
     def __call__(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
                  hidden_out: np.ndarray, cell_out: np.ndarray, scratch) -> None:
-        steps, states, projection, h0, c0, h_fin, c_fin, layers = self._scratch(scratch)
+        steps, states, projection, h0, c0, h_fin, c_fin, top, layers = self._scratch(scratch)
         empty = _EMPTY[self._dtype]
-        if hidden is not None:  # assigning, which took 0.40 µs where np.copyto took 0.56
-            h0[...] = hidden.transpose(0, 2, 1)
+        # every layer's states as the kernels take them, (L, H, N): the caller's or the scratch's
+        columns = self._columns
+        if hidden is not None:
+            if self._in_place(hidden):
+                h0 = hidden.reshape(columns)
+            else:  # assigning, which took 0.40 µs where np.copyto took 0.56
+                h0[...] = hidden.transpose(0, 2, 1)
         if cell is not None:
-            c0[...] = cell.transpose(0, 2, 1)
+            if self._in_place(cell):
+                c0 = cell.reshape(columns)
+            else:
+                c0[...] = cell.transpose(0, 2, 1)
+        h_last = hidden_out.reshape(columns) if self._in_place(hidden_out) else h_fin
+        c_last = cell_out.reshape(columns) if self._in_place(cell_out) else c_fin
         x2 = x.reshape(self._x_shape)
-        for weights, views in zip(self._layers, layers):
+        for k, (weights, (outs, following)) in enumerate(zip(self._layers, layers)):
             wx, bias, u, u_t, pe, full_pre, full_out, light = weights
-            h0_k, c0_k, h_fin_k, c_fin_k, outs, following = views
-            _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, empty if hidden is None else h0_k,
-                     empty if cell is None else c0_k,
-                     _NO_LENGTHS, steps, states, _any_layout(output) if outs is None else outs, h_fin_k,
-                     c_fin_k, projection, False, light)
+            _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, empty if hidden is None else h0[k],
+                     empty if cell is None else c0[k],
+                     _NO_LENGTHS, steps, states, _any_layout(output) if outs is None else outs, h_last[k],
+                     c_last[k], projection, False, light)
             x2 = following
-        hidden_out[...] = h_fin.transpose(0, 2, 1)
-        cell_out[...] = c_fin.transpose(0, 2, 1)
+        if top is not None:
+            output[...] = top
+        if h_last is h_fin:
+            hidden_out[...] = h_fin.transpose(0, 2, 1)
+        if c_last is c_fin:
+            cell_out[...] = c_fin.transpose(0, 2, 1)
 
 
 class _BackwardCall(NamedTuple):
