@@ -843,6 +843,7 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, batch,
     from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 6)
+    monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 6)
     params = LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, bidirectional=True,
                                    peepholes="full" if peepholes == "mixed" else peepholes, seed=2,
                                    dtype=dtype)
@@ -1439,6 +1440,7 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "group_sequences", lambda *args: False)  # groups: below
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 8)
+    monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 8)
     monkeypatch.setattr(_numba_lstm, "OVERLAP_COLUMNS", 0)  # the walk shared out too (overlapped: below)
     directions = 2
     params = LSTMParameters.random(input_size=3, hidden_size=hidden_size, num_layers=2,
@@ -1697,6 +1699,7 @@ def test_numba_gate_gradients_stored_past_the_caches_agree_with_the_reference(dt
     assert columns.shape == (5, 3 * batch) and columns.ctypes.data % LINE_BYTES == 0
     assert columns.strides[0] == (3 * batch + _numba_lstm.ROW_PAD) * columns.itemsize
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 2 * batch)
+    monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 2 * batch)
     params = LSTMParameters.random(input_size=3, hidden_size=20, num_layers=1, seed=5, dtype=dtype)
     x = rng.standard_normal((5, batch, 3)).astype(dtype)
     dy = rng.standard_normal((5, batch, 20)).astype(dtype)
@@ -1772,6 +1775,7 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
     batch = 3
     assert not packs(batch, dtype)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 3 * batch)  # chunks of 3 steps: 3, 3, 1
+    monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 3 * batch)
     seen: list[tuple[tuple[int, ...], bool]] = []
     for name in ("_forward", "_forward_threads"):
         kernel = getattr(_numba_lstm, name)
@@ -1793,6 +1797,39 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
                 results.append(_forward_and_backward(layer, x, dy))
         _assert_all_close(results[1], results[0], dtype)
     assert len(seen) == 4 and set(seen) == {((80, 3 * batch + _numba_lstm.ROW_PAD), True)}
+
+
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_narrow_forwards_project_fewer_columns_at_a_time(monkeypatch, rng):
+    """A forward whose steps are narrow (fewer sequences than a vector holds) projects
+    ``NARROW_CHUNK_COLUMNS`` columns at a time, so that the projection its steps read a column
+    of each row from stays small; wider steps ``CHUNK_COLUMNS``. Over several narrow chunks
+    and a short last one, inference and training agree with the reference (float32: 4
+    sequences narrow, 8 not; 300 steps)."""
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+
+    assert _numba_lstm.narrow(7, np.float32) and not _numba_lstm.narrow(8, np.float32)
+    assert _numba_lstm.narrow(3, np.float64) and not _numba_lstm.narrow(4, np.float64)
+    seen: list[int] = []
+    kernel = _numba_lstm._forward
+
+    def recorded(*args):
+        seen.append(_argument(kernel, args, "projection").shape[1] - _numba_lstm.ROW_PAD)
+        return kernel(*args)
+
+    monkeypatch.setattr(_numba_lstm, "_forward", recorded)
+    params = LSTMParameters.random(input_size=3, hidden_size=5, seed=4, dtype=np.float32)
+    for batch in (4, 8):
+        x = rng.standard_normal((300, batch, 3)).astype(np.float32)
+        dy = rng.standard_normal((300, batch, 5)).astype(np.float32)
+        seen.clear()
+        results = []
+        for name in ("numpy", "numba"):
+            with layer_for(params, name) as layer:
+                results.append(_forward_and_backward(layer, x, dy))
+        _assert_all_close(results[1], results[0], np.float32)
+        columns = _numba_lstm.NARROW_CHUNK_COLUMNS if batch == 4 else _numba_lstm.CHUNK_COLUMNS
+        assert seen and set(seen) == {columns // batch * batch}
 
 
 def _compiled_signatures() -> dict[str, int]:
@@ -1867,6 +1904,7 @@ def test_numba_runs_the_two_directions_one_after_the_other_and_agrees(peepholes,
                                                        threading.get_ident()))
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 24)
+    monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 24)
     batch, hidden = 11, 21
     params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, bidirectional=True,
                                    peepholes=peepholes, seed=6, dtype=dtype)
@@ -2161,6 +2199,7 @@ def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dty
                           lambda name, function, args: (name, bool(_argument(function, args, "light"))))
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 12)
+    monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 12)
     kernel = "_forward" if parts == 1 else "_forward_threads"
     directions = 2
     calls_per_apply = 2 * directions  # two layers
@@ -2626,6 +2665,7 @@ def test_numba_scratch_does_not_grow_with_the_sequence_length(monkeypatch, rng):
     from bnnsfw.layers._lstm_workspace import _Workspace
 
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 64)
+    monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 64)
     monkeypatch.setattr(_Workspace, "RETAINED_BYTES", 1 << 40)  # keep everything, to measure it
     params = LSTMParameters.random(input_size=8, hidden_size=16, bidirectional=True, seed=0)
     used = []

@@ -51,11 +51,11 @@ from ._lstm_cell import _part, _touch_threads
 from ._lstm_forward import _forward, _forward_threads, _groups_threads, _pack_tiles
 from ._lstm_operands import (_EMPTY, _NO_LENGTHS, ROW_PAD, _aligned, _any_layout, _diagonal, _feature_major,
                              _repeated, wide_rows)
-from ._tiles import PACK_ROWS, pack_size, packs
+from ._tiles import PACK_ROWS, VECTOR_BYTES, pack_size, packs
 
-__all__ = ["CHUNK_COLUMNS", "OVERLAP_COLUMNS", "OVERLAP_PIECES", "OVERLAP_STEP_MAX", "THREADED_STEP_MIN",
-           "serves", "step_parts", "group_sequences", "chunk_steps", "overlaps", "overlap_pieces",
-           "wide_rows", "forward", "backward"]
+__all__ = ["CHUNK_COLUMNS", "NARROW_CHUNK_COLUMNS", "OVERLAP_COLUMNS", "OVERLAP_PIECES", "OVERLAP_STEP_MAX",
+           "THREADED_STEP_MIN", "serves", "step_parts", "group_sequences", "chunk_steps", "narrow",
+           "overlaps", "overlap_pieces", "wide_rows", "forward", "backward"]
 
 
 # --------------------------------------------------------------------------------------
@@ -68,6 +68,15 @@ __all__ = ["CHUNK_COLUMNS", "OVERLAP_COLUMNS", "OVERLAP_PIECES", "OVERLAP_STEP_M
 #: time forward and 0.90–0.95× a training step, L (2 chunks instead of 1) 0.97–0.99×, XL
 #: the same; the other benchmark shapes are one chunk either way.
 CHUNK_COLUMNS = 1024
+
+#: Columns per chunk of a forward whose steps are narrow (:func:`narrow`). Each such step reads
+#: its few columns of every one of the projection's 4H rows, a cache line of each, and with
+#: :data:`CHUNK_COLUMNS` the chunk's projection could outgrow the level-2 cache (1 MiB at
+#: H = 64 and 1024 columns): some processes then ran the forward 10–20 % slower throughout.
+#: Measured (forward, float32, seven fresh processes each, 1024 columns against 128): T 400,
+#: N 4, I 32, H 64 1 167–1 362 µs against 1 131–1 148; T 400, N 2, I 64, H 128 1 908–2 207
+#: against 1 910–1 992; T 1 000, N 1 (I 32, H 64) and H 256 the same either way.
+NARROW_CHUNK_COLUMNS = 128
 
 
 def serves(plan: LSTMStepPlan) -> bool:
@@ -125,9 +134,17 @@ def _threads_in_force() -> int:
     return threads if _cheap_parallel_regions() else 1
 
 
-def chunk_steps(seq_len: int, batch: int) -> int:
-    """Steps per chunk: :data:`CHUNK_COLUMNS` columns, at least one step, at most ``seq_len``."""
-    return max(1, min(seq_len, CHUNK_COLUMNS // max(batch, 1)))
+def chunk_steps(seq_len: int, batch: int, narrow_steps: bool = False) -> int:
+    """Steps per chunk: :data:`CHUNK_COLUMNS` columns (:data:`NARROW_CHUNK_COLUMNS` for a
+    forward of ``narrow_steps``), at least one step, at most ``seq_len``."""
+    columns = NARROW_CHUNK_COLUMNS if narrow_steps else CHUNK_COLUMNS
+    return max(1, min(seq_len, columns // max(batch, 1)))
+
+
+def narrow(batch: int, dtype: np.dtype) -> bool:
+    """Whether the steps of ``batch`` sequences are narrow: fewer sequences than a vector holds,
+    whose products are a tile of their states as rows (:func:`~._tiles.row_product`)."""
+    return batch * np.dtype(dtype).itemsize < VECTOR_BYTES
 
 
 #: An overlapped backward's pieces are at most ``⌈T / OVERLAP_PIECES⌉`` steps long
@@ -433,7 +450,7 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     tiles = _step_tiles(w, parts, batch) if parts > 1 else _NO_TILES[steps.dtype]
     # with packed rows the steps make the input's product too: no projection scratch
     a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch,
-                      0 if tiles.shape[2] else chunk_steps(seq_len, batch))
+                      0 if tiles.shape[2] else chunk_steps(seq_len, batch, narrow(batch, steps.dtype)))
     if parts > 1:
         assert a.full_pre.size == 0 and a.full_out.size == 0, "threads serve no full peepholes"
         with blas_limit(1):
@@ -479,7 +496,7 @@ class StackInference:
             a = _forward_weights(w, size_i if k == 0 else h, h, batch, dtype, True)
             self._layers.append((a.wx, a.bias, w.u_wide, w.u_t_wide, a.pe, a.full_pre, a.full_out, a.light))
         self._x_shape = (seq_len * batch, size_i)
-        chunk = chunk_steps(seq_len, batch)
+        chunk = chunk_steps(seq_len, batch, narrow(batch, dtype))
         size_l = len(weights)
         # as :func:`_forward_call` takes them: two blocks of steps and of states taken in turn
         # and the chunk's projection (ROW_PAD more columns); every layer's initial and final
