@@ -1801,11 +1801,11 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_narrow_forwards_project_fewer_columns_at_a_time(monkeypatch, rng):
-    """A forward whose steps are narrow (fewer sequences than a vector holds) projects
-    ``NARROW_CHUNK_COLUMNS`` columns at a time, so that the projection its steps read a column
-    of each row from stays small; wider steps ``CHUNK_COLUMNS``. Over several narrow chunks
-    and a short last one, inference and training agree with the reference (float32: 4
-    sequences narrow, 8 not; 300 steps)."""
+    """A forward on the calling thread whose steps are narrow (fewer sequences than a vector
+    holds) projects ``NARROW_CHUNK_COLUMNS`` columns at a time, so that the projection its steps
+    read a column of each row from stays small; wider steps, and narrow ones shared out over
+    threads, ``CHUNK_COLUMNS``. Over several narrow chunks and a short last one, inference and
+    training agree with the reference (float32: 4 sequences narrow, 8 not; 300 steps)."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     assert _numba_lstm.narrow(7, np.float32) and not _numba_lstm.narrow(8, np.float32)
@@ -1830,6 +1830,20 @@ def test_numba_narrow_forwards_project_fewer_columns_at_a_time(monkeypatch, rng)
         _assert_all_close(results[1], results[0], np.float32)
         columns = _numba_lstm.NARROW_CHUNK_COLUMNS if batch == 4 else _numba_lstm.CHUNK_COLUMNS
         assert seen and set(seen) == {columns // batch * batch}
+    # shared out over two threads, narrow steps keep the wider chunks
+    threaded = _numba_lstm._forward_threads
+
+    def recorded_threads(*args):
+        seen.append(_argument(threaded, args, "projection").shape[1] - _numba_lstm.ROW_PAD)
+        return threaded(*args)
+
+    monkeypatch.setattr(_numba_lstm, "_forward_threads", recorded_threads)
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    seen.clear()
+    x = rng.standard_normal((300, 4, 3)).astype(np.float32)
+    with layer_for(params, "numpy") as reference, layer_for(params, "numba") as layer:
+        _assert_all_close([layer.apply(x).output], [reference.apply(x).output], np.float32)
+    assert set(seen) == {_numba_lstm.CHUNK_COLUMNS}
 
 
 def _compiled_signatures() -> dict[str, int]:

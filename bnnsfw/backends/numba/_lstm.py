@@ -69,7 +69,8 @@ __all__ = ["CHUNK_COLUMNS", "NARROW_CHUNK_COLUMNS", "OVERLAP_COLUMNS", "OVERLAP_
 #: the same; the other benchmark shapes are one chunk either way.
 CHUNK_COLUMNS = 1024
 
-#: Columns per chunk of a forward whose steps are narrow (:func:`narrow`). Each such step reads
+#: Columns per chunk of a forward on the calling thread whose steps are narrow (:func:`narrow`;
+#: shared out over threads, its chunks keep :data:`CHUNK_COLUMNS`). Each such step reads
 #: its few columns of every one of the projection's 4H rows, a cache line of each, and with
 #: :data:`CHUNK_COLUMNS` the chunk's projection could outgrow the level-2 cache (1 MiB at
 #: H = 64 and 1024 columns): some processes then ran the forward 10–20 % slower throughout.
@@ -136,7 +137,7 @@ def _threads_in_force() -> int:
 
 def chunk_steps(seq_len: int, batch: int, narrow_steps: bool = False) -> int:
     """Steps per chunk: :data:`CHUNK_COLUMNS` columns (:data:`NARROW_CHUNK_COLUMNS` for a
-    forward of ``narrow_steps``), at least one step, at most ``seq_len``."""
+    forward on the calling thread of ``narrow_steps``), at least one step, at most ``seq_len``."""
     columns = NARROW_CHUNK_COLUMNS if narrow_steps else CHUNK_COLUMNS
     return max(1, min(seq_len, columns // max(batch, 1)))
 
@@ -449,8 +450,8 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
         return
     tiles = _step_tiles(w, parts, batch) if parts > 1 else _NO_TILES[steps.dtype]
     # with packed rows the steps make the input's product too: no projection scratch
-    a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch,
-                      0 if tiles.shape[2] else chunk_steps(seq_len, batch, narrow(batch, steps.dtype)))
+    chunk = 0 if tiles.shape[2] else chunk_steps(seq_len, batch, parts == 1 and narrow(batch, steps.dtype))
+    a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch, chunk)
     if parts > 1:
         assert a.full_pre.size == 0 and a.full_out.size == 0, "threads serve no full peepholes"
         with blas_limit(1):

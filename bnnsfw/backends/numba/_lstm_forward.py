@@ -5,8 +5,9 @@ every step (:func:`_groups_threads`). :mod:`._lstm` chooses among them.
 
 - **Time in chunks.** The input projection ``W x_t + b`` is one product per chunk of steps
   (BLAS adding ``W x_t`` to rows filled with ``b``: :func:`~._lstm_cell._biased_product`),
-  so the scratch memory is bounded by the chunk (:data:`~._lstm.CHUNK_COLUMNS` columns of ``T·N``), not
-  by the sequence length, while each product stays large. A step's product ``U h`` is
+  so the scratch memory is bounded by the chunk (:data:`~._lstm.CHUNK_COLUMNS` columns of ``T·N``,
+  :data:`~._lstm.NARROW_CHUNK_COLUMNS` for narrow steps on one thread), not by the sequence length,
+  while each product stays large. A step's product ``U h`` is
   :func:`~._tiles.product` as soon as the sequences fill a vector (8 in float32, 4 in
   float64): a tile kept in registers, with no packing of ``U`` at each step; fewer
   sequences take a tile of their states as rows (:func:`~._tiles.row_product`).
