@@ -147,7 +147,9 @@ def test_fresh_process_probes_measure_step_memory_and_first_call_latency():
     cache = bench._lstm_layer(case, "auto", 0)[1].training_cache_capacity(batch_size=4, seq_len=64)
     inputs = 4 * (64 * 4 * 8 + 64 * 4 * 16)
     assert figures["cache_and_inputs_bytes"] == cache + inputs
-    assert figures["step_bytes"] > 0
+    # the peak above the memory held before the step: 0 when the step's few arrays fit in pages
+    # the process had freed already (loading the kernels frees many), as a run of the suite saw
+    assert 0 <= figures["step_bytes"] < 1 << 30
     imported, first_step = bench.first_call_latency("auto", None)
     assert imported > 0 and first_step > 0
 
