@@ -476,12 +476,13 @@ class StackInference:
     Python around the kernel at T = N = 1, and taking its scratch arrays one by one about 1 µs
     more; a stream step of two layers (I = 32, H = 64, N = 1) took 33.9 µs there, 18.3 here.
 
-    Two copies are left out when the call is small. With one sequence a C-contiguous state
-    ``(L, 1, H)`` lies in memory as the kernels' feature-major ``(L, H, 1)``, a C-contiguous
-    view of the same kind as the scratch's, so the kernels read and write the caller's states
-    in place (each copy took about 0.4 µs). And an output of at most :data:`TOP_COPIED_BYTES`
-    is written to scratch and copied out, because making the stride-0 view the kernel takes
-    (:func:`_any_layout`) of a new output at each call took 1.0 µs, and the copy 0.2-0.6."""
+    Two costs of a call are cut where they would outweigh its steps. With one sequence a
+    C-contiguous, aligned state ``(L, 1, H)`` lies in memory as the kernels' feature-major
+    ``(L, H, 1)``, a C-contiguous view of the same kind as the scratch's, so the kernels read
+    and write the caller's states in place (:meth:`_in_place`; each copy took about 0.4 µs).
+    And an output of at most :data:`TOP_COPIED_BYTES` is written to scratch and copied out,
+    because making the stride-0 view the kernel takes (:func:`_any_layout`) of a new output at
+    each call took 1.0 µs, and the copy 0.2-0.6."""
 
     #: The largest output the top layer writes to scratch, to copy it out after the kernel.
     TOP_COPIED_BYTES = 16384
