@@ -67,15 +67,18 @@ def test_the_library_never_imports_the_command_line():
 @pytest.mark.skipif("numba" not in bnnsfw.available_backends(), reason="needs the numba backend")
 def test_compile_builds_a_models_kernels_ahead_and_says_where(capsys, monkeypatch, tmp_path):
     """``bnnsfw compile`` makes a model's calls as a first run does, waits for the background
-    compile, and reports the kinds of call now ready, the cache folder and the CPU; a process
-    after it finds them ready (``bnnsfw`` alone says so)."""
+    compile, and reports the kinds of call now ready, the cache folder and the CPU (float32's:
+    float64 has none); a process after it finds them ready (``bnnsfw`` alone says so)."""
     from bnnsfw.backends.numba import _tiers
 
     monkeypatch.setattr(_tiers, "ready_folder", lambda: tmp_path / "bnnsfw-ready")
     monkeypatch.setattr(bnnsfw.backends.get_backend("numba"), "_tiers", _tiers.Tiers())
-    assert cli.main(["compile", "--hidden", "4", "--seq", "3", "--batch", "2", "--dtype", "float64"]) == 0
+    argv = ["compile", "--hidden", "4", "--seq", "3", "--batch", "2", "--dtype", "float32",
+            "--dtype", "float64"]
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "compiled for the model of the given sizes: 5 new kinds of call ready (5 in all)" in out, out
+    assert "float64: nothing to compile (the numba backend runs it on scipy-blas's kernels)" in out
     assert f"kernels: {tmp_path} (markers in bnnsfw-ready/); CPU " in out
     assert bnnsfw.backends.compile_mode() == "wait"  # the suite's mode, restored
     assert cli.main([]) == 0

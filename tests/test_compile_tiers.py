@@ -129,7 +129,7 @@ def test_a_job_replays_the_call_with_the_same_kinds_of_array_on_zeros(monkeypatc
 
     from bnnsfw.backends.numba import _tiers
 
-    x = np.random.default_rng(0).standard_normal((4, 3, 3))
+    x = np.random.default_rng(0).standard_normal((4, 3, 3)).astype(np.float32)
     x.setflags(write=False)
     lengths = np.array([4, 2, 3], np.int32)
     seen = _requests(monkeypatch, x, lengths)
@@ -158,7 +158,7 @@ def test_a_forward_job_also_runs_the_forward_a_layer_prepares_for_its_kind(monke
     runs that too, so that the switch finds its kernels on disk."""
     from bnnsfw.backends.numba import NumbaBackend, _tiers
 
-    x = np.random.default_rng(0).standard_normal((4, 3, 3))
+    x = np.random.default_rng(0).standard_normal((4, 3, 3)).astype(np.float32)
     request = _requests(monkeypatch, x)["lstm_forward"]
     ran: list[bool] = []
     original = NumbaBackend.lstm_prepare_forward
@@ -200,14 +200,14 @@ def test_calls_run_without_the_compiler_until_the_background_compile_is_done(tie
     compile goes to another process; once it is done, the next calls run compiled, and the
     training cache written before the switch is consumed by a backward after it, with the
     same results within the contract's tolerance. A layer norm switches the same way."""
-    dtype = np.float64
+    dtype = np.float32
     params = bf.LSTMParameters.random(input_size=3, hidden_size=6, num_layers=2, seed=1, dtype=dtype)
     layer = bf.LSTMLayer(params, bf.FilterParameters(backend="numba"))
     norm = bf.NormalizationLayer(bf.NormalizationParameters(type=bf.NormalizationType.layer(),
                                                             input_shape=(6,), dtype=dtype),
                                  bf.FilterParameters(backend="numba"))
-    x = rng.standard_normal((5, 4, 3))
-    dy = rng.standard_normal((5, 4, 6))
+    x = rng.standard_normal((5, 4, 3)).astype(np.float32)
+    dy = rng.standard_normal((5, 4, 6)).astype(np.float32)
     started = time.monotonic()
     out = layer.apply(x, training=True)
     before = layer.apply_backward(x, dy, training_cache=out.training_cache)
@@ -238,12 +238,41 @@ def test_calls_run_without_the_compiler_until_the_background_compile_is_done(tie
 
 def test_off_never_compiles(tiers, compiled_calls, monkeypatch, rng):
     monkeypatch.setattr(compiling, "_mode", "off")
-    params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=2, dtype=np.float64)
+    params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=2, dtype=np.float32)
     layer = bf.LSTMLayer(params, bf.FilterParameters(backend="numba"))
     reference = bf.LSTMLayer(params, bf.FilterParameters(backend="numpy"))
-    x = rng.standard_normal((3, 2, 2))
-    _close(layer.apply(x).output, reference.apply(x).output, np.float64)
+    x = rng.standard_normal((3, 2, 2)).astype(np.float32)
+    _close(layer.apply(x).output, reference.apply(x).output, np.float32)
     assert compiled_calls == [] and not layer.backend._tiers.poll()
+    assert not tiers.ready_folder().exists()
+
+
+def test_float64_runs_scipy_blas_kernels_and_sends_nothing_to_compile(tiers, compiled_calls, monkeypatch,
+                                                                      rng):
+    """The compiled kernels serve float32 only: in every mode an LSTM's float64 inference
+    (the second one prepared), training forward and backward, and a layer norm's forward and
+    backward run ``scipy-blas``'s kernels, agree with that backend and send nothing to
+    compile."""
+    lstm = bf.LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, seed=2, dtype=np.float64)
+    norm = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(5,), dtype=np.float64)
+    x, dy = rng.standard_normal((4, 3, 3)), rng.standard_normal((4, 3, 5))
+    results = {}
+    for backend in ("scipy-blas", "numba"):
+        for mode in ("background", "wait"):
+            monkeypatch.setattr(compiling, "_mode", mode)
+            with bf.LSTMLayer(lstm, bf.FilterParameters(backend=backend)) as layer, \
+                    bf.NormalizationLayer(norm, bf.FilterParameters(backend=backend)) as normalization:
+                inferences = [layer.apply(x).output for _ in range(2)]
+                out = layer.apply(x, training=True)
+                grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
+                normed = normalization.apply(out.output, training=True)
+                d_normed = normalization.apply_backward(out.output, dy, output=normed)
+            results[backend, mode] = [*inferences, out.output, grads.input, *grads.parameters().values(),
+                                      normed, d_normed.input]
+    for key, got in results.items():
+        for a, b in zip(got, results["scipy-blas", "background"], strict=True):
+            _close(a, b, np.float64)
+    assert compiled_calls == [] and not bf.backends.get_backend("numba")._tiers.poll()
     assert not tiers.ready_folder().exists()
 
 
@@ -251,9 +280,9 @@ def test_a_frozen_application_compiles_in_its_own_process(tiers, compiled_calls,
     """Where ``sys.executable`` is the application itself, no interpreter can be started to
     compile: ``background`` compiles in the process, as ``wait`` does."""
     monkeypatch.setattr(tiers, "_FROZEN", True)
-    params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=2, dtype=np.float64)
+    params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=2, dtype=np.float32)
     layer = bf.LSTMLayer(params, bf.FilterParameters(backend="numba"))
-    layer.apply(rng.standard_normal((3, 2, 2)))
+    layer.apply(rng.standard_normal((3, 2, 2)).astype(np.float32))
     assert compiled_calls == ["lstm_forward"] and not layer.backend._tiers.poll()
 
 
@@ -281,10 +310,10 @@ import numpy as np
 import bnnsfw as bf
 from bnnsfw.backends.numba import _tiers
 _tiers.ready_folder = lambda: Path(sys.argv[1])
-params = bf.LSTMParameters.random(input_size=2, hidden_size=4, seed=3, dtype=np.float64)
+params = bf.LSTMParameters.random(input_size=2, hidden_size=4, seed=3, dtype=np.float32)
 layer = bf.LSTMLayer(params, bf.FilterParameters(backend="numba"))
-layer.apply(np.ones((3, 2, 2)))
-layer.apply(np.ones((3, 5, 2)))  # another kind of call, while the first one compiles
+layer.apply(np.ones((3, 2, 2), np.float32))
+layer.apply(np.ones((3, 5, 2), np.float32))  # another kind of call, while the first one compiles
 tiers = layer.backend._tiers
 print(len(tiers._running), len(tiers._queued))
 """
@@ -316,14 +345,14 @@ from bnnsfw.backends.numba import _cells, _lstm_backward, _lstm_cell, _lstm_forw
 set_compile_mode("background")
 model = bf.Sequential(
     bf.LSTMLayer(bf.LSTMParameters.random(input_size=3, hidden_size=7, num_layers=2, seed=5,
-                                          dtype=np.float64), bf.FilterParameters(backend="numba")),
+                                          dtype=np.float32), bf.FilterParameters(backend="numba")),
     bf.LastStep(),
     bf.NormalizationLayer(bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(7,),
-                                                     dtype=np.float64), bf.FilterParameters(backend="numba")),
+                                                     dtype=np.float32), bf.FilterParameters(backend="numba")),
 )
-x = np.random.default_rng(0).standard_normal((4, 3, 3))
+x = np.random.default_rng(0).standard_normal((4, 3, 3)).astype(np.float32)
 for _ in range(2):  # the second call of each kind runs the forward the layer prepared for it
-    model.apply_backward(np.ones((3, 7)) * model.apply(x, training=True))
+    model.apply_backward(np.ones((3, 7), np.float32) * model.apply(x, training=True))
     model(x)
 backend = bf.get_backend("numba")
 if sys.argv[1] == "first":
@@ -379,13 +408,14 @@ def test_uncompiled_calls_keep_blas_off_the_core_a_background_compile_takes(tier
     monkeypatch.setattr(NumbaBackend, "_gemm", spy)
     backend = bf.backends.get_backend("numba")
     monkeypatch.setattr(backend._tiers, "_start", lambda: None)  # the jobs stay queued: no worker
-    params = bf.LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, seed=4, dtype=np.float64)
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, seed=4, dtype=np.float32)
     layer = bf.LSTMLayer(params, bf.FilterParameters(backend="numba"))
-    x = rng.standard_normal((4, 3, 3))
+    x = rng.standard_normal((4, 3, 3)).astype(np.float32)
 
     def calls() -> None:
         out = layer.apply(x, training=True)
-        layer.apply_backward(x, rng.standard_normal(out.output.shape), training_cache=out.training_cache)
+        dy = rng.standard_normal(out.output.shape).astype(np.float32)
+        layer.apply_backward(x, dy, training_cache=out.training_cache)
         layer.apply(x)
         layer.apply(x)
 

@@ -724,19 +724,20 @@ def test_numba_compiles_the_default_cell_with_peepholes_and_lengths_and_leaves_t
     backend = bf.get_backend("numba")
     from bnnsfw.backends.numba import _compiled_forward
 
-    def served(**options):
-        layer = LSTMLayer(LSTMParameters.random(input_size=2, hidden_size=4, seed=0, **options),
+    def served(dtype=np.float32, **options):
+        layer = LSTMLayer(LSTMParameters.random(input_size=2, hidden_size=4, seed=0, dtype=dtype, **options),
                           bf.FilterParameters(backend=backend))
         plan = layer._packed.payload.plan
-        forward = backend._lstm_direction_kernels(plan, np.array([2, 1]), 2).forward
+        forward = backend._lstm_direction_kernels(plan, np.array([2, 1]), 2, np.dtype(dtype)).forward
         return getattr(forward, "func", forward) is _compiled_forward
 
     assert served() and served(peepholes="diagonal") and served(default_activations=True)
     assert served(peepholes="full")
+    assert not served(np.float64)  # float64: scipy-blas's kernels
     # full peepholes keep the steps on the calling thread, whatever the size
     big = LSTMLayer(LSTMParameters.random(input_size=2, hidden_size=256, seed=0, peepholes="full"),
                     bf.FilterParameters(backend=backend))
-    kernels = backend._lstm_direction_kernels(big._packed.payload.plan, None, 64)
+    kernels = backend._lstm_direction_kernels(big._packed.payload.plan, None, 64, np.dtype(np.float32))
     assert kernels.forward.keywords["parts"] == kernels.backward.keywords["parts"] == 1
     big.close()
     relu = bf.Activation(bf.ActivationFunction.relu)
@@ -758,30 +759,30 @@ EVERY_ACTIVATION = [getattr(A, f.name)(*_ACTIVATION_PARAMETERS.get(f.name, ()))
 @pytest.mark.parametrize("act", EVERY_ACTIVATION, ids=lambda a: a.function.name)
 def test_numba_activation_formulas_match_the_activations(act):
     """The compiled kernels' value and derivative of every per-element activation agree with
-    :class:`bnnsfw.Activation`'s, at points off the functions' kinks: float64 to 1e-12, float32
-    to 1e-5 of the float64 values (float32 rounding in GELU's cubic; the rational tanh's error
-    is about 2.6e-7); the derivative from the output alone (the input NaN) for the functions
-    whose output determines it; a halved sigmoid gate as σ(2v)."""
+    :class:`bnnsfw.Activation`'s, at points off the functions' kinks: in float32 (the compiled
+    kernels' dtype) to 1e-5 of the float64 values (float32 rounding in GELU's cubic; the
+    rational tanh's error is about 2.6e-7); the derivative from the output alone (the input
+    NaN) for the functions whose output determines it; a halved sigmoid gate as σ(2v)."""
     from bnnsfw.backends.numba._cells import activate_run, derivative_run
 
     assert len(EVERY_ACTIVATION) == 29
     x = np.linspace(-6.0, 6.0, 241) + 0.0137
     y = act.forward(x)
     want = act.derivative(x=x, y=y)
-    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
-        code, a, b = int(act.function), dtype(act.alpha), dtype(act.beta)
-        xs = x.astype(dtype)
-        got_y = np.full_like(xs, np.nan)
-        activate_run(code, a, b, False, xs, got_y)
-        ys = act.forward(xs)
-        x_seen = np.full_like(xs, np.nan) if act.derivative_from_output else xs  # from y alone
-        got_d = np.ones_like(xs)
-        derivative_run(code, a, b, x_seen, ys, got_d)
-        np.testing.assert_allclose(got_y, y, rtol=tol, atol=tol, err_msg=f"{dtype.__name__} value")
-        np.testing.assert_allclose(got_d, want, rtol=tol, atol=tol, err_msg=f"{dtype.__name__} derivative")
-        halved = np.full_like(xs, np.nan)
-        activate_run(code, a, b, True, xs / 2, halved)
-        np.testing.assert_allclose(halved, A.sigmoid().forward(x), rtol=tol, atol=tol)
+    tol = 1e-5
+    code, a, b = int(act.function), np.float32(act.alpha), np.float32(act.beta)
+    xs = x.astype(np.float32)
+    got_y = np.full_like(xs, np.nan)
+    activate_run(code, a, b, False, xs, got_y)
+    ys = act.forward(xs)
+    x_seen = np.full_like(xs, np.nan) if act.derivative_from_output else xs  # from y alone
+    got_d = np.ones_like(xs)
+    derivative_run(code, a, b, x_seen, ys, got_d)
+    np.testing.assert_allclose(got_y, y, rtol=tol, atol=tol, err_msg="value")
+    np.testing.assert_allclose(got_d, want, rtol=tol, atol=tol, err_msg="derivative")
+    halved = np.full_like(xs, np.nan)
+    activate_run(code, a, b, True, xs / 2, halved)
+    np.testing.assert_allclose(halved, A.sigmoid().forward(x), rtol=tol, atol=tol)
 
 
 def _every_result(layer, x, lengths, states, dy, final_grads):
@@ -799,26 +800,31 @@ def test_numba_compiles_cells_with_any_activation(act, monkeypatch, rng):
     """A cell with ``act`` on every gate and on the cell, with full and diagonal peepholes,
     lengths (one of them 0) and initial states, two bidirectional layers, runs on the
     compiled kernels of ``_numba_cells`` (never on the reference's step kernels) and agrees
-    with the reference backend: outputs, states and every gradient, float64."""
+    with the reference backend: outputs, states and every gradient, float32 (the compiled
+    kernels' dtype)."""
     from bnnsfw.backends._shared.lstm_kernels import LSTMKernels
 
     def refused(*args, **kwargs):
         raise AssertionError("a reference step kernel ran on the numba backend")
 
     params = LSTMParameters.random(input_size=3, hidden_size=4, num_layers=2, bidirectional=True, seed=5,
-                                   dtype=np.float64)
+                                   dtype=np.float32)
     gates = {name: dict(activation=act)
              for name in ("input_gate", "forget_gate", "candidate_gate", "output_gate")}
-    gates["candidate_gate"]["cell_weights"] = rng.uniform(-0.2, 0.2, (2, 2, 4, 4))  # full: with U h
-    gates["forget_gate"]["cell_weights"] = rng.uniform(-0.2, 0.2, (2, 2, 4))  # diagonal
-    gates["output_gate"]["cell_weights"] = rng.uniform(-0.2, 0.2, (2, 2, 4, 4))  # full: on the new cell
+    def uniform(shape):
+        return rng.uniform(-0.2, 0.2, shape).astype(np.float32)
+
+    gates["candidate_gate"]["cell_weights"] = uniform((2, 2, 4, 4))  # full: with U h
+    gates["forget_gate"]["cell_weights"] = uniform((2, 2, 4))  # diagonal
+    gates["output_gate"]["cell_weights"] = uniform((2, 2, 4, 4))  # full: on the new cell
     params = with_gates(params, **gates)
     params = attrs.evolve(params, hidden_activation=act)
     x_shape, y_shape, state_shape = shapes(params, 5, 3)
     # inputs and states of about ±1: a cell of unbounded activations everywhere stays finite
-    x, dy = rng.uniform(-1.0, 1.0, x_shape), rng.standard_normal(y_shape)
-    states = tuple(rng.uniform(-1.0, 1.0, state_shape) for _ in range(2))
-    final_grads = tuple(rng.standard_normal(state_shape) for _ in range(2))
+    x = rng.uniform(-1.0, 1.0, x_shape).astype(np.float32)
+    dy = rng.standard_normal(y_shape).astype(np.float32)
+    states = tuple(rng.uniform(-1.0, 1.0, state_shape).astype(np.float32) for _ in range(2))
+    final_grads = tuple(rng.standard_normal(state_shape).astype(np.float32) for _ in range(2))
     lengths = np.array([5, 2, 0])
     with layer_for(params, "numpy") as reference:
         want = _every_result(reference, x, lengths, states, dy, final_grads)
@@ -826,14 +832,13 @@ def test_numba_compiles_cells_with_any_activation(act, monkeypatch, rng):
         monkeypatch.setattr(LSTMKernels, f"lstm_{kind}_step", refused)
     with layer_for(params, "numba") as compiled:
         got = _every_result(compiled, x, lengths, states, dy, final_grads)
-    _assert_all_close(got, want, np.float64)
+    _assert_all_close(got, want, np.float32)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("peepholes", ["diagonal", "full", "mixed"])
 @pytest.mark.parametrize("batch", [3, 11])
-def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, batch, monkeypatch, rng):
+def test_numba_chunks_of_steps_agree_with_the_reference(peepholes, batch, monkeypatch, rng):
     """Long sequences run the input projection and the weight gradients a chunk of steps at a
     time; with chunks of 6 columns (2 steps of 3 sequences, the last chunk shorter; one step of
     11) every output and gradient still agrees with the reference, with lengths, diagonal, full
@@ -841,6 +846,8 @@ def test_numba_chunks_of_steps_agree_with_the_reference(dtype, peepholes, batch,
     final-state gradients. 3 sequences take BLAS for each step's product, 11 the tile product
     (whole vectors and a padded rest)."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
+
+    dtype = np.float32  # the compiled kernels' dtype
 
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 6)
     monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 6)
@@ -898,8 +905,7 @@ def _checked_product(product_into, a, b, add, tolerance):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
+def test_numba_step_product_agrees_with_a_float64_product(rng):
     """``_numba_tiles.product`` (``out = add + a @ b``, each step's ``U h`` and ``Uᵀ dz``) agrees
     with a float64 product for every kind of tile: row counts that leave 0 to 5 rows after
     the 6-row (or 12-row) tiles, column counts of two vectors, one, a padded rest or several
@@ -914,10 +920,12 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
     from bnnsfw.backends.numba._tiles import (PAIR_ROWS, PAIR_WIDE_ROWS, lanes, paired, paired_product,
                                               product, transposed_product)
 
+    dtype = np.float32  # the compiled kernels' dtype
+
     width = lanes(dtype)
     assert width == 32 // np.dtype(dtype).itemsize
     assert (PAIR_ROWS, PAIR_WIDE_ROWS) == (12, 8)
-    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    tolerance = 1e-5
     for m in (1, 5, 6, 7, 13, 23, 26, 35, 40):
         for k in (0, 1, 2, 17, 40):
             for n in (1, 3, width, width + 1, 2 * width, 2 * width + 3, 3 * width, 5 * width - 1, 7 * width):
@@ -951,14 +959,15 @@ def test_numba_step_product_agrees_with_a_float64_product(dtype, rng):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_steps_of_fewer_sequences_than_a_vector_agree_with_the_reference(dtype, rng):
+def test_numba_steps_of_fewer_sequences_than_a_vector_agree_with_the_reference(rng):
     """One to seven float32 sequences (one to three float64), fewer than a vector holds, take
     the step's product as rows (``row_product``) forward and backward: outputs, final states
     and every gradient agree with the reference, with lengths (one of 0 from three sequences
     on), diagonal peepholes, initial states and final-state gradients, hidden sizes that fill
     no vector."""
     from bnnsfw.backends.numba._tiles import VECTOR_BYTES
+
+    dtype = np.float32  # the compiled kernels' dtype
 
     for batch in range(1, VECTOR_BYTES // np.dtype(dtype).itemsize):
         for hidden_size in (5, 33):
@@ -980,8 +989,7 @@ def test_numba_steps_of_fewer_sequences_than_a_vector_agree_with_the_reference(d
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_row_product_agrees_with_a_float64_product(dtype, rng):
+def test_numba_row_product_agrees_with_a_float64_product(rng):
     """``row_product`` (``out = a @ b`` for one row or a few: a step's product for fewer
     sequences than a vector holds, their states as rows) agrees with a float64 product: one
     to nine rows (tiles of four, two and one), column counts that take tiles of
@@ -991,8 +999,10 @@ def test_numba_row_product_agrees_with_a_float64_product(dtype, rng):
     array); ``out`` overwritten whatever it held (NaN), nothing written around it."""
     from bnnsfw.backends.numba._tiles import ROW_VECTORS, ROWS_VECTORS, WIDE_BYTES, row_product
 
+    dtype = np.float32  # the compiled kernels' dtype
+
     lane = WIDE_BYTES // np.dtype(dtype).itemsize
-    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    tolerance = 1e-5
     tile, rows_tile = ROW_VECTORS * lane, ROWS_VECTORS * lane
     for m in (1, 2, 3, 4, 7, 9):
         for k in (0, 1, 7, 64, 130):
@@ -1014,8 +1024,7 @@ def test_numba_row_product_agrees_with_a_float64_product(dtype, rng):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_narrow_steps_put_their_operands_between_rows_and_columns(dtype, rng):
+def test_numba_narrow_steps_put_their_operands_between_rows_and_columns(rng):
     """A narrow step's operands go between the columns the fused passes read and the rows
     ``row_product`` takes: ``_columns_from_rows`` writes ``z[r, n] = add[r, first + n] +
     s·rows[n, r]`` and ``_rows_from_columns`` ``rows[n, r] = s·z[r, n]``, ``s`` 1 for the
@@ -1024,6 +1033,8 @@ def test_numba_narrow_steps_put_their_operands_between_rows_and_columns(dtype, r
     the sum), the scaling alone exactly (by a power of two); nothing written around the
     outputs, the inputs left as they were."""
     from bnnsfw.backends.numba._lstm_cell import _columns_from_rows, _rows_from_columns
+
+    dtype = np.float32  # the compiled kernels' dtype
 
     h, first = 5, 3
     scale = dtype(0.5)
@@ -1097,8 +1108,7 @@ def test_numba_gradient_products_by_the_tile_agree_with_a_float64_product(beta, 
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
+def test_numba_packed_step_product_agrees_with_the_product(rng):
     """``packed_product`` on rows packed by ``pack_rows`` (blocks of ``pack_size`` rows: twelve,
     ``PACK_ROWS``, with AVX-512 and for one vector's worth of columns, else six, ``ROWS``; each
     column's elements side by side) makes the sums ``product`` makes, in the same order: it
@@ -1108,6 +1118,8 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
     outside ``out`` and takes ``out`` as ``add``."""
     from bnnsfw.backends.numba._tiles import (COLUMN_ROWS, PACK_ROWS, PAIRS, ROWS, VECTOR_BYTES, WIDE_BYTES,
                                               lanes, pack_rows, pack_size, packed_product, packs, product)
+
+    dtype = np.float32  # the compiled kernels' dtype
 
     width = lanes(dtype)
     wide = WIDE_BYTES > VECTOR_BYTES
@@ -1119,7 +1131,7 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
     assert packs(3 * width, dtype)
     assert pack_size(width, dtype) in (PACK_ROWS, COLUMN_ROWS)
     assert pack_size(2 * width, dtype) == (PACK_ROWS if wide else ROWS)
-    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    tolerance = 1e-5
     for blocks in (1, 2, 5):
         for k in (1, 2, 17, 64):
             for n in [c * width for c in (1, 2, 3, 4, 5, 7) if packs(c * width, dtype)]:
@@ -1140,16 +1152,17 @@ def test_numba_packed_step_product_agrees_with_the_product(dtype, rng):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_packed_rest_product_reads_only_its_rows(dtype, rng):
+def test_numba_packed_rest_product_reads_only_its_rows(rng):
     """``packed_rest_product`` on the first ``rest`` columns of one packed block (1 to 11 rows:
     tiles of 8, 4, 2 and 1 of them) agrees with a float64 product; it reads none of the
     block's other columns (NaN there changes nothing), writes nothing outside ``out`` and
     takes ``out`` as ``add``."""
     from bnnsfw.backends.numba._tiles import PACK_ROWS, lanes, packed_rest_product
 
+    dtype = np.float32  # the compiled kernels' dtype
+
     width = lanes(dtype)
-    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    tolerance = 1e-5
     for rest in range(1, PACK_ROWS):
         for k in (1, 17, 64):
             for n in (3 * width, 4 * width):
@@ -1163,8 +1176,7 @@ def test_numba_packed_rest_product_reads_only_its_rows(dtype, rng):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, rng):
+def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(monkeypatch, rng):
     """The steps shared out over two threads take each piece's gate rows of ``[U W]`` packed
     (``_step_tiles``: made once for the weights and the thread count, kept with them) when the
     batch's columns pack, and make ``U h + W x + b`` in one product: the output agrees with the
@@ -1178,6 +1190,7 @@ def test_numba_shared_steps_read_the_packed_rows_of_u_and_w(dtype, monkeypatch, 
     from bnnsfw.backends.numba._tiles import (PACK_ROWS, ROWS, VECTOR_BYTES, WIDE_BYTES, lanes, pack_size,
                                               packs)
 
+    dtype = np.float32
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
     monkeypatch.setattr(_numba_lstm, "group_sequences", lambda *args: False)  # each step's units shared out
     params = LSTMParameters.random(input_size=3, hidden_size=38, seed=5, dtype=dtype)
@@ -1340,8 +1353,7 @@ def test_numba_paired_tiles_serve_where_the_vector_units_are_wide(monkeypatch):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_paired_tiles_agree_with_a_float64_product_where_products_do_not_take_them(dtype, rng):
+def test_numba_paired_tiles_agree_with_a_float64_product_where_products_do_not_take_them(rng):
     """Where the paired tiles do not serve the products (``PAIRS`` false on a machine with
     AVX-512, so ``product`` never reaches them), they are checked here on their own: the rows of
     ``b`` paired (``_pair_rows``) and the product of one narrow and one wide vector's worth of
@@ -1350,6 +1362,8 @@ def test_numba_paired_tiles_agree_with_a_float64_product_where_products_do_not_t
     import numba
 
     from bnnsfw.backends.numba import _tiles as _numba_tiles
+
+    dtype = np.float32  # the compiled kernels' dtype
 
     if _numba_tiles.PAIRS or _numba_tiles.WIDE_BYTES != 2 * _numba_tiles.VECTOR_BYTES:
         pytest.skip("the paired tiles serve the products here (or need 64-byte vectors)")
@@ -1364,7 +1378,7 @@ def test_numba_paired_tiles_agree_with_a_float64_product_where_products_do_not_t
                     out[:, 0:out.shape[1]])
 
     width = _numba_tiles.lanes(dtype)
-    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    tolerance = 1e-5
     for n in (width, 2 * width):
         for m in (1, 7, 13, 23, 26, 35):
             for k in (2, 40):
@@ -1414,26 +1428,25 @@ def test_numba_tile_without_avx512_agrees_with_a_float64_product(tmp_path):
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("parts", [2, 3])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("hidden_size", [5, 38])
 @pytest.mark.parametrize("batch", [4, 8, 16, 24, 27])
-def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, hidden_size, batch,
-                                                                   monkeypatch, rng):
+def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, hidden_size, batch, monkeypatch,
+                                                                   rng):
     """Each step's units and each product shared out over threads (a thread may get no unit:
     H = 5 over 2 or 3 parts cut at multiples of 16) agree with the reference, forward and
     backward, inference and training, with lengths (one of 0), diagonal peepholes, both
-    directions, two layers, initial
-    states, final-state gradients and chunks of steps. The step products see every kind of
-    column panel: 27 sequences are two vectors' worth, one vector's and a padded rest in
-    float32, and 4 are one padded vector, or one whole one in float64; 16 are whole cache
-    lines, whose gate gradients the steps store past the caches; one narrow vector's worth
-    (8 in float32, 4 in float64) and one wide vector's worth (16 in float32, 8 in float64) take
-    the paired tile with AVX-512, forward where H is even (38) and backward (4H); 24 (and 16
-    in float64) take packed rows of ``[U W]`` forward with AVX-512 (each step's product over
-    ``[h; x]``, no projection), a block of 12 of each gate's rows of a piece of 16 or 22 units
-    (H = 38) and the rest (4 and 10 rows) in one more block. The chunks' gradient
-    products are made by one-thread BLAS calls."""
+    directions, two layers, initial states, final-state gradients and chunks of steps, in
+    float32 (the compiled kernels' dtype). The step products see every kind of column panel:
+    27 sequences are two vectors' worth, one vector's and a padded rest, and 4 are one padded
+    vector; 16 are whole cache lines, whose gate gradients the steps store past the caches;
+    one narrow vector's worth (8) and one wide vector's worth (16) take the paired tile with
+    AVX-512, forward where H is even (38) and backward (4H); 24 take packed rows of ``[U W]``
+    forward with AVX-512 (each step's product over ``[h; x]``, no projection), a block of 12
+    of each gate's rows of a piece of 16 or 22 units (H = 38) and the rest (4 and 10 rows) in
+    one more block. The chunks' gradient products are made by one-thread BLAS calls."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
+
+    dtype = np.float32
 
     used = _record_calls(monkeypatch, ("_forward_threads", "_backward_threads"),
                          lambda name, function, args: (name, args[0]))
@@ -1471,8 +1484,7 @@ def test_numba_steps_shared_over_threads_agree_with_the_reference(parts, dtype, 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 def test_numba_group_sequences_rules():
     """A float32 inference on threads walks groups of sequences when the batch divides into
-    one group a thread, each a whole number of the packed products' columns (``packs``); a
-    float64 one never does."""
+    one group a thread, each a whole number of the packed products' columns (``packs``)."""
     from bnnsfw.backends.numba._lstm import group_sequences
     from bnnsfw.backends.numba._tiles import packs
 
@@ -1482,7 +1494,6 @@ def test_numba_group_sequences_rules():
     assert not group_sequences(3, 4 * lane, np.float32)  # 4 vectors over 3 threads: no even groups
     for parts, batch in ((2, 2 * lane), (2, 4 * lane), (3, 6 * lane), (2, 8 * lane)):
         assert group_sequences(parts, batch, np.float32) == packs(batch // parts, np.float32)
-        assert not group_sequences(parts, batch, np.float64)
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -1502,7 +1513,6 @@ def test_numba_group_parts_rules(monkeypatch):
     assert group_parts(7, 32, 32, 32, f32) == 1  # the call below
     assert 4 * 16 * 32 * 32 < 2 * GROUP_STEP_MIN
     assert group_parts(64, 32, 16, 16, f32) == 1  # each group's step below
-    assert group_parts(32, 32, 32, 32, np.float64) == 1  # groups serve float32 only
     assert group_parts(32, 30, 32, 32, f32) == (2 if group_sequences(2, 30, f32) else 1)
     monkeypatch.setattr(_numba_lstm, "_threads_in_force", lambda: 1)
     assert group_parts(32, 32, 32, 32, f32) == 1
@@ -1645,7 +1655,7 @@ def test_numba_overlapped_backward_agrees_with_the_reference(hidden_size, batch,
 
 
 def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
-    """The overlapped backward serves float32 on two threads, steps below ``OVERLAP_STEP_MAX``
+    """The overlapped backward serves two threads, steps below ``OVERLAP_STEP_MAX``
     (M's 2²⁰ multiply-adds; not the long row's 2²¹ or L's 2²³), at most ``OVERLAP_COLUMNS``
     columns (one chunk), and at least two pieces of steps. The pieces walked first are 2, 4, 8…
     steps long, the rest at most ``⌈T / 8⌉``; the walking thread takes the products of the last
@@ -1653,16 +1663,14 @@ def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
     walk."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
 
-    f32 = np.dtype(np.float32)
-    assert _numba_lstm.overlaps(2, 50, 16, 128, f32)  # M
-    assert not _numba_lstm.overlaps(2, 50, 16, 128, np.dtype(np.float64))  # float64: shared out
-    assert _numba_lstm.overlaps(2, 32, 32, 64, f32)  # 1 024 columns: one chunk
-    assert not _numba_lstm.overlaps(2, 40, 32, 64, f32)  # 1 280 columns
-    assert not _numba_lstm.overlaps(3, 50, 16, 128, f32)  # three threads: shared out
-    assert not _numba_lstm.overlaps(2, 64, 32, 256, f32)  # L
-    assert not _numba_lstm.overlaps(2, 100, 8, 256, f32)  # the long row's steps
-    assert not _numba_lstm.overlaps(2, 200, 16, 128, f32)  # 3 200 columns
-    assert not _numba_lstm.overlaps(2, 1, 16, 128, f32)  # one piece
+    assert _numba_lstm.overlaps(2, 50, 16, 128)  # M
+    assert _numba_lstm.overlaps(2, 32, 32, 64)  # 1 024 columns: one chunk
+    assert not _numba_lstm.overlaps(2, 40, 32, 64)  # 1 280 columns
+    assert not _numba_lstm.overlaps(3, 50, 16, 128)  # three threads: shared out
+    assert not _numba_lstm.overlaps(2, 64, 32, 256)  # L
+    assert not _numba_lstm.overlaps(2, 100, 8, 256)  # the long row's steps
+    assert not _numba_lstm.overlaps(2, 200, 16, 128)  # 3 200 columns
+    assert not _numba_lstm.overlaps(2, 1, 16, 128)  # one piece
 
     def pieces(seq_len: int, hidden_size: int, input_size: int) -> list[int]:
         """The pieces' lengths in the order they are walked (the walker's last)."""
@@ -1678,9 +1686,8 @@ def test_numba_overlaps_the_backward_of_small_steps_on_two_threads():
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("lines", [1, 2])
-def test_numba_gate_gradients_stored_past_the_caches_agree_with_the_reference(dtype, lines, monkeypatch, rng):
+def test_numba_gate_gradients_stored_past_the_caches_agree_with_the_reference(lines, monkeypatch, rng):
     """With rows of whole cache lines (16 or 32 float32 sequences, 8 or 16 float64), each
     step stores its gate gradients into the chunk's columns past the caches; on one thread
     (the steps and BLAS) and shared out over two, over several chunks, with lengths, the
@@ -1688,6 +1695,8 @@ def test_numba_gate_gradients_stored_past_the_caches_agree_with_the_reference(dt
     a cache line, rows padded apart."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
     from bnnsfw.backends.numba._stream import LINE_BYTES
+
+    dtype = np.float32  # the compiled kernels' dtype
 
     batch = lines * LINE_BYTES // np.dtype(dtype).itemsize
 
@@ -1762,8 +1771,7 @@ def test_numba_fused_passes_agree_in_vector_loops_and_their_remainders(rng):
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rng):
+def test_numba_projection_rows_are_padded_apart_and_agree(monkeypatch, rng):
     """The chunk's input projection, a run of whose every row each step reads, is a contiguous
     array with ``ROW_PAD`` more columns than the chunk's (rows of a multiple of 4 KiB would put
     those runs in one set of the level-1 cache); over several chunks and a last short one, on
@@ -1772,7 +1780,7 @@ def test_numba_projection_rows_are_padded_apart_and_agree(dtype, monkeypatch, rn
     from bnnsfw.backends.numba import _lstm as _numba_lstm
     from bnnsfw.backends.numba._tiles import packs
 
-    batch = 3
+    batch, dtype = 3, np.float32
     assert not packs(batch, dtype)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 3 * batch)  # chunks of 3 steps: 3, 3, 1
     monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 3 * batch)
@@ -1900,8 +1908,7 @@ def test_numba_read_only_inputs_run_the_kernels_compiled_for_writable_ones(hidde
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("peepholes", [None, "diagonal"])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_numba_runs_the_two_directions_one_after_the_other_and_agrees(peepholes, dtype, monkeypatch, rng):
+def test_numba_runs_the_two_directions_one_after_the_other_and_agrees(peepholes, monkeypatch, rng):
     """With two threads for the steps, each layer of a bidirectional model runs its two
     directions one after the other on the calling thread, each step's units shared out over
     the threads (both directions at the same time, one a thread, made M-2L-bi slower
@@ -1919,7 +1926,7 @@ def test_numba_runs_the_two_directions_one_after_the_other_and_agrees(peepholes,
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
     monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 24)
     monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 24)
-    batch, hidden = 11, 21
+    batch, hidden, dtype = 11, 21, np.float32
     params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, bidirectional=True,
                                    peepholes=peepholes, seed=6, dtype=dtype)
     x = rng.standard_normal((7, batch, 3)).astype(dtype)
@@ -1936,9 +1943,9 @@ def test_numba_runs_the_two_directions_one_after_the_other_and_agrees(peepholes,
             grads = layer.apply_backward(x, dy, *states, *final_grads, sequence_lengths=lengths,
                                          training_cache=out.training_cache)
         if name == "numba":  # 2 forward calls and 1 backward, 2 layers each, on two threads (the
-            # backward of these small steps overlapped in float32, shared out in float64)
-            backward = "_backward_overlapped" if dtype == np.float32 else "_backward_threads"
-            assert sorted(k for k, _, _ in seen) == sorted([backward] * 4 + ["_forward_threads"] * 8)
+            # backward of these small steps overlapped)
+            kernels = ["_backward_overlapped"] * 4 + ["_forward_threads"] * 8
+            assert sorted(k for k, _, _ in seen) == sorted(kernels)
             caller = threading.get_ident()
             assert {(reverse, ident == caller) for _, reverse, ident in seen} == {(False, True), (True, True)}
         arrays = [inference.output, inference.hidden, inference.cell, out.output, out.hidden, out.cell,
@@ -2154,17 +2161,17 @@ def test_numba_backward_takes_its_columns_in_one_layout_for_every_hidden_size(rn
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("parts", [1, 2])
-def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, parts, dtype):
+def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, parts):
     """A contiguous output, a bidirectional layer's strided halves and an absent output
     gradient (only the final states carry one) reach the same compiled kernels: each takes its
     output, or output gradient, as a 4-D view of layout 'A' (``_numba_lstm._any_layout``),
-    never as a layout of its own (on two threads the float32 backward is overlapped, the
-    float64 one shared out). The results agree with the reference, the absent gradient's
-    case included."""
+    never as a layout of its own (on two threads the backward is overlapped). The results
+    agree with the reference, the absent gradient's case included."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
     from bnnsfw.backends.numba import _lstm_backward, _lstm_forward
+
+    dtype = np.float32
 
     used = _record_calls(monkeypatch, ("_backward", "_backward_threads", "_backward_overlapped"),
                          lambda name, function, args: name)
@@ -2185,9 +2192,7 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
                                                  training_cache=out.training_cache)
                     results.append((out.output, grads.input, grads.hidden))
             _assert_all_close(list(results[0]), list(results[1]), dtype)
-    expected = ("_backward" if parts == 1 else "_backward_overlapped" if dtype == np.float32
-                else "_backward_threads")
-    assert set(used) == {expected}, used
+    assert set(used) == {"_backward" if parts == 1 else "_backward_overlapped"}, used
     kernels = {_lstm_forward._forward: "outs", _lstm_forward._forward_threads: "outs",
                _lstm_backward._backward: "dys", _lstm_backward._backward_threads: "dys",
                _lstm_backward._backward_overlapped: "dys"}
@@ -2200,14 +2205,15 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
 @pytest.mark.parametrize("parts", [1, 2])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dtype, monkeypatch, rng):
+def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, monkeypatch, rng):
     """Inference of a cell without peepholes takes the light pass (no cache rows), on the
     calling thread and shared out over threads; it agrees with the reference and with the
     same layer's training forward (lengths, one of them 0, initial states, two layers, chunks
     of steps; both directions).
     Training, and inference with peepholes, take the full pass."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
+
+    dtype = np.float32
 
     calls = _record_calls(monkeypatch, ("_forward", "_forward_threads"),
                           lambda name, function, args: (name, bool(_argument(function, args, "light"))))
@@ -2217,7 +2223,7 @@ def test_numba_inference_without_peepholes_writes_no_cache_and_agrees(parts, dty
     kernel = "_forward" if parts == 1 else "_forward_threads"
     directions = 2
     calls_per_apply = 2 * directions  # two layers
-    batch, hidden = 11, 37  # 11 sequences: the tile product (float32: a vector and a padded rest)
+    batch, hidden = 11, 37  # 11 sequences: the tile product (a vector and a padded rest)
     x = rng.standard_normal((7, batch, 3)).astype(dtype)
     states = tuple(rng.standard_normal((2 * directions, batch, hidden)).astype(dtype) for _ in range(2))
     lengths = np.resize([7, 3, 0, 5], batch)
@@ -2384,8 +2390,8 @@ def test_concurrent_calls_get_their_own_scratch_space(backend_name, rng, num_lay
     import threading
 
     params = LSTMParameters.random(input_size=3, hidden_size=8, num_layers=num_layers,
-                                   bidirectional=bidirectional, seed=0, dtype=np.float64)
-    inputs = [rng.standard_normal((12, 4, 3)) for _ in range(4)]
+                                   bidirectional=bidirectional, seed=0, dtype=np.float32)
+    inputs = [rng.standard_normal((12, 4, 3)).astype(np.float32) for _ in range(4)]
     with layer_for(params, backend_name) as layer:
         expected = [layer.apply(x).output for x in inputs]
         results: dict[int, np.ndarray] = {}

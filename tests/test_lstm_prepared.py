@@ -149,8 +149,8 @@ def test_the_forward_weight_arguments_follow_the_weights(backend_name, rng):
     taken from the weights, kept for a few kinds) is new with each packing: a bias changed in
     place, through the handed-out arrays, or by load_state_dict, is what the next call reads;
     with many batch sizes at most a few kinds are kept."""
-    with _layer(backend_name, peepholes="diagonal") as layer:
-        x = rng.standard_normal((2, 3, 3))
+    with _layer(backend_name, dtype=np.float32, peepholes="diagonal") as layer:  # numba's compiled dtype
+        x = rng.standard_normal((2, 3, 3)).astype(np.float32)
         for _ in range(2):
             layer(x)
         named = layer.parameters()
@@ -166,7 +166,7 @@ def test_the_forward_weight_arguments_follow_the_weights(backend_name, rng):
         with bf.LSTMLayer(layer.layer_parameters, bf.FilterParameters(backend="numpy")) as fresh:
             _close(got, fresh(x).output)
         for batch in range(1, 13):
-            xb = rng.standard_normal((1, batch, 3))
+            xb = rng.standard_normal((1, batch, 3)).astype(np.float32)
             _close(layer(xb).output, layer(xb.copy()).output)
         kept = layer._packed_weights().payload.weights[0][0].forward_args
         if backend_name == "numba":

@@ -3,7 +3,8 @@
 Without options it compiles what ``bnnsfw demo`` runs (one epoch of it, with the demo's
 batches); with ``--input``, ``--hidden`` and the others, what one training step and one
 inference of the demo's kind of model of those sizes run: an LSTM, its last step, a layer norm
-and a fully connected head, for each ``--dtype`` and ``--batch``. The calls run as any
+and a fully connected head, for each ``--dtype`` and ``--batch`` (float64 has nothing to compile:
+the numba backend runs it on ``scipy-blas``'s kernels). The calls run as any
 program's first calls do (compile mode ``background``): on ``scipy-blas``'s kernels while a
 separate process compiles the compiled kernels and marks them ready; the command waits for
 that process and prints what it compiled, how long it took, where the kernels are and the
@@ -31,7 +32,8 @@ _DTYPES = {"float32": np.float32, "float64": np.float64}
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bnnsfw compile", description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", choices=sorted(_DTYPES), action="append",
-                   help="a dtype to compile for; repeat for several (default: float32)")
+                   help="a dtype to compile for; repeat for several (default: float32; float64 runs "
+                        "uncompiled, so it has nothing to compile)")
     p.add_argument("--input", type=integer(1), help="the LSTM's input size (default: the demo's model)")
     p.add_argument("--hidden", type=integer(1), help="its hidden size (default: 32)")
     p.add_argument("--layers", type=integer(1), help="its number of layers (default: 2)")
@@ -41,14 +43,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_calls(opts: argparse.Namespace) -> None:
-    """One training step and one inference of the demo's kind of model of the given sizes."""
+def _model_calls(opts: argparse.Namespace, compiled_dtype: np.dtype) -> None:
+    """One training step and one inference of the demo's kind of model of the given sizes, in
+    each dtype asked for that has compiled kernels."""
     from ..losses import MeanSquaredError
     from .demo import build_model
 
     rng = np.random.default_rng(0)
     input_size, hidden = opts.input or 1, opts.hidden or 32
     for dtype in opts.dtype or ["float32"]:
+        if np.dtype(dtype) != compiled_dtype:
+            continue
         model = build_model(input_size=input_size, hidden_size=hidden, output_size=1,
                             num_layers=opts.layers or 2, backend="numba", dtype=_DTYPES[dtype])
         for batch in opts.batch or [64]:
@@ -72,7 +77,7 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> int:
     try:
         given = (opts.input, opts.hidden, opts.layers, opts.seq, opts.batch, opts.dtype)
         if any(v is not None for v in given):
-            _model_calls(opts)
+            _model_calls(opts, backend.compiled_dtype)
             what = "the model of the given sizes"
         else:
             from .demo import run_forecast
@@ -85,6 +90,8 @@ def run(opts: argparse.Namespace, *, out: Any = None) -> int:
         backends.set_compile_mode(None)
     seconds = time.perf_counter() - start
     status = backend.compile_status()
+    for dtype in sorted(set(opts.dtype or ()) - {backend.compiled_dtype.name}):
+        print(f"{dtype}: nothing to compile (the numba backend runs it on scipy-blas's kernels)", file=out)
     print(f"compiled for {what}: {status.ready - before.ready} new kinds of call ready ({status.ready} in "
           f"all) in {seconds:.1f} s", file=out)
     print(f"kernels: {status.cache} (markers in {status.markers.name}/); CPU {status.cpu}, "

@@ -5,7 +5,8 @@ path and calls :mod:`._lstm_forward` and :mod:`._lstm_backward`: per step one pr
 fused, vectorized pass, forward and backward, or for larger steps one parallel region per chunk
 of steps, whose threads each take a run of units of every step; the input projection and the
 weight gradients one product per chunk of steps) for the cell almost
-every model uses, with no, diagonal or full peepholes, over full or variable lengths; the cells
+every model uses, with no, diagonal or full peepholes, over full or variable lengths, in float32
+(float64 runs as ``scipy-blas`` runs it: :data:`COMPILED_DTYPE`); the cells
 with other per-element activations as compiled per-sequence loops of their own
 (:mod:`._cells`); and normalization with the statistics of the batch and the identity
 activation with compiled, multithreaded row kernels (:mod:`._normalization`; statistics sets
@@ -43,7 +44,7 @@ from ..contract import (
 )
 from ..scipy_blas import ScipyBlasBackend
 
-__all__ = ["NumbaBackend", "CompileStatus", "compile_mode", "set_compile_mode"]
+__all__ = ["NumbaBackend", "COMPILED_DTYPE", "CompileStatus", "compile_mode", "set_compile_mode"]
 
 compile_mode = _tiers.compile_mode
 set_compile_mode = _tiers.set_compile_mode
@@ -51,6 +52,21 @@ CompileStatus = _tiers.CompileStatus
 
 _Request = TypeVar("_Request", LSTMForwardRequest, LSTMBackwardRequest)
 _Result = TypeVar("_Result", LSTMForwardResult, LSTMBackwardResult)
+
+#: The one dtype the compiled kernels serve. float64 serves checks (gradient checks against
+#: finite differences, golden values), and ``scipy-blas``'s kernels run it as fast or faster:
+#: float64 calls took 0.52-1.01 times as long there as in compiled kernels of their own on the
+#: bench's shapes (S, S4, demo, M, L; forward and training) except S's training step (1.21),
+#: while compiling those kernels took 40 % of the compiled kernels' CPU time in the suite.
+COMPILED_DTYPE = np.dtype(np.float32)
+
+
+def _compiles(config: Any, payload: Any) -> bool:
+    """Whether compiled kernels serve this LSTM configuration and packed cell: float32, and a
+    cell that :func:`._lstm.serves` or :func:`._cells.serves` names."""
+    return (np.dtype(config.dtype) == COMPILED_DTYPE and isinstance(payload, _Packed)
+            and (_lstm.serves(payload.plan) or _cells.serves(payload.plan)))
+
 
 def _compiled_forward(plan: LSTMStepPlan, w: LSTMWeights, layer_input: np.ndarray, h0: np.ndarray | None,
                       c0: np.ndarray | None, steps: np.ndarray, pre: np.ndarray | None,
@@ -212,11 +228,11 @@ def _stack_inference(backend: NumbaBackend, request: LSTMForwardRequest) -> _lst
     the kind (no layer output to mask then) and whose layers do not walk groups of the
     sequences on threads instead (:func:`._lstm.group_parts`); None for every other kind."""
     config, payload = request.config, request.weights.payload
+    dtype = np.dtype(config.dtype)
     if (request.training or request.sequence_lengths is not None or config.num_directions != 1
-            or not isinstance(payload, _Packed) or not _lstm.serves(payload.plan)):
+            or dtype != COMPILED_DTYPE or not isinstance(payload, _Packed) or not _lstm.serves(payload.plan)):
         return None
     seq_len, batch = request.x.shape[:2]
-    dtype = np.dtype(config.dtype)
     if not backend._lstm_kernels_fixed(payload.plan, batch):
         return None
     with _tiers.compiled_as(True):
@@ -234,6 +250,8 @@ class NumbaBackend(ScipyBlasBackend):
     """Compiled LSTM time loops and normalization row kernels; ``scipy-blas`` for the rest."""
 
     name = "numba"
+    #: The dtype its compiled kernels serve (:data:`COMPILED_DTYPE`).
+    compiled_dtype = COMPILED_DTYPE
 
     def __init__(self) -> None:
         super().__init__()
@@ -245,12 +263,13 @@ class NumbaBackend(ScipyBlasBackend):
     def _lstm_direction_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None, batch: int,
                                 dtype: np.dtype | None = None) -> DirectionKernels:
         """The compiled kernels for the cells :func:`._lstm.serves` names (the default
-        activations, any peepholes, any lengths); otherwise the per-sequence kernels of
-        :meth:`_lstm_sequence_kernels`, with the weight gradients made from their gate
-        gradients. Full peepholes keep the steps on the calling thread: their products need
-        every unit's cell, and so does a process forked from one running Numba's GNU OpenMP
-        threads, which cannot start a parallel region: no threads are in force there
-        (:func:`._lstm.step_parts`, :func:`._tiers.forked_from_openmp`).
+        activations, any peepholes, any lengths) in float32 (:data:`COMPILED_DTYPE`);
+        otherwise the per-sequence kernels of :meth:`_lstm_sequence_kernels`, with the weight
+        gradients made from their gate gradients (in float64 ``scipy-blas``'s). Full peepholes
+        keep the steps on the calling thread: their products need every unit's cell, and so
+        does a process forked from one running Numba's GNU OpenMP threads, which cannot start
+        a parallel region: no threads are in force there (:func:`._lstm.step_parts`,
+        :func:`._tiers.forked_from_openmp`).
 
         The two directions of a bidirectional layer run one after the other, each step's units
         shared out: the two directions at the same time, each on one of two threads, took
@@ -263,11 +282,13 @@ class NumbaBackend(ScipyBlasBackend):
         H 32, two layers, float32) 1.06-1.07 times as long forward and 1.17-1.34 times as long
         a training step (blocks alternated in one process, two runs, on 2 vCPUs of a Zen 4
         EPYC), and their kernels took about 32 s of the 82 s its first training step compiled."""
-        if _lstm.serves(plan) and _tiers.compiled_now():
+        compiled = _tiers.compiled_now() and dtype == COMPILED_DTYPE
+        if compiled and _lstm.serves(plan):
             full = "full" in plan.peepholes  # full peepholes: their products need every unit each step
             parts = 1 if full else _lstm.step_parts(plan.hidden_size, batch)
             return _compiled_kernels(parts)
-        return super()._lstm_direction_kernels(plan, lengths, batch, dtype)
+        with _tiers.compiled_as(compiled):  # read by _lstm_sequence_kernels
+            return super()._lstm_direction_kernels(plan, lengths, batch, dtype)
 
     def _lstm_sequence_kernels(self, plan: LSTMStepPlan, lengths: np.ndarray | None,
                                batch: int) -> tuple[ForwardKernel, BackwardKernel]:
@@ -298,8 +319,7 @@ class NumbaBackend(ScipyBlasBackend):
         """``run(request)`` with the compiled kernels allowed or not (:func:`._tiers.compiled_now`,
         which :meth:`_lstm_direction_kernels` and :meth:`_lstm_sequence_kernels` read), as the
         tiers decide for a call the compiled kernels would serve."""
-        payload = request.weights.payload
-        if not (isinstance(payload, _Packed) and (_lstm.serves(payload.plan) or _cells.serves(payload.plan))):
+        if not _compiles(request.config, request.weights.payload):
             return run(request)
         request = _writable_inputs(operation, request)
         with self._tiers.serving(operation, request):
@@ -308,8 +328,7 @@ class NumbaBackend(ScipyBlasBackend):
     def lstm_prepare_forward(self, request: LSTMForwardRequest) -> LSTMForwardCall | None:
         """For the cells the compiled kernels serve, a forward that asks the tiers only until
         its kind runs compiled for good (:class:`_TieredForward`); ``scipy-blas``'s otherwise."""
-        payload = request.weights.payload
-        if not (isinstance(payload, _Packed) and (_lstm.serves(payload.plan) or _cells.serves(payload.plan))):
+        if not _compiles(request.config, request.weights.payload):
             return super().lstm_prepare_forward(request)
         return _TieredForward(self, request)
 
@@ -328,7 +347,8 @@ class NumbaBackend(ScipyBlasBackend):
         taken from the weights (:func:`._lstm._forward_weights`)."""
         packed = super().lstm_pack_weights(request)
         payload = packed.payload
-        if not isinstance(payload, _Packed) or not _lstm.serves(payload.plan):
+        if (np.dtype(request.config.dtype) != COMPILED_DTYPE or not isinstance(payload, _Packed)
+                or not _lstm.serves(payload.plan)):
             return packed
         weights = [[w._replace(u_wide=_lstm.wide_rows(w.u), u_t_wide=_lstm.wide_rows(w.u_t),
                                wx_rows=np.ascontiguousarray(w.wx_t.T), step_tiles={},
@@ -338,12 +358,13 @@ class NumbaBackend(ScipyBlasBackend):
                                  payload=_Packed(payload.plan, weights))
 
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
-        """Compiled for the statistics of the batch and the identity activation (not for RMS
-        normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
+        """Compiled for float32 with the statistics of the batch and the identity activation (not
+        for RMS normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
         process forked from one running GNU OpenMP threads (every compiled normalization kernel
         is a parallel region: :func:`._tiers.forked_from_openmp`)."""
         r = request = _writable_inputs("normalization_forward", request)
-        if not (r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        if not (r.centered and r.x.dtype == COMPILED_DTYPE
+                and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
                 and not _tiers.forked_from_openmp()
                 and self._tiers.decide("normalization_forward", request)):
             return super().normalization_forward(request)
@@ -358,11 +379,12 @@ class NumbaBackend(ScipyBlasBackend):
         return NormalizationForwardResult(output=out, mean=mean, variance=variance)
 
     def normalization_backward(self, request: NormalizationBackwardRequest) -> NormalizationBackwardResult:
-        """Compiled for the statistics of the batch and the identity activation (not for RMS
-        normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
+        """Compiled for float32 with the statistics of the batch and the identity activation (not
+        for RMS normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
         forked process as :meth:`normalization_forward` says."""
         r = request = _writable_inputs("normalization_backward", request)
-        if not (r.centered and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
+        if not (r.centered and r.x.dtype == COMPILED_DTYPE
+                and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
                 and not _tiers.forked_from_openmp()
                 and self._tiers.decide("normalization_backward", request)):
             return super().normalization_backward(request)

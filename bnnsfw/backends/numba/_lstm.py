@@ -3,7 +3,8 @@ backward, per call, and the choice of the path that serves it.
 
 They serve the cell almost every model uses (tanh candidate, sigmoid forget, input and output
 gates, tanh hidden activation), with no, diagonal or full peepholes, over full or variable
-lengths, in float32 and float64 (:func:`serves` says which). They read and write the
+lengths (:func:`serves` says which), in float32: the backend sends float64 to ``scipy-blas``'s
+kernels (``COMPILED_DTYPE`` in the package). They read and write the
 reference's training cache (``docs/lstm.md``): per step a feature-major ``(6H, N)`` block
 holding the cell before the step, the activated gates in the internal order g, f, i, o and
 ``tanh(c_t)``, and the hidden state before each step ``(T, H, N)``; so caches stay
@@ -172,16 +173,11 @@ def _piece_steps(seq_len: int) -> int:
     return -(-seq_len // OVERLAP_PIECES)
 
 
-def overlaps(parts: int, seq_len: int, batch: int, hidden_size: int, dtype: np.dtype) -> bool:
+def overlaps(parts: int, seq_len: int, batch: int, hidden_size: int) -> bool:
     """True when a backward on ``parts`` threads is overlapped (:func:`_backward_overlapped`):
-    float32, two threads, steps below :data:`OVERLAP_STEP_MAX`, at most :data:`OVERLAP_COLUMNS`
-    columns and at least two pieces of steps.
-
-    Float64 is shared out instead (:func:`_backward_threads`): the overlapped kernel compiles
-    for about 20 s a dtype, the longest of any, and in float64 gained a tenth of the backward
-    (M's training step 0.90 of the time), where float64 serves checks more than speed."""
-    return (dtype == np.float32 and parts == 2
-            and 4 * hidden_size * hidden_size * batch < OVERLAP_STEP_MAX
+    two threads, steps below :data:`OVERLAP_STEP_MAX`, at most :data:`OVERLAP_COLUMNS` columns
+    and at least two pieces of steps."""
+    return (parts == 2 and 4 * hidden_size * hidden_size * batch < OVERLAP_STEP_MAX
             and seq_len * batch <= OVERLAP_COLUMNS and _piece_steps(seq_len) < seq_len)
 
 
@@ -254,12 +250,9 @@ def group_parts(seq_len: int, batch: int, hidden_size: int, input_size: int, dty
 def group_sequences(parts: int, batch: int, dtype: np.dtype) -> bool:
     """True when an inference on ``parts`` threads gives each thread its own ``batch / parts``
     sequences, every step of them (:func:`_groups_threads`), instead of a share of each step's
-    units: float32, ``batch`` a multiple of ``parts`` and each group's columns packed products'
-    own (:func:`packs`). In float64 every thread's reading all of ``[U W]`` a step costs more
-    (twice the bytes): alternated with the shared-out steps, L's shape took 0.98 the time, M's
-    0.98 and XL's 1.05."""
-    return (np.dtype(dtype) == np.float32 and parts > 1 and batch % parts == 0
-            and packs(batch // parts, dtype))
+    units: ``batch`` a multiple of ``parts`` and each group's columns packed products' own
+    (:func:`packs`)."""
+    return parts > 1 and batch % parts == 0 and packs(batch // parts, dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -692,7 +685,7 @@ def backward(w: LSTMWeights, x2: np.ndarray, lengths: np.ndarray | None, steps: 
     (:func:`_backward_threads`)."""
     seq_len, six_h, batch = steps.shape
     h = six_h // 6
-    overlapped = overlaps(parts, seq_len, batch, h, steps.dtype)
+    overlapped = overlaps(parts, seq_len, batch, h)
     # overlapped: the walk's dz in a ring of steps, gathered piece by piece (no chunk of columns)
     a = _backward_call(w, x2, lengths, steps, hidden, dy, dh_final, dc_final, dh_initial, dc_initial, d_input,
                        accumulate_input, scratch, 1 if overlapped else chunk_steps(seq_len, batch))
