@@ -250,25 +250,35 @@ def test_off_never_compiles(tiers, compiled_calls, monkeypatch, rng):
 def test_float64_runs_scipy_blas_kernels_and_sends_nothing_to_compile(tiers, compiled_calls, monkeypatch,
                                                                       rng):
     """The compiled kernels serve float32 only: in every mode an LSTM's float64 inference
-    (the second one prepared), training forward and backward, and a layer norm's forward and
-    backward run ``scipy-blas``'s kernels, agree with that backend and send nothing to
-    compile."""
-    lstm = bf.LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, seed=2, dtype=np.float64)
+    (the second one prepared), training forward and backward, the same for a cell with another
+    activation (``_cells``' kernels otherwise), and a layer norm's forward and backward run
+    ``scipy-blas``'s kernels, agree with that backend and send nothing to compile."""
+    from bnnsfw.backends.numba import _cells
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a compiled per-sequence kernel ran in float64")
+
+    monkeypatch.setattr(_cells, "forward_sequence", refused)
+    monkeypatch.setattr(_cells, "backward_sequence", refused)
+    default = bf.LSTMParameters.random(input_size=3, hidden_size=5, num_layers=2, seed=2, dtype=np.float64)
+    relu = attrs.evolve(default, hidden_activation=bf.Activation(bf.ActivationFunction.relu))
     norm = bf.NormalizationParameters(type=bf.NormalizationType.layer(), input_shape=(5,), dtype=np.float64)
     x, dy = rng.standard_normal((4, 3, 3)), rng.standard_normal((4, 3, 5))
     results = {}
     for backend in ("scipy-blas", "numba"):
-        for mode in ("background", "wait"):
+        for mode in ("background", "wait", "off"):
             monkeypatch.setattr(compiling, "_mode", mode)
-            with bf.LSTMLayer(lstm, bf.FilterParameters(backend=backend)) as layer, \
-                    bf.NormalizationLayer(norm, bf.FilterParameters(backend=backend)) as normalization:
-                inferences = [layer.apply(x).output for _ in range(2)]
-                out = layer.apply(x, training=True)
-                grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
+            got = []
+            for lstm in (default, relu):
+                with bf.LSTMLayer(lstm, bf.FilterParameters(backend=backend)) as layer:
+                    got += [layer.apply(x).output for _ in range(2)]
+                    out = layer.apply(x, training=True)
+                    grads = layer.apply_backward(x, dy, training_cache=out.training_cache)
+                    got += [out.output, grads.input, *grads.parameters().values()]
+            with bf.NormalizationLayer(norm, bf.FilterParameters(backend=backend)) as normalization:
                 normed = normalization.apply(out.output, training=True)
-                d_normed = normalization.apply_backward(out.output, dy, output=normed)
-            results[backend, mode] = [*inferences, out.output, grads.input, *grads.parameters().values(),
-                                      normed, d_normed.input]
+                got += [normed, normalization.apply_backward(out.output, dy, output=normed).input]
+            results[backend, mode] = got
     for key, got in results.items():
         for a, b in zip(got, results["scipy-blas", "background"], strict=True):
             _close(a, b, np.float64)

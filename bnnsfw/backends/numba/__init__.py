@@ -54,9 +54,9 @@ _Request = TypeVar("_Request", LSTMForwardRequest, LSTMBackwardRequest)
 _Result = TypeVar("_Result", LSTMForwardResult, LSTMBackwardResult)
 
 #: The one dtype the compiled kernels serve. float64 serves checks (gradient checks against
-#: finite differences, golden values), and ``scipy-blas``'s kernels run it as fast or faster:
+#: finite differences, golden values), and ``scipy-blas``'s kernels run it about as fast:
 #: float64 calls took 0.52-1.01 times as long there as in compiled kernels of their own on the
-#: bench's shapes (S, S4, demo, M, L; forward and training) except S's training step (1.21),
+#: bench's shapes (S, S4, demo, M, L; forward and training), S's training step 1.21 times,
 #: while compiling those kernels took 40 % of the compiled kernels' CPU time in the suite.
 COMPILED_DTYPE = np.dtype(np.float32)
 

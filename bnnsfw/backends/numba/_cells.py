@@ -4,7 +4,8 @@
 candidate and cell activation, sigmoid forget, input and output gates). These kernels serve
 every other cell a layer accepts: any per-element activation (:class:`~bnnsfw.Activation`) on
 each gate and on the cell, with its ``alpha`` and ``beta``, with no, diagonal or full peepholes,
-over full or variable lengths, in float32 and float64. They are the reference's per-sequence
+over full or variable lengths, in float32 (the backend runs float64 on ``scipy-blas``'s
+kernels; these are written for either). They are the reference's per-sequence
 kernels (:meth:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels.lstm_forward_sequence` and
 :meth:`~bnnsfw.backends._shared.lstm_kernels.LSTMKernels.lstm_backward_sequence`) compiled: the
 same arguments, the same training cache (the step blocks, the hidden states, and the true
