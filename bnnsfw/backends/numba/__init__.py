@@ -228,11 +228,11 @@ def _stack_inference(backend: NumbaBackend, request: LSTMForwardRequest) -> _lst
     the kind (no layer output to mask then) and whose layers do not walk groups of the
     sequences on threads instead (:func:`._lstm.group_parts`); None for every other kind."""
     config, payload = request.config, request.weights.payload
-    dtype = np.dtype(config.dtype)
     if (request.training or request.sequence_lengths is not None or config.num_directions != 1
-            or dtype != COMPILED_DTYPE or not isinstance(payload, _Packed) or not _lstm.serves(payload.plan)):
+            or not isinstance(payload, _Packed) or not _lstm.serves(payload.plan)):
         return None
     seq_len, batch = request.x.shape[:2]
+    dtype = np.dtype(config.dtype)
     if not backend._lstm_kernels_fixed(payload.plan, batch):
         return None
     with _tiers.compiled_as(True):
@@ -347,8 +347,7 @@ class NumbaBackend(ScipyBlasBackend):
         taken from the weights (:func:`._lstm._forward_weights`)."""
         packed = super().lstm_pack_weights(request)
         payload = packed.payload
-        if (np.dtype(request.config.dtype) != COMPILED_DTYPE or not isinstance(payload, _Packed)
-                or not _lstm.serves(payload.plan)):
+        if not (_compiles(request.config, payload) and _lstm.serves(payload.plan)):
             return packed
         weights = [[w._replace(u_wide=_lstm.wide_rows(w.u), u_t_wide=_lstm.wide_rows(w.u_t),
                                wx_rows=np.ascontiguousarray(w.wx_t.T), step_tiles={},
