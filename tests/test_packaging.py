@@ -38,7 +38,7 @@ import pytest
 root = Path.cwd().resolve()
 if root not in Path(bnnsfw.__file__).resolve().parents:
     sys.exit(f"bnnsfw was imported from {bnnsfw.__file__}, not from {root}")
-sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-n", "0", *sys.argv[1:]]))
 """
 
 
