@@ -294,3 +294,95 @@ def test_an_edit_recompiles_the_kernels_that_carry_the_edited_sources_and_no_oth
     assert compiled_after(numba + "_tiles.py") == {"_tiles.py", "_lstm_forward.py", "_lstm_backward.py",
                                                    "_normalization.py"}
     assert compiled_after("enums.py") == {"_cells.py"}
+
+
+def test_every_cached_kernel_saves_under_the_cache_folder_lock():
+    """Each compiled function of the numba package that Numba caches on disk, found among all
+    the objects of the process once every module of the package is imported (not from the
+    modules' names, as the package finds them), saves through the locked index."""
+    import gc
+    import importlib
+
+    from numba.core.dispatcher import Dispatcher
+
+    from bnnsfw.backends.numba import _cache
+
+    for path in _cache.PACKAGE.glob("*.py"):
+        importlib.import_module(f"{_PACKAGE_NAME}.{path.stem}" if path.stem != "__init__" else _PACKAGE_NAME)
+    cached = [o for o in gc.get_objects() if issubclass(type(o), Dispatcher)  # (no weak proxies)
+              and o.py_func.__module__.startswith(f"{_PACKAGE_NAME}.")
+              and getattr(o, "_cache", None) is not None and hasattr(o._cache, "_cache_file")]
+    assert len(cached) > 50
+    unlocked = [o.py_func.__qualname__ for o in cached
+                if not isinstance(o._cache._cache_file, _cache._LockedIndex)]
+    assert unlocked == []
+
+
+def test_a_kernel_save_waits_for_the_cache_folder_lock(tmp_path):
+    """While another holder has the folder's lock (here a second open of the lock file, which
+    locks as another process's would), a save reads and writes nothing: an entry another
+    process saves meanwhile is kept. The save completes once the lock is released."""
+    import threading
+
+    from numba.core.caching import IndexDataCacheFile
+
+    from bnnsfw.backends.numba import _cache
+
+    if _cache.fcntl is None:
+        pytest.skip("no file locks on this system")
+    files = dict(cache_path=str(tmp_path), filename_base="kernel", source_stamp="stamp")
+    index = _cache._LockedIndex(**files)
+    saving = threading.Thread(target=index.save, args=(("signature", 1), {"code": 1}))
+    with _cache.locked(tmp_path / "index.lock"):
+        saving.start()
+        saving.join(0.5)
+        assert saving.is_alive()
+        assert not (tmp_path / "kernel.nbi").exists()
+        IndexDataCacheFile(**files).save(("signature", 2), {"code": 2})  # the other process's
+    saving.join(10.0)
+    assert not saving.is_alive()
+    assert index.load(("signature", 1)) == {"code": 1}
+    assert index.load(("signature", 2)) == {"code": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.lock", "kernel.1.nbc", "kernel.2.nbc",
+                                                          "kernel.nbi"]
+
+
+def test_a_kernel_save_writes_its_data_before_the_index_names_it(tmp_path, monkeypatch):
+    """A process loading while another saves finds a new entry's data complete: when the index
+    is written, the data file it names exists (Numba's own save writes them the other way
+    round, and a data file left by older sources would be read)."""
+    from bnnsfw.backends.numba import _cache
+
+    found = []
+    write_index = _cache._LockedIndex._save_index
+
+    def spy(self, overloads):
+        found.append(sorted((name, (tmp_path / name).exists()) for name in overloads.values()))
+        write_index(self, overloads)
+
+    monkeypatch.setattr(_cache._LockedIndex, "_save_index", spy)
+    index = _cache._LockedIndex(cache_path=str(tmp_path), filename_base="kernel", source_stamp="stamp")
+    index.save(("signature", 1), {"code": 1})
+    index.save(("signature", 2), {"code": 2})
+    index.save(("signature", 1), {"code": 3})  # an entry saved again: its data replaced in place
+    assert found == [[("kernel.1.nbc", True)], [("kernel.1.nbc", True), ("kernel.2.nbc", True)]]
+    assert index.load(("signature", 1)) == {"code": 3}
+
+
+def test_a_save_runs_without_the_lock_where_the_file_system_has_no_locks(tmp_path, monkeypatch):
+    """A cache folder on a file system that refuses locks (some network mounts) still takes
+    the kernels: the save runs unlocked rather than failing the call that compiled."""
+    import errno
+
+    from bnnsfw.backends.numba import _cache
+
+    if _cache.fcntl is None:
+        pytest.skip("no file locks on this system")
+
+    def refuse(handle, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(_cache.fcntl, "flock", refuse)
+    index = _cache._LockedIndex(cache_path=str(tmp_path), filename_base="kernel", source_stamp="stamp")
+    index.save(("signature",), {"code": 1})
+    assert index.load(("signature",)) == {"code": 1}

@@ -106,11 +106,16 @@ def _with_compiled_kernels(unpacked: Path, destination: Path) -> Path:
     it was compiled from is byte-identical (the index holds the source's hash; older releases
     hold its time stamp, and compile afresh): a missing or stale cache costs time, never a
     wrong answer. The sdist itself carries none (``test_sdist_carries_no_build_output``)."""
+    from bnnsfw.backends.numba import _cache
+
     tree = Path(shutil.copytree(unpacked, destination / unpacked.name))
-    for index in (ROOT / "bnnsfw").rglob("__pycache__/*.nb[ic]"):
-        target = tree / index.relative_to(ROOT)
-        target.parent.mkdir(exist_ok=True)
-        shutil.copy2(index, target)
+    for folder in sorted({index.parent for index in (ROOT / "bnnsfw").rglob("__pycache__/*.nbi")}):
+        # under the lock the kernels' saves hold (the suite's other workers may be saving)
+        with _cache.locked(folder / "index.lock"):
+            for path in folder.glob("*.nb[ic]"):
+                target = tree / path.relative_to(ROOT)
+                target.parent.mkdir(exist_ok=True)
+                shutil.copy2(path, target)
     return tree
 
 

@@ -18,12 +18,13 @@ the section "Which implementation serves a request" below, and nowhere else.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable, Sequence, TypeVar
 
 import attrs
 import numpy as np
 
-from . import _cells, _lstm, _normalization, _tiers
+from . import _cache, _cells, _lstm, _normalization, _tiers
 from .._shared.lstm_kernels import LSTMStepPlan, LSTMWeights
 from .._shared.lstm_stack import (BackwardKernel, CacheViews, DirectionKernels, ForwardKernel,
                                   PreparedForward, _Packed, scatter_gradients)
@@ -45,6 +46,10 @@ from ..contract import (
 from ..scipy_blas import ScipyBlasBackend
 
 __all__ = ["NumbaBackend", "COMPILED_DTYPE", "CompileStatus", "compile_mode", "set_compile_mode"]
+
+# Every kernel is defined by now (the modules above import the others): their saves to the disk
+# cache hold a lock of the cache folder, so processes compiling at once keep each other's entries.
+_cache.lock_saves(tuple(m for name, m in list(sys.modules.items()) if name.startswith(f"{__name__}.")))
 
 compile_mode = _tiers.compile_mode
 set_compile_mode = _tiers.set_compile_mode

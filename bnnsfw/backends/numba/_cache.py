@@ -27,21 +27,32 @@ So an edit recompiles the kernels that carry the edited code or values and no ot
 ``_tiers.py`` and ``_worker.py``, which define no kernels and which no kernel module imports,
 none. Numba's own list of locators (``NUMBA_CACHE_LOCATOR_CLASSES``),
 when set, replaces this one.
+
+:func:`lock_saves` makes every save of a kernel to the cache hold a lock of its folder
+(:class:`_LockedIndex`), so that processes compiling at once keep each other's entries.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
+import itertools
 import os
+import types
 from pathlib import Path
 from typing import Any, Iterator
 
 from numba.core import caching
 
-__all__ = ["FROZEN", "PACKAGE", "imported_modules", "install", "module_digest", "package_digest",
-           "sources_digest", "stamped_modules"]
+try:
+    import fcntl
+except ImportError:  # Windows: no file locks (two processes compiling at once may both run)
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["FROZEN", "PACKAGE", "imported_modules", "install", "lock_saves", "locked", "module_digest",
+           "package_digest", "sources_digest", "stamped_modules"]
 
 #: The numba backend's package folder, its dotted name, and bnnsfw's folder.
 PACKAGE = Path(__file__).resolve().parent
@@ -208,3 +219,70 @@ def install() -> None:
     locators: list[Any] = caching.CacheImpl._locator_classes
     if KernelSourcesLocator not in locators:
         locators.insert(0, KernelSourcesLocator)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file ``path`` (made if missing) for the block; the block runs
+    without one when it cannot be had (a read-only folder, no file locks on this system or
+    this file system). Two opens of one file lock each other out, in one process too."""
+    handle: Any = None
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            handle = open(path, "a+b")
+        if handle is None:  # a lock file of another user's, say: readable is enough to lock
+            with contextlib.suppress(OSError):
+                handle = open(path, "rb")
+    if handle is None:
+        yield
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks
+            held = False
+        else:
+            held = True
+        try:
+            yield
+        finally:
+            if held:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class _LockedIndex(caching.IndexDataCacheFile):
+    """Numba's cache file of one kernel, whose saves hold the lock of its folder
+    (``index.lock``). Numba's own save reads the kernel's index, names a new entry's data file
+    after the first number the index does not use, and writes the index, then the data: two
+    processes saving two new signatures of one kernel at once could both take the same name,
+    one's entry lost and the other's pointing to the first one's code, which a later process
+    would then run on the arguments of the other signature; and a process loading between the
+    two writes could follow the new entry to a data file left by older sources. Here the whole
+    save holds the lock, and the data is written before the index names it."""
+
+    def save(self, key: Any, data: Any) -> None:
+        with locked(Path(self._cache_path) / "index.lock"):
+            overloads = self._load_index()
+            name = overloads.get(key)
+            if name is None:
+                taken = set(overloads.values())
+                name = next(n for n in map(self._data_name, itertools.count(1)) if n not in taken)
+            self._save_data(name, data)
+            if overloads.get(key) != name:
+                overloads[key] = name
+                self._save_index(overloads)
+
+
+def lock_saves(modules: tuple[types.ModuleType, ...]) -> int:
+    """Make the saves of every cached kernel defined in ``modules`` :class:`_LockedIndex`'s;
+    the number of kernels. Numba makes each kernel's cache file when the kernel is defined, so
+    this runs once the modules are imported."""
+    locked_files = set()
+    for module in modules:
+        for value in vars(module).values():
+            cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
+            if type(cache_file) is caching.IndexDataCacheFile:
+                cache_file.__class__ = _LockedIndex
+            if isinstance(cache_file, _LockedIndex):
+                locked_files.add(id(cache_file))
+    return len(locked_files)

@@ -15,8 +15,10 @@ and write the same training cache. The compile mode (:func:`compile_mode`) says 
   values) — with the compiled kernels, which writes them to Numba's disk cache, and then
   leaves a marker beside that cache. From the next top-level call on, calls of that kind
   find the marker and run compiled, loading the kernels from disk. The process outlives the
-  one that started it, so a short script leaves the kernels for the next one; compiles take
-  a lock in the cache folder, so two processes compile each kernel once.
+  one that started it, so a short script leaves the kernels for the next one; these processes
+  take turns at a lock in the markers' folder (``compile.lock``), so two of them compile each
+  kind once. (Every process saves each kernel under the cache folder's own lock, ``index.lock``:
+  :func:`._cache.lock_saves`.)
 - ``wait``: every call runs compiled, compiling in this process when it must (bit-for-bit
   repeatable runs; the test suite, ``bnnsfw bench`` and ``bnnsfw compile`` use it).
 - ``off``: nothing is compiled; only kinds of call with a marker run compiled.
@@ -54,11 +56,6 @@ from ..._threadpool import blas_limit, usable_cores
 from .._shared.compiling import compile_mode, set_compile_mode
 from ..contract import call_prepared
 from . import _cache, _lstm_forward
-
-try:
-    import fcntl
-except ImportError:  # Windows: compiles in two processes at once may both run
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["CompileStatus", "Tiers", "kind_of", "run_jobs"]
 
@@ -210,25 +207,6 @@ def job_bytes(operation: str, request: Any) -> bytes:
 # --------------------------------------------------------------------------------------
 # The worker: replays jobs with the compiled kernels and leaves their markers.
 # --------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """An exclusive lock on ``folder``'s compile lock, held while compiling and saving;
-    nothing when the folder cannot take one (read-only)."""
-    try:
-        if fcntl is None:
-            raise OSError("no file locks here")
-        handle = open(folder / "compile.lock", "a+b")
-    except OSError:
-        yield
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _write_marker(marker: Path, text: str) -> None:
     partial = marker.with_name(f"{marker.name}.{os.getpid()}.partial")
     partial.write_text(text, encoding="utf-8")
@@ -249,7 +227,7 @@ def run_jobs(backend: Any, paths: list[Path]) -> int:
             if marker.exists():
                 continue
             numba.set_num_threads(threads)
-            with _locked(marker.parent):
+            with _cache.locked(marker.parent / "compile.lock"):
                 operation, request = pickle.loads(job)
                 getattr(backend, operation)(request)
                 if operation == "lstm_forward":
@@ -463,7 +441,7 @@ class Tiers:
 
     def _hand_over(self) -> None:
         """At this process's exit, start a worker for the jobs still waiting: it outlives the
-        process, and takes its turn at the cache folder's lock after the one running now, so
+        process, and takes its turn at the markers' folder's lock after the one running now, so
         that the next process finds every kind of call this one made ready."""
         with self._lock:
             if self._queued:
