@@ -149,6 +149,7 @@ _READ_FIELDS = {"lstm_forward": ("x", "hidden", "cell", "sequence_lengths"),
                 "normalization_backward": ("x", "dy", "gamma")}
 _Read = TypeVar("_Read", LSTMForwardRequest, LSTMBackwardRequest, NormalizationForwardRequest,
                 NormalizationBackwardRequest)
+_Norm = TypeVar("_Norm", NormalizationForwardRequest, NormalizationBackwardRequest)
 
 
 def _writable(a: np.ndarray) -> np.ndarray:
@@ -361,16 +362,25 @@ class NumbaBackend(ScipyBlasBackend):
         return LSTMPackedWeights(config=packed.config, version=packed.version,
                                  payload=_Packed(payload.plan, weights))
 
+    def _compiled_normalization(self, operation: str, request: _Norm) -> _Norm | None:
+        """``request`` with its read-only inputs copied (:func:`_writable_inputs`) when the
+        compiled kernels serve it: float32, the statistics of the batch, the identity
+        activation, not RMS normalization, not a forked process, and the tiers say so for this
+        kind of call; None when ``scipy-blas``'s kernels serve it (with its inputs as given)."""
+        if not (request.centered and request.x.dtype == COMPILED_DTYPE
+                and _normalization.serves(request.x, request.activation.is_identity, request.mean is not None)
+                and not _tiers.forked_from_openmp()):
+            return None
+        request = _writable_inputs(operation, request)
+        return request if self._tiers.decide(operation, request) else None
+
     def normalization_forward(self, request: NormalizationForwardRequest) -> NormalizationForwardResult:
         """Compiled for float32 with the statistics of the batch and the identity activation (not
         for RMS normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
         process forked from one running GNU OpenMP threads (every compiled normalization kernel
         is a parallel region: :func:`._tiers.forked_from_openmp`)."""
-        r = request = _writable_inputs("normalization_forward", request)
-        if not (r.centered and r.x.dtype == COMPILED_DTYPE
-                and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
-                and not _tiers.forked_from_openmp()
-                and self._tiers.decide("normalization_forward", request)):
+        r = self._compiled_normalization("normalization_forward", request)
+        if r is None:
             return super().normalization_forward(request)
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return self.normalization_forward_sets(r.x, r.gamma, r.beta, epsilon=r.epsilon,
@@ -386,11 +396,8 @@ class NumbaBackend(ScipyBlasBackend):
         """Compiled for float32 with the statistics of the batch and the identity activation (not
         for RMS normalization), when :class:`._tiers.Tiers` says so for this kind of call, except in a
         forked process as :meth:`normalization_forward` says."""
-        r = request = _writable_inputs("normalization_backward", request)
-        if not (r.centered and r.x.dtype == COMPILED_DTYPE
-                and _normalization.serves(r.x, r.activation.is_identity, r.mean is not None)
-                and not _tiers.forked_from_openmp()
-                and self._tiers.decide("normalization_backward", request)):
+        r = self._compiled_normalization("normalization_backward", request)
+        if r is None:
             return super().normalization_backward(request)
         def redo(sets: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return self.normalization_backward_sets(
