@@ -18,7 +18,6 @@ the section "Which implementation serves a request" below, and nowhere else.
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any, Callable, Sequence, TypeVar
 
 import attrs
@@ -49,7 +48,7 @@ __all__ = ["NumbaBackend", "COMPILED_DTYPE", "CompileStatus", "compile_mode", "s
 
 # Every kernel is defined by now (the modules above import the others): their saves to the disk
 # cache hold a lock of the cache folder, so processes compiling at once keep each other's entries.
-_cache.lock_saves(tuple(m for name, m in list(sys.modules.items()) if name.startswith(f"{__name__}.")))
+_cache.lock_saves()
 
 compile_mode = _tiers.compile_mode
 set_compile_mode = _tiers.set_compile_mode

@@ -40,7 +40,7 @@ import functools
 import hashlib
 import itertools
 import os
-import types
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -273,16 +273,13 @@ class _LockedIndex(caching.IndexDataCacheFile):
                 self._save_index(overloads)
 
 
-def lock_saves(modules: tuple[types.ModuleType, ...]) -> int:
-    """Make the saves of every cached kernel defined in ``modules`` :class:`_LockedIndex`'s;
-    the number of kernels. Numba makes each kernel's cache file when the kernel is defined, so
-    this runs once the modules are imported."""
-    locked_files = set()
-    for module in modules:
-        for value in vars(module).values():
-            cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
-            if type(cache_file) is caching.IndexDataCacheFile:
-                cache_file.__class__ = _LockedIndex
-            if isinstance(cache_file, _LockedIndex):
-                locked_files.add(id(cache_file))
-    return len(locked_files)
+def lock_saves() -> None:
+    """Make the saves of every cached kernel of the package's imported modules
+    :class:`_LockedIndex`'s. Numba makes each kernel's cache file when the kernel is defined,
+    so the package calls this once its modules are imported."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith(f"{_PACKAGE_NAME}."):
+            for value in vars(module).values():
+                cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
+                if type(cache_file) is caching.IndexDataCacheFile:
+                    cache_file.__class__ = _LockedIndex
