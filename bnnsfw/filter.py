@@ -91,7 +91,9 @@ def guarded(method: _Method) -> _Method:
 
     @functools.wraps(method)
     def call(self: "Filter", *args: Any, **kwargs: Any) -> Any:
-        self._begin_call(name)
+        with self._lifecycle_lock:  # (_begin_call, written out: every call of a layer pays it)
+            self.check_open(name)
+            self._calls += 1
         try:
             return method(self, *args, **kwargs)
         finally:
