@@ -126,11 +126,14 @@ def test_an_lstm_packs_once_until_its_arrays_leave_it_then_only_when_they_change
     assert not np.allclose(first, second)
 
 
-@pytest.mark.parametrize("memcmp", [True, False], ids=["memcmp", "numpy"])
+@pytest.mark.parametrize("compared", ["bytes", "memcmp", "numpy"])
 @pytest.mark.parametrize("client", [False, True], ids=["copy", "client"])
-def test_every_bit_of_a_handed_out_weight_is_watched(monkeypatch, pack_recorder, rng, memcmp, client):
-    """−0.0 for 0.0 is a change, the same NaN is not; compared with memcmp or with NumPy."""
-    if not memcmp:
+def test_every_bit_of_a_handed_out_weight_is_watched(monkeypatch, pack_recorder, rng, compared, client):
+    """−0.0 for 0.0 is a change, the same NaN is not; compared as bytes (small arrays), with
+    memcmp or with NumPy."""
+    if compared != "bytes":  # as for arrays larger than the ones compared as bytes
+        monkeypatch.setattr(_lstm_weights._WeightsWatch, "BYTES_COMPARED", 0)
+    if compared == "numpy":
         monkeypatch.setattr(_lstm_weights, "_memcmp", None)
         monkeypatch.setattr(_lstm_weights, "_memcmp_loaded", True)
     params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=0, dtype=np.float64)
