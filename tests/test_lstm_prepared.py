@@ -247,3 +247,23 @@ def test_a_one_sequence_inference_takes_the_states_where_they_lie(backend_name, 
                     assert np.shares_memory(h_in, h0) == (not strided)
                     assert np.shares_memory(c_in, c0) == (not strided)
                     assert np.shares_memory(h_fin, got.hidden[k]) and np.shares_memory(c_fin, got.cell[k])
+
+
+def test_numba_prepares_its_direct_inference_itself_for_a_kind_that_runs_compiled(rng, monkeypatch):
+    """A kind that runs compiled when it is prepared (``wait`` mode here), with writable
+    inputs, gets :class:`StackInference` itself; a read-only ``x`` (copied first) gets the
+    tiered forward; both answer as the reference does."""
+    from bnnsfw.backends._shared import compiling
+    from bnnsfw.backends.numba import _TieredForward
+    from bnnsfw.backends.numba._lstm import StackInference
+
+    monkeypatch.setattr(compiling, "_mode", "wait")
+    with _layer("numba", dtype=np.float32) as layer, _layer("numpy", dtype=np.float32) as reference:
+        x = rng.standard_normal((2, 1, 3)).astype(np.float32)
+        readonly = x.copy()
+        readonly.flags.writeable = False
+        for _ in range(3):
+            for given in (x, readonly):
+                _close(layer(given).output, reference(x).output)
+        assert sorted(type(call).__name__ for call in layer._prepared._calls.values()) == \
+            sorted([StackInference.__name__, _TieredForward.__name__])

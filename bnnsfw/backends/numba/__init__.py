@@ -173,10 +173,12 @@ class _TieredForward:
     """``lstm_forward`` prepared for one kind of request (``lstm_prepare_forward``), compiled or
     not as :class:`._tiers.Tiers` decides: one :class:`PreparedForward` for each tier, each
     with the kernels that tier runs. The tiers are asked at each call until they say
-    compiled outside the modes that compile in the process (then that kind's kernels are
-    ready for good and nothing is asked again); in ``wait`` mode no request is made at all."""
+    compiled (then that kind's kernels are ready for good and nothing is asked again); in the
+    modes that compile in the process the first call compiles them for good and no request
+    is made at all."""
 
-    def __init__(self, backend: NumbaBackend, request: LSTMForwardRequest) -> None:
+    def __init__(self, backend: NumbaBackend, request: LSTMForwardRequest,
+                 stack: _lstm.StackInference | None) -> None:
         self._backend = backend
         self._config, self._weights = request.config, request.weights
         lengths = request.sequence_lengths  # values, part of the kind: kept as a copy
@@ -188,14 +190,17 @@ class _TieredForward:
             with _tiers.compiled_as(compiled):
                 self._prepared[compiled] = backend._prepared_forward(request)
         self._ready_for: _tiers.Tiers | None = None  # the tiers that said compiled for good
-        self._stack = _stack_inference(backend, request)
+        self._stack = stack  # (_stack_inference)
+        # whether the kind's inputs are writable (their flags are part of the kind): the stack
+        # then takes them as they come
+        self._inputs_writable = all(a is None or a.flags.writeable
+                                    for a in (request.x, request.hidden, request.cell))
 
-    def _compiled(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
-                  hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
-                  dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> bool:
+    def _decide(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
+                hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
+                dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> bool:
+        """The tiers' decision for this call, remembered once it is compiled for good."""
         tiers = self._backend._tiers
-        if self._ready_for is tiers or tiers.compiles_in_process():
-            return True
         request = LSTMForwardRequest(
             config=self._config, weights=self._weights, x=x, hidden=hidden, cell=cell,
             sequence_lengths=self._lengths, output=output, hidden_out=hidden_out, cell_out=cell_out,
@@ -209,19 +214,26 @@ class _TieredForward:
     def __call__(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
                  hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
                  dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> None:
+        tiers = self._backend._tiers
+        compiled = self._ready_for is tiers
+        if not compiled and tiers.compiles_in_process():  # this call compiles them, for good
+            compiled, self._ready_for = True, tiers
+        if compiled and self._stack is not None and self._inputs_writable:  # the common call, first
+            self._stack(x, hidden, cell, output, hidden_out, cell_out, None, None, workspace)
+            return
         x = _writable(x)  # as _writable_inputs
         hidden = None if hidden is None else _writable(hidden)
         cell = None if cell is None else _writable(cell)
         arrays = (x, hidden, cell, output, hidden_out, cell_out, cache, dropout_masks, workspace)
-        compiled = self._compiled(*arrays)
+        compiled = compiled or self._decide(*arrays)
         if compiled and self._stack is not None:
-            self._stack(x, hidden, cell, output, hidden_out, cell_out, workspace)
+            self._stack(x, hidden, cell, output, hidden_out, cell_out, None, None, workspace)
             return
         prepared = self._prepared[compiled]
         if compiled and prepared.kernels_fixed:
             prepared(*arrays)
             return
-        with self._backend._tiers.running(compiled):  # the kernels are chosen in the call, in its tier
+        with tiers.running(compiled):  # the kernels are chosen in the call, in its tier
             prepared(*arrays)
 
 
@@ -332,10 +344,16 @@ class NumbaBackend(ScipyBlasBackend):
 
     def lstm_prepare_forward(self, request: LSTMForwardRequest) -> LSTMForwardCall | None:
         """For the cells the compiled kernels serve, a forward that asks the tiers only until
-        its kind runs compiled for good (:class:`_TieredForward`); ``scipy-blas``'s otherwise."""
+        its kind runs compiled for good (:class:`_TieredForward`), or, for a kind that already
+        does and that :class:`._lstm.StackInference` serves with its inputs as they come
+        (writable), that forward itself; ``scipy-blas``'s otherwise."""
         if not _compiles(request.config, request.weights.payload):
             return super().lstm_prepare_forward(request)
-        return _TieredForward(self, request)
+        stack = _stack_inference(self, request)
+        writable = all(a is None or a.flags.writeable for a in (request.x, request.hidden, request.cell))
+        if stack is not None and writable and self._tiers.decide("lstm_forward", request):
+            return stack  # compiled for good already: the stack's kernels without the tiers' call around
+        return _TieredForward(self, request, stack)
 
     def _lstm_kernels_fixed(self, plan: LSTMStepPlan, batch: int) -> bool:
         """The compiled kernels share large steps out over the threads in force

@@ -46,6 +46,7 @@ import numpy as np
 from ..._threadpool import blas_limit, current_limit
 from ...enums import ActivationFunction as AF
 from .._shared.lstm_kernels import LSTMStepPlan, LSTMWeights
+from ..contract import Workspace
 from . import _tiers
 from ._lstm_backward import _backward, _backward_overlapped, _backward_threads
 from ._lstm_cell import _part, _touch_threads
@@ -539,8 +540,11 @@ class StackInference:
         return self._columns is not None and flags.c_contiguous and flags.aligned
 
     def __call__(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
-                 hidden_out: np.ndarray, cell_out: np.ndarray, scratch) -> None:
-        steps, states, projection, h0, c0, h_fin, c_fin, top, layers = self._scratch(scratch)
+                 hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
+                 dropout_masks: tuple[np.ndarray | None, ...] | None, workspace: Workspace) -> None:
+        """The contract's prepared forward (:class:`~bnnsfw.backends.contract.LSTMForwardCall`)
+        of an inference (no cache, no dropout masks)."""
+        steps, states, projection, h0, c0, h_fin, c_fin, top, layers = self._scratch(workspace)
         empty = _EMPTY[self._dtype]
         # every layer's states as the kernels take them, (L, H, N): the caller's or the scratch's
         columns = self._columns
