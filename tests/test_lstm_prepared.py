@@ -9,7 +9,7 @@ import pytest
 
 import bnnsfw as bf
 from bnnsfw.backends.contract import OPERATIONS, TOLERANCE
-from bnnsfw.layers._lstm_prepared import PreparedForwards
+from bnnsfw.layers._lstm_prepared import CheckedKinds, PreparedForwards
 
 
 class Counting:
@@ -122,6 +122,104 @@ def test_the_prepared_forwards_are_bounded_and_forgotten_when_the_weights_change
         assert backend.prepared == before + 2 and len(layer._prepared) == 1
         with bf.LSTMLayer(layer.layer_parameters, bf.FilterParameters(backend="numpy")) as fresh:
             _close(got, fresh(x).output)
+
+
+@pytest.fixture
+def checks_run(monkeypatch) -> list[str]:
+    """The ``where`` of each check of ``x`` an LSTM layer runs."""
+    seen: list[str] = []
+    run = bf.LSTMLayer._check_x
+
+    def spy(self, where, x):
+        seen.append(where)
+        return run(self, where, x)
+
+    monkeypatch.setattr(bf.LSTMLayer, "_check_x", spy)
+    return seen
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_an_inference_of_a_kind_whose_checks_passed_skips_them(backend_name, batch_first, rng, checks_run):
+    """The checks of an inference read the kind of ``x``, ``hidden`` and ``cell`` (shape,
+    strides, dtype with its byte order, flags, or missing) and nothing else: a kind that
+    passed them once skips them after, with the answers of a layer that runs them; every
+    other kind runs them, and what they refuse stays refused."""
+    params = bf.LSTMParameters.random(input_size=3, hidden_size=4, seed=5, dtype=np.float32,
+                                      batch_first=batch_first)
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name)) as layer, \
+            bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name)) as reference:
+        x = rng.standard_normal((2, 3, 3) if batch_first else (3, 2, 3)).astype(np.float32)  # T 3, N 2
+        h0 = rng.standard_normal((1, 2, 4)).astype(np.float32)
+        one = rng.standard_normal((3, 3)).astype(np.float32)
+        calls = [
+            ((x,), {}),
+            ((x, h0), {}),
+            ((x, None, h0), {}),
+            ((one,), {}),                                        # unbatched (T, I)
+            ((one, h0[:, 0], h0[:, 0]), {}),
+            ((np.asfortranarray(x),), {}),
+            ((x[:, :, ::-1],), {}),                              # strided
+        ]
+        readonly = x.copy()
+        readonly.flags.writeable = False
+        calls.append(((readonly,), {}))
+        for args, kwargs in calls:
+            for round_ in range(3):
+                before = len(checks_run)
+                got = layer.apply(*args, **kwargs)
+                assert len(checks_run) == before + (round_ == 0), "a known kind skips the checks"
+                want = reference.apply(*[None if a is None else a.copy() for a in args])
+                for name in ("output", "hidden", "cell"):
+                    assert getattr(got, name).shape == getattr(want, name).shape
+                    _close(getattr(got, name), getattr(want, name))
+        assert 0 < len(layer._checked) <= CheckedKinds.LIMIT
+        refused = [
+            ((x.astype(">f4"),), bf.DTypeError),                 # same shape and strides, other byte order
+            ((x.astype(np.float64),), bf.DTypeError),
+            ((x[:, :, :2],), bf.ShapeError),
+            ((x[:0],), bf.ShapeError),
+            ((one.astype(">f4"),), bf.DTypeError),
+            ((x, h0.astype(">f4")), bf.DTypeError),
+            ((x, h0[:, :1]), bf.ShapeError),
+            ((x, None, h0.astype(np.float16)), bf.DTypeError),
+        ]
+        for args, error in refused:
+            with pytest.raises(error):
+                layer.apply(*args)
+        before = len(checks_run)
+        listed = x.tolist()                                      # not an array: checked at every call
+        for _ in range(2):
+            with pytest.raises(bf.DTypeError):                    # (a float64 array to NumPy)
+                layer.apply(listed)
+        assert len(checks_run) == before + 2
+
+
+def test_the_checked_kinds_are_bounded_and_forgotten_with_the_weights(rng, checks_run):
+    with _layer("numpy") as layer:
+        for steps in range(1, CheckedKinds.LIMIT + 4):
+            layer(rng.standard_normal((steps, 1, 3)))
+        assert len(layer._checked) == CheckedKinds.LIMIT
+        x = rng.standard_normal((2, 2, 3))
+        layer(x)
+        layer.load_state_dict(layer.state_dict())                 # the layer wrote its weights
+        assert len(layer._checked) == 0
+        before = len(checks_run)
+        layer(x)                                                 # checked again
+        assert len(checks_run) == before + 1 and len(layer._checked) == 1
+        layer.parameters()["layer0.forward.input_gate.bias"][...] += 1.0   # in place, handed out
+        got = layer(x).output                                    # the call that notices: forgotten
+        assert len(layer._checked) == 0
+        layer(x)
+        layer(x)
+        assert len(checks_run) == before + 2 and len(layer._checked) == 1
+        for training in (True, np.True_):                        # training calls are checked each time
+            layer(x, training=training)
+        layer(x, sequence_lengths=[2, 1])
+        assert len(checks_run) == before + 5
+        with bf.LSTMLayer(layer.layer_parameters, bf.FilterParameters(backend="numpy")) as fresh:
+            _close(got, fresh(x).output)
+    with pytest.raises(bf.FilterClosedError):
+        layer(x)
 
 
 def test_a_stream_steps_with_the_forward_prepared_for_its_kind_of_step(backend_name, rng):

@@ -7,6 +7,9 @@ the call trains. The keeper forgets every prepared forward when the weights are 
 again; the layer also keys them by the packing's version. A kind is prepared at its second
 call: in a training loop the optimizer changes the weights at every step, so each packing
 serves one forward, which preparing would only make dearer.
+
+A layer also keeps, for a few kinds of inference, what its checks of the arguments found
+(:class:`CheckedKinds`): a call of a kind that passed them once skips them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,52 @@ def array_kind(a: np.ndarray | None) -> tuple | None:
     if a is None:
         return None
     return a.shape, a.strides, a.dtype.char, a.flags.num & _FLAGS
+
+
+def _argument_kind(a: np.ndarray | None) -> tuple | None:
+    """An argument as the checks read it: shape, strides, dtype (with its byte order, which
+    ``dtype.char`` does not tell) and flags."""
+    if a is None:
+        return None
+    return a.shape, a.strides, a.dtype, a.flags.num & _FLAGS
+
+
+def inference_kind(x: object, hidden: object, cell: object) -> tuple | None:
+    """The kind of an inference call's ``x``, ``hidden`` and ``cell`` as the layer's checks
+    read them (:class:`CheckedKinds`); None when any is neither a NumPy array nor None (a list,
+    an array subclass: checked at every call)."""
+    if type(x) is not np.ndarray or not (hidden is None or type(hidden) is np.ndarray) \
+            or not (cell is None or type(cell) is np.ndarray):
+        return None
+    return (_argument_kind(x), None if hidden is None else _argument_kind(hidden),
+            None if cell is None else _argument_kind(cell))
+
+
+class CheckedKinds(dict[Hashable, Any]):
+    """What the checks of an inference call found (its views and shapes), for the last few
+    kinds of call (:func:`inference_kind`), the oldest dropped first: ``get(kind)`` (a dict's,
+    None for a kind not known or None). A call of a kind whose checks passed before passes
+    them again (they read nothing else), so the layer skips them. The layer forgets them all
+    when the weights are packed again."""
+
+    #: Kinds kept at most.
+    LIMIT = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def remember(self, kind: Hashable, found: Any) -> None:
+        """Keep what the checks of ``kind`` found."""
+        with self._lock:
+            if len(self) >= self.LIMIT:
+                self.pop(next(iter(self)), None)
+            self[kind] = found
+
+    def clear(self) -> None:
+        """Forget every kind."""
+        with self._lock:
+            super().clear()
 
 
 class PreparedForwards:

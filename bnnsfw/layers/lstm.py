@@ -44,6 +44,7 @@ import numpy as np
 from .._named import read_only
 from .._validation import as_input, describe, overlap, positive_int
 from ..backends.contract import (
+    LSTMForwardCall,
     LSTMBackwardRequest,
     LSTMCacheRequest,
     LSTMConfig,
@@ -65,7 +66,7 @@ from ._lstm_cache import (
     read_header,
     write_header,
 )
-from ._lstm_prepared import PreparedForwards, array_kind
+from ._lstm_prepared import CheckedKinds, PreparedForwards, array_kind, inference_kind
 from ._lstm_parameters import (
     _LAYER_NORM_FIELDS,
     GATE_FIELDS,
@@ -131,33 +132,79 @@ def _configuration(p: LSTMParameters) -> LSTMConfig:
     )
 
 
-class _Borrowed:
-    """``with layer._borrow_workspace() as workspace``: the layer's scratch space, trimmed when
-    the block ends, or a private one while another thread holds it (a class: a generator-based
-    context manager cost a small call about a microsecond more)."""
+class _CheckedInference:
+    """What the checks of ``apply`` found for one kind of arguments: how ``x`` and the states
+    are seen time-major with a batch axis, and the shapes of the results (kept per kind of
+    inference call in :class:`~._lstm_prepared.CheckedKinds`); after the first call, the kinds
+    of the arrays handed to the backend (:func:`~._lstm_prepared.array_kind`)."""
 
-    __slots__ = ("_layer", "_held")
+    __slots__ = ("unbatched", "batch_first", "output", "hidden", "cell", "kinds", "prepared")
+
+    def __init__(self, *, unbatched: bool, batch_first: bool, output: tuple[int, ...],
+                 hidden: tuple[int, ...], cell: tuple[int, ...]) -> None:
+        self.unbatched, self.batch_first = unbatched, batch_first
+        self.output, self.hidden, self.cell = output, hidden, cell
+        self.kinds: tuple | None = None
+        #: the packing's version and the backend's forward prepared for the kind (None: not yet)
+        self.prepared: tuple[int, LSTMForwardCall | None] = (-1, None)
+
+    def views(self, x: np.ndarray, hidden: np.ndarray | None,
+              cell: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``x`` as (T, N, I) and the states as (L·D, N, ·), as the checks return them."""
+        if self.unbatched:  # a batch of one, in either layout
+            return (x[:, None], None if hidden is None else hidden[:, None],
+                    None if cell is None else cell[:, None])
+        return x.transpose(1, 0, 2) if self.batch_first else x, hidden, cell
+
+    def results(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """New output and final states, and the output seen time-major."""
+        output = np.empty(self.output, dtype)
+        return (output, np.empty(self.hidden, dtype), np.empty(self.cell, dtype),
+                output.transpose(1, 0, 2) if self.batch_first else output)
+
+    def output_of(self, output: np.ndarray, h_out: np.ndarray, c_out: np.ndarray,
+                  cache: Any) -> LSTMOutput:
+        """What ``apply`` returns, without the batch axis of an unbatched ``x``."""
+        if self.unbatched:
+            output = output[0] if self.batch_first else output[:, 0]
+            h_out, c_out = h_out[:, 0], c_out[:, 0]
+        return LSTMOutput(output=output, hidden=h_out, cell=c_out, training_cache=cache)
+
+
+class _Running:
+    """``with _Running(layer) as workspace``: one call's BLAS thread limit (the layer's) and
+    scratch space (the layer's, trimmed when the block ends, or a private one while another
+    thread is using it). A class: a generator-based context manager cost a small call about a
+    microsecond more, and a block of its own for the thread limit about 0.2 µs more."""
+
+    __slots__ = ("_layer", "_held", "_limit")
 
     def __init__(self, layer: LSTMLayer) -> None:
         self._layer = layer
-        self._held = False
+        self._held: _Workspace | None = None  # the layer's workspace, while this call holds it
+        self._limit: contextlib.AbstractContextManager[None] | None = None
 
     def __enter__(self) -> _Workspace:
         layer = self._layer
+        if layer._filter_parameters.n_threads:
+            self._limit = layer._threads()
+            self._limit.__enter__()
         if layer._workspace_lock.acquire(blocking=False):
-            self._held = True
-            assert layer._workspace is not None
-            return layer._workspace
+            held = self._held = layer._workspace
+            assert held is not None  # (released only once no call is in flight)
+            return held
         return _Workspace()
 
-    def __exit__(self, *exc: object) -> None:
-        if self._held:
-            layer = self._layer
-            try:
-                if layer._workspace is not None:
-                    layer._workspace.trim()
-            finally:
-                layer._workspace_lock.release()
+    def __exit__(self, kind: object, value: object, traceback: object) -> None:
+        try:
+            if self._held is not None:
+                try:
+                    self._held.trim()
+                finally:
+                    self._layer._workspace_lock.release()
+        finally:
+            if self._limit is not None:
+                self._limit.__exit__(None, None, None)
 
 
 class LSTMLayer(Filter):
@@ -231,6 +278,7 @@ class LSTMLayer(Filter):
         self._weights_digests: dict[int, int] = {}  # by packed version
         self._packed: LSTMPackedWeights | None = None
         self._prepared = PreparedForwards()  # the backend's forward per kind of call, these weights
+        self._checked = CheckedKinds()  # what the checks found per kind of inference call
         self._packed_weights()
         self._rng: np.random.Generator | None = np.random.default_rng(parameters.seed)
         self._workspace: _Workspace | None = _Workspace()
@@ -266,6 +314,7 @@ class LSTMLayer(Filter):
 
     def _state_written(self) -> None:
         self._stale = True
+        self._checked.clear()
 
     def _live_parameters(self) -> LSTMParameters:
         return self._public
@@ -329,6 +378,13 @@ class LSTMLayer(Filter):
             allocated and returned when omitted.
         """
         self._check_open("apply")
+        kind = None
+        if training is False and training_cache is None and sequence_lengths is None:
+            # An inference of a kind whose checks passed before skips them (_CheckedInference).
+            kind = inference_kind(x, hidden, cell)
+            checked = self._checked.get(kind)
+            if checked is not None:
+                return self._infer(checked, *checked.views(x, hidden, cell))
         if not isinstance(training, (bool, np.bool_)):
             raise InvalidParameterError(must_be("LSTMLayer.apply(training)", "True or False", training))
         x_tm, seq_len, batch, unbatched = self._check_x("LSTMLayer.apply(x)", x)
@@ -336,54 +392,50 @@ class LSTMLayer(Filter):
         c0 = self._check_state("LSTMLayer.apply(cell)", cell, batch, unbatched)
         lengths = self._check_lengths("LSTMLayer.apply(sequence_lengths)", sequence_lengths, seq_len, batch,
                                       unbatched)
-        cache_object = buffer = None
-        if training:
-            size = self._cache_size(seq_len, batch)
-            if training_cache is None:
-                buffer = cache_object = np.empty(size.nbytes, dtype=np.uint8)
-            else:
-                where = "LSTMLayer.apply(training_cache)"
-                buffer = as_byte_buffer(where, training_cache, writable=True)
-                self._check_cache_size(where, buffer, size, seq_len, batch)
-                for name, array in (("x", x_tm), ("hidden", h0), ("cell", c0)):
-                    if array is not None and overlap(buffer[:size.nbytes], array):
-                        raise InvalidParameterError(must_be(
-                            where, f"memory apart from {name} (the forward writes the cache)",
-                            f"a buffer overlapping {name}"))
-                cache_object = training_cache
-        elif training_cache is not None:
-            raise InvalidParameterError(must_be(
-                "LSTMLayer.apply(training_cache)",
-                "None when training=False (only a training forward writes a cache)",
-                type(training_cache).__name__))
         p = self._params
-        size_ld, h = p.num_layers * p.num_directions, p.hidden_size
-        width = p.num_directions * p.output_size
-        out_shape = (batch, seq_len, width) if p.batch_first else (seq_len, batch, width)
-        output = np.empty(out_shape, dtype=self._dtype)
-        h_out = np.empty((size_ld, batch, p.output_size), dtype=self._dtype)
-        c_out = np.empty((size_ld, batch, h), dtype=self._dtype)
-        output_tm = output.transpose(1, 0, 2) if p.batch_first else output
-        with self._threads(), self._borrow_workspace() as workspace:
+        size_ld, width = p.num_layers * p.num_directions, p.num_directions * p.output_size
+        checked = _CheckedInference(
+            unbatched=unbatched, batch_first=p.batch_first,
+            output=(batch, seq_len, width) if p.batch_first else (seq_len, batch, width),
+            hidden=(size_ld, batch, p.output_size), cell=(size_ld, batch, p.hidden_size))
+        if not training:
+            if training_cache is not None:
+                raise InvalidParameterError(must_be(
+                    "LSTMLayer.apply(training_cache)",
+                    "None when training=False (only a training forward writes a cache)",
+                    type(training_cache).__name__))
+            result = self._infer(checked, x_tm, h0, c0, lengths)
+            if kind is not None:  # (after the call, which may have packed new weights and forgotten)
+                self._checked.remember(kind, checked)
+            return result
+        size = self._cache_size(seq_len, batch)
+        if training_cache is None:
+            buffer = cache_object = np.empty(size.nbytes, dtype=np.uint8)
+        else:
+            where = "LSTMLayer.apply(training_cache)"
+            buffer = as_byte_buffer(where, training_cache, writable=True)
+            self._check_cache_size(where, buffer, size, seq_len, batch)
+            for name, array in (("x", x_tm), ("hidden", h0), ("cell", c0)):
+                if array is not None and overlap(buffer[:size.nbytes], array):
+                    raise InvalidParameterError(must_be(
+                        where, f"memory apart from {name} (the forward writes the cache)",
+                        f"a buffer overlapping {name}"))
+            cache_object = training_cache
+        output, h_out, c_out, output_tm = checked.results(self._dtype)
+        with _Running(self) as workspace:
             weights = self._packed_weights()
             x_prepared = self._prepared_input(x_tm, lengths, workspace)
-            if buffer is None:  # inference: no payload
-                self._forward(weights, x_prepared, h0, c0, lengths, output_tm, h_out, c_out, None, workspace)
-            else:
-                clear_header(buffer)
-                with self._payload(buffer, size, workspace, write=True) as payload:
-                    self._forward(weights, x_prepared, h0, c0, lengths, output_tm, h_out, c_out, payload,
-                                  workspace)
-                write_header(buffer, fingerprint=self._fingerprint(size, seq_len, batch, lengths),
-                             payload_bytes=size.payload, seq_len=seq_len, batch_size=batch,
-                             itemsize=self._dtype.itemsize,
-                             identity=CacheIdentity(self._weights_digests[weights.version],
-                                                    weights.version & 0xFFFFFFFF, next_generation(),
-                                                    digest(x_prepared), self._state_digest(h0, c0, batch)))
-        if unbatched:  # drop the batch axis of one that was added
-            output = output[0] if p.batch_first else output[:, 0]
-            h_out, c_out = h_out[:, 0], c_out[:, 0]
-        return LSTMOutput(output=output, hidden=h_out, cell=c_out, training_cache=cache_object)
+            clear_header(buffer)
+            with self._payload(buffer, size, workspace, write=True) as payload:
+                self._forward(weights, x_prepared, h0, c0, lengths, output_tm, h_out, c_out, payload,
+                              workspace)
+            write_header(buffer, fingerprint=self._fingerprint(size, seq_len, batch, lengths),
+                         payload_bytes=size.payload, seq_len=seq_len, batch_size=batch,
+                         itemsize=self._dtype.itemsize,
+                         identity=CacheIdentity(self._weights_digests[weights.version],
+                                                weights.version & 0xFFFFFFFF, next_generation(),
+                                                digest(x_prepared), self._state_digest(h0, c0, batch)))
+        return checked.output_of(output, h_out, c_out, cache_object)
 
     @guarded
     def stream(self, batch_size: int | None = None, hidden: np.ndarray | None = None,
@@ -481,7 +533,7 @@ class LSTMLayer(Filter):
             self._check_cache_size(where, buffer, size, seq_len, batch)
             header = self._check_cache_header(where, buffer, size, seq_len, batch, lengths)
         gradients = self._gradient_buffers(seq_len, batch)
-        with self._threads(), self._borrow_workspace() as workspace:
+        with _Running(self) as workspace:
             weights = self._packed_weights()
             x_prepared = self._prepared_input(x_tm, lengths, workspace)
             if header is not None:
@@ -508,27 +560,53 @@ class LSTMLayer(Filter):
     # ----------------------------------------------------------------------------------
     # Orchestration: the backend computes, the layer prepares and hands over.
     # ----------------------------------------------------------------------------------
+    def _infer(self, checked: _CheckedInference, x_tm: np.ndarray, h0: np.ndarray | None,
+               c0: np.ndarray | None, lengths: np.ndarray | None = None) -> LSTMOutput:
+        """An inference forward of checked arguments: ``x_tm`` time-major (T, N, I), the
+        states (L·D, N, ·) or None. Full-length sequences go through the backend's forward
+        prepared for the kind (:meth:`_forward`), which ``checked`` keeps with the packing it
+        serves."""
+        output, h_out, c_out, output_tm = checked.results(self._dtype)
+        with _Running(self) as workspace:
+            weights = self._packed_weights()
+            x_prepared = self._prepared_input(x_tm, lengths, workspace)
+            version, call = checked.prepared
+            if call is not None and version == weights.version and lengths is None:
+                call(x_prepared, h0, c0, output_tm, h_out, c_out, None, None, workspace)
+            else:
+                kinds = checked.kinds
+                if kinds is None and lengths is None:  # alike at each call: x_prepared is x_tm or scratch
+                    kinds = checked.kinds = (array_kind(x_prepared), array_kind(h0), array_kind(c0))
+                call = self._forward(weights, x_prepared, h0, c0, lengths, output_tm, h_out, c_out, None,
+                                     workspace, kinds)
+                if call is not None:  # one assignment: other threads read the pair whole
+                    checked.prepared = (weights.version, call)
+        return checked.output_of(output, h_out, c_out, None)
+
     def _forward(self, weights: LSTMPackedWeights, x: np.ndarray, h0: np.ndarray | None,
                  c0: np.ndarray | None, lengths: np.ndarray | None, output_tm: np.ndarray,
                  h_out: np.ndarray, c_out: np.ndarray, payload: np.ndarray | None,
-                 workspace: _Workspace) -> None:
-        """One forward through the backend; a training forward when ``payload`` is given.
+                 workspace: _Workspace, kinds: tuple | None = None) -> LSTMForwardCall | None:
+        """One forward through the backend; a training forward when ``payload`` is given;
+        ``kinds``, when known, those of ``x``, ``h0`` and ``c0`` (:func:`array_kind`).
 
         Full-length sequences go through the forward the backend prepared for their kind of
         call (``lstm_prepare_forward``, made at the second call of that kind, kept in
-        :attr:`_prepared` until the weights are packed again); other calls, and backends
-        without it, through ``lstm_forward``."""
+        :attr:`_prepared` until the weights are packed again), which is returned; other calls,
+        and backends without it, through ``lstm_forward``."""
         training = payload is not None
         masks = self._dropout_masks(x.shape[0], x.shape[1], workspace) if training else None
         key = call = None
         if lengths is None:  # (lengths are values: each would be a kind of its own)
             # The outputs, the cache's payload and the masks are the layer's own, made alike
             # for each T and N, which x's kind holds.
-            key = (weights.version, training, array_kind(x), array_kind(h0), array_kind(c0))
+            if kinds is None:
+                kinds = (array_kind(x), array_kind(h0), array_kind(c0))
+            key = (weights.version, training, kinds)
             call = self._prepared.get(key)
             if call is not None:
                 call(x, h0, c0, output_tm, h_out, c_out, payload, masks, workspace)
-                return
+                return call
         request = LSTMForwardRequest(
             config=self._config, weights=weights, x=x, hidden=h0, cell=c0, sequence_lengths=lengths,
             output=output_tm, hidden_out=h_out, cell_out=c_out, training=training, cache=payload,
@@ -539,6 +617,7 @@ class LSTMLayer(Filter):
             call(x, h0, c0, output_tm, h_out, c_out, payload, masks, workspace)
         else:
             self.backend.lstm_forward(request)
+        return call
 
     def _dropout_masks(self, seq_len: int, batch: int,
                        workspace: _Workspace) -> tuple[np.ndarray | None, ...] | None:
@@ -610,6 +689,7 @@ class LSTMLayer(Filter):
                 self._watch.take()
             self._stale = False
             self._prepared.clear()
+            self._checked.clear()
             # What a training cache is stamped with: the weights it was computed from.
             self._weights_digests = {v: d for v, d in self._weights_digests.items() if v > version - 4}
             self._weights_digests[version] = digest(*_parameter_arrays(params), size=8)
@@ -673,10 +753,6 @@ class LSTMLayer(Filter):
         if lengths is not None:
             x[np.arange(seq_len)[:, None] >= lengths[None, :]] = 0.0
         return x
-
-    def _borrow_workspace(self) -> _Borrowed:
-        """The layer's scratch space, or a private one if another thread is using it."""
-        return _Borrowed(self)
 
     def _cache_size(self, seq_len: int, batch: int) -> _CacheSize:
         """The backend's payload for T and N; the last few are kept (a call's fixed cost matters
@@ -833,6 +909,7 @@ class LSTMLayer(Filter):
     def _release(self) -> None:
         self._packed = None
         self._prepared.clear()
+        self._checked.clear()
         self._watch.release()
         self._workspace = None
         self._rng = None
