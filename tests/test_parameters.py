@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -150,6 +153,62 @@ def test_every_bit_of_a_handed_out_weight_is_watched(monkeypatch, pack_recorder,
         layer(x)
         layer(x)
         assert len(pack_recorder.versions) == packs + 2
+
+
+class _PausingPacker(bf.backends.NumpyBackend):
+    """The reference backend, whose packings wait, once ``pause`` is set, after reading the
+    weights and before returning, until ``go`` is set (``packed`` says they have read them)."""
+
+    name = "pausing"
+
+    def __init__(self) -> None:
+        self.pause, self.packed, self.go = threading.Event(), threading.Event(), threading.Event()
+
+    def lstm_pack_weights(self, request):
+        packing = super().lstm_pack_weights(request)
+        if self.pause.is_set():
+            self.pause.clear()
+            self.packed.set()
+            assert self.go.wait(10)
+        return packing
+
+
+@pytest.mark.parametrize("change", ["load_state_dict", "in place"])
+def test_a_change_during_a_packing_is_packed_by_the_next_call(rng, change):
+    """Weights written while another thread's call is packing the ones before (after the
+    backend read them): that call keeps its packing, and the next call packs the new weights.
+    A layer whose weights were never handed out (nothing watched) sees a ``load_state_dict``
+    by its count of writes; a handed-out array changed in place, by the snapshot taken before
+    the packing."""
+    params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=0, dtype=np.float64)
+    backend = _PausingPacker()
+    x = rng.standard_normal((2, 1, 2))
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=backend)) as layer:
+        state = layer.state_dict()
+        before = layer(x).output
+        if change == "load_state_dict":
+            changed = dict(state)
+            changed["layer0.forward.input_gate.bias"] = state["layer0.forward.input_gate.bias"] + 1.0
+            layer.load_state_dict(changed)                # packed again by the next call...
+        else:
+            bias = layer.parameters()["layer0.forward.input_gate.bias"]
+            bias[...] += 1.0
+        backend.pause.set()
+        packing = threading.Thread(target=layer, args=(x,))
+        packing.start()
+        assert backend.packed.wait(10)                    # ...which has read the weights
+        if change == "load_state_dict":
+            writing = threading.Thread(target=layer.load_state_dict, args=(state,))
+            writing.start()                               # writes the arrays, then waits for the packing
+            time.sleep(0.2)
+        else:
+            bias[...] -= 1.0
+        backend.go.set()
+        packing.join(10)
+        if change == "load_state_dict":
+            writing.join(10)
+        assert layer._watched == (change == "in place")
+        np.testing.assert_allclose(layer(x).output, before, rtol=1e-12, atol=1e-12)
 
 
 def test_layer_parameters_are_read_only_views_of_the_live_copies(backend_name):

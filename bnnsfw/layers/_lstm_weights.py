@@ -9,7 +9,7 @@ function of it, or by a copy in one flat buffer (the layer's own weights).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -132,9 +132,34 @@ def _bytes_comparer() -> Any:
     return _memcmp
 
 
+class _WeightsSnapshot(NamedTuple):
+    """The bits of the watched arrays at one moment (:meth:`_WeightsWatch.take`), by how each is
+    compared: small C-contiguous arrays with their bytes; larger ones with a copy for
+    ``memcmp`` (the two addresses and the size, the arrays kept alive with them); the others
+    with a copy, both seen as unsigned integers."""
+
+    small: list[tuple[np.ndarray, bytes]]
+    spans: list[tuple[int, int, int, np.ndarray, np.ndarray]]
+    others: list[tuple[np.ndarray, np.ndarray]]
+
+    def changed(self) -> bool:
+        """Whether any bit of the arrays differs from the snapshot."""
+        small, spans, others = self
+        for live, bits in small:
+            if live.tobytes() != bits:
+                return True
+        for live_address, copy_address, size, _, _ in spans:
+            if _memcmp(live_address, copy_address, size):
+                return True
+        for live, copy in others:
+            if not np.array_equal(live, copy):
+                return True
+        return False
+
+
 class _WeightsWatch:
-    """Weight arrays that may change outside the layer, and a copy of their bits taken when
-    the backend last packed them: :meth:`changed` tells whether any bit differs since.
+    """Weight arrays that may change outside the layer: :meth:`take` makes a snapshot of their
+    bits, whose :meth:`~_WeightsSnapshot.changed` tells whether any bit differs since.
 
     Bit for bit, as packing would see them (a NaN equals itself, −0.0 differs from 0.0).
     C-contiguous arrays (the layer's own copies live in one) are compared as bytes up to
@@ -151,18 +176,13 @@ class _WeightsWatch:
 
     def __init__(self, arrays: list[np.ndarray]) -> None:
         self._arrays = arrays
-        self._copies: list[np.ndarray] = []
-        self._bytes: list[tuple[np.ndarray, bytes]] = []  # small arrays and their bytes
-        # memcmp's (live, copy, bytes), with the arrays they point into, kept alive with them
-        self._spans: list[tuple[int, int, int, np.ndarray, np.ndarray]] = []
-        self._others: list[tuple[np.ndarray, np.ndarray]] = []  # as unsigned integers
 
-    def take(self) -> None:
-        """Copy the arrays' bits as they are now."""
-        copies = [np.array(a, copy=True, order="C") for a in self._arrays]
+    def take(self) -> _WeightsSnapshot:
+        """The arrays' bits as they are now."""
         memcmp = _bytes_comparer()
         small, spans, others = [], [], []
-        for array, copy in zip(self._arrays, copies):
+        for array in self._arrays:
+            copy = np.array(array, copy=True, order="C")
             if array.flags.c_contiguous and array.nbytes <= self.BYTES_COMPARED:
                 small.append((array, copy.tobytes()))
             elif memcmp is not None and array.flags.c_contiguous:
@@ -170,22 +190,8 @@ class _WeightsWatch:
             else:
                 bits = np.dtype(f"u{array.dtype.itemsize}")
                 others.append((array.view(bits), copy.view(bits)))
-        # Replaced whole: a comparison under way in another thread keeps the lists it reads.
-        self._copies, self._bytes, self._spans, self._others = copies, small, spans, others
-
-    def changed(self) -> bool:
-        """Whether any bit of the arrays differs from the copy :meth:`take` made."""
-        for live, bits in self._bytes:
-            if live.tobytes() != bits:
-                return True
-        for live_address, copy_address, size, _, _ in self._spans:
-            if _memcmp(live_address, copy_address, size):
-                return True
-        for live, copy in self._others:
-            if not np.array_equal(live, copy):
-                return True
-        return False
+        return _WeightsSnapshot(small, spans, others)
 
     def release(self) -> None:
-        """Drop the arrays and the copies."""
-        self._arrays, self._copies, self._bytes, self._spans, self._others = [], [], [], [], []
+        """Drop the arrays."""
+        self._arrays = []

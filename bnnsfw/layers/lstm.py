@@ -82,6 +82,7 @@ from ._lstm_weights import (
     _copied,
     _named_layer_arrays,
     _parameter_arrays,
+    _WeightsSnapshot,
     _WeightsWatch,
     _with_arrays,
 )
@@ -271,12 +272,15 @@ class LSTMLayer(Filter):
         # Whether the weight arrays may change outside the layer: the caller's (client
         # pointers) from the start, the layer's own copies once parameters() handed them out.
         self._watched = client
-        self._stale = False  # the layer itself wrote new weights (load_state_dict)
+        self._written = 0  # how many times the layer itself wrote new weights (load_state_dict)
         self._dtype = parameters.dtype
         self._config = _configuration(parameters)
         self._pack_lock = threading.Lock()
         self._weights_digests: dict[int, int] = {}  # by packed version
-        self._packed: LSTMPackedWeights | None = None
+        # The backend's packing, the count of writes it saw and the snapshot of the watched
+        # weights it was made from (None when they are not watched): one tuple, which calls
+        # read whole (_packed_weights).
+        self._published: tuple[LSTMPackedWeights, int, _WeightsSnapshot | None] | None = None
         self._prepared = PreparedForwards()  # the backend's forward per kind of call, these weights
         self._checked = CheckedKinds()  # what the checks found per kind of inference call
         self._packed_weights()
@@ -308,13 +312,22 @@ class LSTMLayer(Filter):
 
     def _share_arrays(self) -> None:
         with self._pack_lock:
-            if not self._watched:
-                self._watch.take()
+            if not self._watched:  # the arrays are as the last packing read them until now
                 self._watched = True
+                if self._published is not None:
+                    packed, written, _ = self._published
+                    self._published = (packed, written, self._watch.take())
 
     def _state_written(self) -> None:
-        self._stale = True
+        with self._pack_lock:  # after a packing under way, which then packs again at the next call
+            self._written += 1
         self._checked.clear()
+
+    @property
+    def _packed(self) -> LSTMPackedWeights | None:
+        """The backend's packing of the weights, as last made."""
+        published = self._published
+        return None if published is None else published[0]
 
     def _live_parameters(self) -> LSTMParameters:
         return self._public
@@ -667,33 +680,41 @@ class LSTMLayer(Filter):
         """The backend's packed weights, packed again only when the weights changed.
 
         Weights that may change outside the layer (client pointers, or arrays handed out by
-        :meth:`parameters`) are compared with a copy taken at the last packing: one read of
-        the weights per call, stopping at the first array that differs (packing also writes
-        and transposes them). When any differs, or :meth:`load_state_dict` wrote new ones,
-        the backend packs them again with the next ``version``. A layer whose arrays never
-        left it pays nothing.
+        :meth:`parameters`) are compared with a snapshot taken when they were last packed: one
+        read of the weights per call, stopping at the first array that differs (packing also
+        writes and transposes them). When any differs, or :meth:`load_state_dict` wrote new
+        ones since, the backend packs them again with the next ``version``. A layer whose
+        arrays never left it pays nothing.
+
+        The packing, the count of writes it saw and its snapshot are published as one tuple,
+        and the count and the snapshot are taken before the backend reads the weights: a call
+        never pairs a packing with a newer count or snapshot, and a write or change during a
+        packing is seen by the next call.
         """
-        packed = self._packed
-        if packed is not None and not self._stale and not (self._watched and self._watch.changed()):
-            return packed
-        with self._pack_lock:
-            packed = self._packed
-            if packed is not None and not self._stale and not (self._watched and self._watch.changed()):
+        published = self._published
+        if published is not None:
+            packed, written, snapshot = published
+            if written == self._written and (snapshot is None or not snapshot.changed()):
                 return packed
+        with self._pack_lock:
+            published = self._published
+            if published is not None:
+                packed, written, snapshot = published
+                if written == self._written and (snapshot is None or not snapshot.changed()):
+                    return packed
+            written = self._written
+            snapshot = self._watch.take() if self._watched else None
             params = self._params
-            version = 0 if packed is None else packed.version + 1
+            version = 0 if published is None else published[0].version + 1
             packed = self.backend.lstm_pack_weights(LSTMPackRequest(
                 config=self._config, gates=params.gates, version=version,
                 projection=params.projection_weights, layer_norm=params.layer_norm))
-            if self._watched:
-                self._watch.take()
-            self._stale = False
             self._prepared.clear()
             self._checked.clear()
             # What a training cache is stamped with: the weights it was computed from.
             self._weights_digests = {v: d for v, d in self._weights_digests.items() if v > version - 4}
             self._weights_digests[version] = digest(*_parameter_arrays(params), size=8)
-            self._packed = packed
+            self._published = (packed, written, snapshot)
             return packed
 
     def _gradient_buffers(self, seq_len: int, batch: int) -> LSTMGradientBuffers:
@@ -907,7 +928,7 @@ class LSTMLayer(Filter):
 
     # Filter hooks.
     def _release(self) -> None:
-        self._packed = None
+        self._published = None
         self._prepared.clear()
         self._checked.clear()
         self._watch.release()
