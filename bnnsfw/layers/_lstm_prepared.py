@@ -68,7 +68,7 @@ class CheckedKinds(dict[Hashable, Any]):
     def remember(self, kind: Hashable, found: Any) -> None:
         """Keep what the checks of ``kind`` found."""
         with self._lock:
-            if len(self) >= self.LIMIT:
+            if kind not in self and len(self) >= self.LIMIT:
                 self.pop(next(iter(self)), None)
             self[kind] = found
 
