@@ -155,21 +155,31 @@ def test_every_bit_of_a_handed_out_weight_is_watched(monkeypatch, pack_recorder,
         assert len(pack_recorder.versions) == packs + 2
 
 
-class _PausingPacker(bf.backends.NumpyBackend):
-    """The reference backend, whose packings wait, once ``pause`` is set, after reading the
-    weights and before returning, until ``go`` is set (``packed`` says they have read them)."""
+class _PausingPacker(type(bf.backends.get_backend("scipy-blas"))):  # type: ignore[misc]
+    """``scipy-blas``, which packs copies of the weights, whose next packing, once ``pause``
+    is set, sets ``paused`` and waits until ``go`` is set: after reading the weights, or
+    before with ``before`` (``packed`` is set when that packing has read them)."""
 
     name = "pausing"
 
-    def __init__(self) -> None:
-        self.pause, self.packed, self.go = threading.Event(), threading.Event(), threading.Event()
+    def __init__(self, *, before: bool = False) -> None:
+        self.before = before
+        self.pause, self.paused, self.go, self.packed = (threading.Event() for _ in range(4))
+
+    def _wait(self) -> None:
+        self.paused.set()
+        assert self.go.wait(10)
 
     def lstm_pack_weights(self, request):
+        pausing = self.pause.is_set()
+        self.pause.clear()
+        if pausing and self.before:
+            self._wait()
         packing = super().lstm_pack_weights(request)
-        if self.pause.is_set():
-            self.pause.clear()
+        if pausing:
             self.packed.set()
-            assert self.go.wait(10)
+            if not self.before:
+                self._wait()
         return packing
 
 
@@ -192,23 +202,50 @@ def test_a_change_during_a_packing_is_packed_by_the_next_call(rng, change):
             layer.load_state_dict(changed)                # packed again by the next call...
         else:
             bias = layer.parameters()["layer0.forward.input_gate.bias"]
-            bias[...] += 1.0
+            original = bias.copy()
+            bias[...] = original + 1.0
         backend.pause.set()
         packing = threading.Thread(target=layer, args=(x,))
         packing.start()
-        assert backend.packed.wait(10)                    # ...which has read the weights
+        assert backend.paused.wait(10)                    # ...which has read the weights
         if change == "load_state_dict":
             writing = threading.Thread(target=layer.load_state_dict, args=(state,))
             writing.start()                               # writes the arrays, then waits for the packing
             time.sleep(0.2)
         else:
-            bias[...] -= 1.0
+            bias[...] = original
         backend.go.set()
         packing.join(10)
         if change == "load_state_dict":
             writing.join(10)
         assert layer._watched == (change == "in place")
         np.testing.assert_allclose(layer(x).output, before, rtol=1e-12, atol=1e-12)
+
+
+def test_a_change_undone_while_a_packing_reads_is_not_packed(rng):
+    """A handed-out array changed after a call started packing and changed back before the
+    next call: the backend packed the weights as they were when the packing began (its own
+    copy), which the next call's comparison then vouches for."""
+    params = bf.LSTMParameters.random(input_size=2, hidden_size=3, seed=0, dtype=np.float64)
+    backend = _PausingPacker(before=True)
+    x = rng.standard_normal((2, 1, 2))
+    with bf.LSTMLayer(params, bf.FilterParameters(backend=backend)) as layer:
+        bias = layer.parameters()["layer0.forward.input_gate.bias"]
+        layer(x)
+        bias[...] += 1.0                                  # packed again by the next call
+        began = bias.copy()
+        backend.pause.set()
+        packing = threading.Thread(target=layer, args=(x,))
+        packing.start()
+        assert backend.paused.wait(10)                    # the packing began; the backend waits
+        bias[...] = began + 1.0
+        backend.go.set()
+        assert backend.packed.wait(10)
+        bias[...] = began                                 # bit for bit as when the packing began
+        packing.join(10)
+        got = layer(x).output
+        with bf.LSTMLayer(layer.layer_parameters, bf.FilterParameters(backend="numpy")) as fresh:
+            np.testing.assert_allclose(got, fresh(x).output, rtol=1e-12, atol=1e-12)
 
 
 def test_layer_parameters_are_read_only_views_of_the_live_copies(backend_name):

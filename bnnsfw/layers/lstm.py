@@ -81,8 +81,9 @@ from ._lstm_weights import (
     DIRECTION_NAMES,
     _copied,
     _named_layer_arrays,
+    _packing_copy,
     _parameter_arrays,
-    _WeightsSnapshot,
+    _WatchedBits,
     _WeightsWatch,
     _with_arrays,
 )
@@ -266,7 +267,7 @@ class LSTMLayer(Filter):
             parameters, flat = _copied(parameters)
             watched = [flat]
             public = _with_arrays(parameters, read_only)
-        self._watch = _WeightsWatch(watched)
+        self._watch = _WeightsWatch(watched, flat=not client)
         self._params = parameters
         self._public = public
         # Whether the weight arrays may change outside the layer: the caller's (client
@@ -280,7 +281,7 @@ class LSTMLayer(Filter):
         # The backend's packing, the count of writes it saw and the snapshot of the watched
         # weights it was made from (None when they are not watched): one tuple, which calls
         # read whole (_packed_weights).
-        self._published: tuple[LSTMPackedWeights, int, _WeightsSnapshot | None] | None = None
+        self._published: tuple[LSTMPackedWeights, int, _WatchedBits | None] | None = None
         self._prepared = PreparedForwards()  # the backend's forward per kind of call, these weights
         self._checked = CheckedKinds()  # what the checks found per kind of inference call
         self._packed_weights()
@@ -316,7 +317,7 @@ class LSTMLayer(Filter):
                 self._watched = True
                 if self._published is not None:
                     packed, written, _ = self._published
-                    self._published = (packed, written, self._watch.take())
+                    self._published = (packed, written, self._watch.take(_packing_copy(self._params)))
 
     def _state_written(self) -> None:
         with self._pack_lock:  # after a packing under way, which then packs again at the next call
@@ -686,10 +687,11 @@ class LSTMLayer(Filter):
         ones since, the backend packs them again with the next ``version``. A layer whose
         arrays never left it pays nothing.
 
-        The packing, the count of writes it saw and its snapshot are published as one tuple,
-        and the count and the snapshot are taken before the backend reads the weights: a call
-        never pairs a packing with a newer count or snapshot, and a write or change during a
-        packing is seen by the next call.
+        The backend packs a copy of the weights (:func:`_packing_copy`), and the snapshot is
+        that copy's bits; the count of writes is read before the copy is taken; the packing,
+        the count and the snapshot are published as one tuple. So a call never pairs a packing
+        with a newer count or snapshot, and a write or change during a packing, even one undone
+        before the next call, is packed by the next call.
         """
         published = self._published
         if published is not None:
@@ -703,17 +705,17 @@ class LSTMLayer(Filter):
                 if written == self._written and (snapshot is None or not snapshot.changed()):
                     return packed
             written = self._written
-            snapshot = self._watch.take() if self._watched else None
-            params = self._params
+            weights = _packing_copy(self._params)  # what the backend reads: no write reaches it
+            snapshot = self._watch.take(weights) if self._watched else None
             version = 0 if published is None else published[0].version + 1
             packed = self.backend.lstm_pack_weights(LSTMPackRequest(
-                config=self._config, gates=params.gates, version=version,
-                projection=params.projection_weights, layer_norm=params.layer_norm))
+                config=self._config, gates=weights.gates, version=version,
+                projection=weights.projection, layer_norm=weights.layer_norm))
             self._prepared.clear()
             self._checked.clear()
             # What a training cache is stamped with: the weights it was computed from.
             self._weights_digests = {v: d for v, d in self._weights_digests.items() if v > version - 4}
-            self._weights_digests[version] = digest(*_parameter_arrays(params), size=8)
+            self._weights_digests[version] = digest(*weights.arrays, size=8)
             self._published = (packed, written, snapshot)
             return packed
 
