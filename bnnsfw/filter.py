@@ -91,9 +91,7 @@ def guarded(method: _Method) -> _Method:
 
     @functools.wraps(method)
     def call(self: "Filter", *args: Any, **kwargs: Any) -> Any:
-        with self._lifecycle_lock:  # (_begin_call, written out: every call of a layer pays it)
-            self.check_open(name)
-            self._calls += 1
+        self._begin_call(name)
         try:
             return method(self, *args, **kwargs)
         finally:

@@ -26,15 +26,9 @@ _FLAGS = 0x1 | 0x2 | 0x100 | 0x400
 
 
 def array_kind(a: np.ndarray | None) -> tuple | None:
-    """What a prepared forward may depend on in an array: shape, strides, dtype and flags."""
-    if a is None:
-        return None
-    return a.shape, a.strides, a.dtype.char, a.flags.num & _FLAGS
-
-
-def _argument_kind(a: np.ndarray | None) -> tuple | None:
-    """An argument as the checks read it: shape, strides, dtype (with its byte order, which
-    ``dtype.char`` does not tell) and flags."""
+    """What a prepared forward, or the layer's checks of an argument, may depend on in an
+    array: shape, strides, dtype (with its byte order, which ``dtype.char`` does not tell)
+    and flags."""
     if a is None:
         return None
     return a.shape, a.strides, a.dtype, a.flags.num & _FLAGS
@@ -47,8 +41,8 @@ def inference_kind(x: object, hidden: object, cell: object) -> tuple | None:
     if type(x) is not np.ndarray or not (hidden is None or type(hidden) is np.ndarray) \
             or not (cell is None or type(cell) is np.ndarray):
         return None
-    return (_argument_kind(x), None if hidden is None else _argument_kind(hidden),
-            None if cell is None else _argument_kind(cell))
+    return (array_kind(x), None if hidden is None else array_kind(hidden),
+            None if cell is None else array_kind(cell))
 
 
 class CheckedKinds(dict[Hashable, Any]):

@@ -137,16 +137,15 @@ def _configuration(p: LSTMParameters) -> LSTMConfig:
 class _CheckedInference:
     """What the checks of ``apply`` found for one kind of arguments: how ``x`` and the states
     are seen time-major with a batch axis, and the shapes of the results (kept per kind of
-    inference call in :class:`~._lstm_prepared.CheckedKinds`); after the first call, the kinds
-    of the arrays handed to the backend (:func:`~._lstm_prepared.array_kind`)."""
+    inference call in :class:`~._lstm_prepared.CheckedKinds`); once known, the backend's
+    forward prepared for the kind."""
 
-    __slots__ = ("unbatched", "batch_first", "output", "hidden", "cell", "kinds", "prepared")
+    __slots__ = ("unbatched", "batch_first", "output", "hidden", "cell", "prepared")
 
     def __init__(self, *, unbatched: bool, batch_first: bool, output: tuple[int, ...],
                  hidden: tuple[int, ...], cell: tuple[int, ...]) -> None:
         self.unbatched, self.batch_first = unbatched, batch_first
         self.output, self.hidden, self.cell = output, hidden, cell
-        self.kinds: tuple | None = None
         #: the packing's version and the backend's forward prepared for the kind (None: not yet)
         self.prepared: tuple[int, LSTMForwardCall | None] = (-1, None)
 
@@ -585,14 +584,11 @@ class LSTMLayer(Filter):
             weights = self._packed_weights()
             x_prepared = self._prepared_input(x_tm, lengths, workspace)
             version, call = checked.prepared
-            if call is not None and version == weights.version and lengths is None:
+            if call is not None and version == weights.version:
                 call(x_prepared, h0, c0, output_tm, h_out, c_out, None, None, workspace)
             else:
-                kinds = checked.kinds
-                if kinds is None and lengths is None:  # alike at each call: x_prepared is x_tm or scratch
-                    kinds = checked.kinds = (array_kind(x_prepared), array_kind(h0), array_kind(c0))
                 call = self._forward(weights, x_prepared, h0, c0, lengths, output_tm, h_out, c_out, None,
-                                     workspace, kinds)
+                                     workspace)
                 if call is not None:  # one assignment: other threads read the pair whole
                     checked.prepared = (weights.version, call)
         return checked.output_of(output, h_out, c_out, None)
@@ -600,9 +596,8 @@ class LSTMLayer(Filter):
     def _forward(self, weights: LSTMPackedWeights, x: np.ndarray, h0: np.ndarray | None,
                  c0: np.ndarray | None, lengths: np.ndarray | None, output_tm: np.ndarray,
                  h_out: np.ndarray, c_out: np.ndarray, payload: np.ndarray | None,
-                 workspace: _Workspace, kinds: tuple | None = None) -> LSTMForwardCall | None:
-        """One forward through the backend; a training forward when ``payload`` is given;
-        ``kinds``, when known, those of ``x``, ``h0`` and ``c0`` (:func:`array_kind`).
+                 workspace: _Workspace) -> LSTMForwardCall | None:
+        """One forward through the backend; a training forward when ``payload`` is given.
 
         Full-length sequences go through the forward the backend prepared for their kind of
         call (``lstm_prepare_forward``, made at the second call of that kind, kept in
@@ -614,9 +609,7 @@ class LSTMLayer(Filter):
         if lengths is None:  # (lengths are values: each would be a kind of its own)
             # The outputs, the cache's payload and the masks are the layer's own, made alike
             # for each T and N, which x's kind holds.
-            if kinds is None:
-                kinds = (array_kind(x), array_kind(h0), array_kind(c0))
-            key = (weights.version, training, kinds)
+            key = (weights.version, training, array_kind(x), array_kind(h0), array_kind(c0))
             call = self._prepared.get(key)
             if call is not None:
                 call(x, h0, c0, output_tm, h_out, c_out, payload, masks, workspace)
@@ -693,17 +686,14 @@ class LSTMLayer(Filter):
         with a newer count or snapshot, and a write or change during a packing, even one undone
         before the next call, is packed by the next call.
         """
-        published = self._published
-        if published is not None:
-            packed, written, snapshot = published
-            if written == self._written and (snapshot is None or not snapshot.changed()):
-                return packed
+        packed = self._current_packing()
+        if packed is not None:
+            return packed
         with self._pack_lock:
+            packed = self._current_packing()
+            if packed is not None:
+                return packed
             published = self._published
-            if published is not None:
-                packed, written, snapshot = published
-                if written == self._written and (snapshot is None or not snapshot.changed()):
-                    return packed
             written = self._written
             weights = _packing_copy(self._params)  # what the backend reads: no write reaches it
             snapshot = self._watch.take(weights) if self._watched else None
@@ -718,6 +708,14 @@ class LSTMLayer(Filter):
             self._weights_digests[version] = digest(*weights.arrays, size=8)
             self._published = (packed, written, snapshot)
             return packed
+
+    def _current_packing(self) -> LSTMPackedWeights | None:
+        """The published packing while no write or change came since it, else None."""
+        published = self._published
+        if published is None:
+            return None
+        packed, written, snapshot = published
+        return packed if written == self._written and (snapshot is None or not snapshot.changed()) else None
 
     def _gradient_buffers(self, seq_len: int, batch: int) -> LSTMGradientBuffers:
         """Gradients in the public structure (written by the backend), ``input`` time-major."""

@@ -191,10 +191,6 @@ class _TieredForward:
                 self._prepared[compiled] = backend._prepared_forward(request)
         self._ready_for: _tiers.Tiers | None = None  # the tiers that said compiled for good
         self._stack = stack  # (_stack_inference)
-        # whether the kind's inputs are writable (their flags are part of the kind): the stack
-        # then takes them as they come
-        self._inputs_writable = all(a is None or a.flags.writeable
-                                    for a in (request.x, request.hidden, request.cell))
 
     def _decide(self, x: np.ndarray, hidden: np.ndarray | None, cell: np.ndarray | None, output: np.ndarray,
                 hidden_out: np.ndarray, cell_out: np.ndarray, cache: np.ndarray | None,
@@ -218,9 +214,6 @@ class _TieredForward:
         compiled = self._ready_for is tiers
         if not compiled and tiers.compiles_in_process():  # this call compiles them, for good
             compiled, self._ready_for = True, tiers
-        if compiled and self._stack is not None and self._inputs_writable:  # the common call, first
-            self._stack(x, hidden, cell, output, hidden_out, cell_out, None, None, workspace)
-            return
         x = _writable(x)  # as _writable_inputs
         hidden = None if hidden is None else _writable(hidden)
         cell = None if cell is None else _writable(cell)
