@@ -41,8 +41,7 @@ def inference_kind(x: object, hidden: object, cell: object) -> tuple | None:
     if type(x) is not np.ndarray or not (hidden is None or type(hidden) is np.ndarray) \
             or not (cell is None or type(cell) is np.ndarray):
         return None
-    return (array_kind(x), None if hidden is None else array_kind(hidden),
-            None if cell is None else array_kind(cell))
+    return array_kind(x), array_kind(hidden), array_kind(cell)
 
 
 class CheckedKinds(dict[Hashable, Any]):
