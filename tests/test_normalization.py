@@ -710,8 +710,8 @@ def test_matches_pytorch_batch_norm(backend_name, rng):
         gamma=gamma, beta=beta, momentum=momentum, dtype=np.float64,
     )
     layer = make_layer(params, backend_name)
-    y = layer.apply(x)
-    g = layer.apply_backward(x, dy)
+    y = layer.apply(x, training=True)
+    g = layer.apply_backward(x, dy, training=True)
     bn = torch.nn.BatchNorm2d(c, eps=params.epsilon, momentum=1.0 - momentum).double()
     with torch.no_grad():
         bn.weight.copy_(torch.from_numpy(gamma))
