@@ -17,15 +17,18 @@ identity activation:
 - **batch statistics** (batch norm): one statistics set per channel ``g`` over ``N`` and ``S``;
   channels go to the threads.
 
-The statistics (mean and centred sum of squares) are summed in float64 whatever the data's
-dtype. Backward's sums are summed in the data's dtype along one run (a row of S elements, or
-for layer norm 16 rows of a column) and in float64 across runs: a loop mixing float32 data
-with float64 sums runs at half the vector width. A statistics set whose values are
-too large for the loops' arithmetic (a centred spread beyond 1e38 in float32, 1e150 in
-float64), or holds NaN, is skipped by the loops and handed to ``redo``: the backend's
-reference kernels, which scale such sets before normalizing them. The gamma and beta gradients are
-summed per thread block of rows and the blocks added in order, so a result depends only on the
-data and the thread count. Kernels are compiled on first use and cached on disk.
+The statistics (mean and centred sum of squares) are gathered segment by segment: along a
+segment in the data's dtype, around an estimate of its mean which a second sum corrects
+(:func:`_segment_stats`), and across segments in float64, exactly (:func:`_combine`).
+Backward's sums are summed in the data's dtype along one run (a row of S elements, or for
+layer norm 16 rows of a column) and in float64 across runs. Both keep the loops at the full
+vector width: a loop mixing float32 data with float64 sums runs at half of it. A statistics
+set whose values are too large for the loops' arithmetic (a centred spread beyond 1e38 in
+float32, 1e150 in float64; :data:`_LIMITS`), or holds NaN, is skipped by the loops and handed
+to ``redo``: the backend's reference kernels, which scale such sets before normalizing them.
+The gamma and beta gradients are summed per thread block of rows and the blocks added in
+order, so a result depends only on the data and the thread count. Kernels are compiled on
+first use and cached on disk.
 """
 
 from __future__ import annotations
@@ -75,19 +78,40 @@ SEGMENT = 2048
 
 
 @_inline
-def _segment_stats(v):
-    """The mean and centred sum of squares of the 1-D run ``v``, in float64. (The loops index
-    a slice from 0: indices running from a computed start kept LLVM from proving them
-    non-negative, and the loops ran unvectorized, ten times slower.)"""
-    total = 0.0
+def _centre(v):
+    """The mean of the 1-D run ``v`` summed in its dtype: the centre its sums are taken around.
+    (The loops index a slice from 0: indices running from a computed start kept LLVM from
+    proving them non-negative, and the loops ran unvectorized, ten times slower.)"""
+    total = v.dtype.type(0.0)
     for i in range(v.size):
         total += v[i]
-    mean = total / v.size
-    squares = 0.0
+    return v.dtype.type(total / v.size)
+
+
+@_inline
+def _corrected(centre, deviations, squares, count):
+    """The mean and centred sum of squares, in float64, of ``count`` elements whose deviations
+    ``d`` from ``centre`` sum to ``deviations`` and whose ``d²`` sum to ``squares``: the centre
+    corrected by the deviations' mean. The error of a centre summed in float32 is what the
+    deviations sum to, so the result keeps float64's precision of the mean, and the squares
+    taken around a point this close to the mean lose nothing to cancellation."""
+    d = float(deviations)
+    return float(centre) + d / count, max(float(squares) - d * d / count, 0.0)
+
+
+@_inline
+def _segment_stats(v):
+    """The mean and centred sum of squares of the 1-D run ``v`` of at most :data:`SEGMENT`
+    elements, summed in its dtype, then :func:`_corrected`. (Summed in float64, the
+    benchmark's group norm took 1.05–1.3 times as long forward and 1.0–1.3 backward.)"""
+    centre = _centre(v)
+    deviations = v.dtype.type(0.0)
+    squares = v.dtype.type(0.0)
     for i in range(v.size):
-        d = v[i] - mean
+        d = v[i] - centre
+        deviations += d
         squares += d * d
-    return mean, squares
+    return _corrected(centre, deviations, squares, v.size)
 
 
 @_inline
@@ -100,6 +124,17 @@ def _combine(count, mean, squares, more, more_mean, more_squares):
     return total, mean + delta * (more / total), squares
 
 
+@_inline
+def _gather(v, count, mean, squares):
+    """The statistics ``(count, mean, squares)`` of a set with the 1-D run ``v`` added, segment
+    by segment."""
+    for f0 in range(0, v.size, SEGMENT):
+        part = v[f0:f0 + SEGMENT]
+        part_mean, part_squares = _segment_stats(part)
+        count, mean, squares = _combine(count, mean, squares, float(part.size), part_mean, part_squares)
+    return count, mean, squares
+
+
 @_parallel
 def _row_forward(x, flat, gamma, beta, groups, epsilon, out, means, variances, limit, wide, stream):
     """Per-sample statistics: ``x`` (R, K, S) with R = N·G rows, ``flat`` the same as (R, K·S),
@@ -110,11 +145,7 @@ def _row_forward(x, flat, gamma, beta, groups, epsilon, out, means, variances, l
     for r in numba.prange(rows):
         wide_loops()
         g = r % groups if per_group else 0
-        count, mean, squares = 0.0, 0.0, 0.0
-        for f0 in range(0, flat.shape[1], SEGMENT):
-            part = flat[r, f0:f0 + SEGMENT]
-            part_mean, part_squares = _segment_stats(part)
-            count, mean, squares = _combine(count, mean, squares, float(part.size), part_mean, part_squares)
+        count, mean, squares = _gather(flat[r], 0.0, 0.0, 0.0)
         if not squares < limit:  # too large for the loop below (or NaN): the caller redoes the row
             wide[r] = True
             continue
@@ -140,10 +171,11 @@ def _row_backward(x, flat, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_bet
     """Per-sample statistics backward; the gamma and beta gradients per block of rows.
 
     A segment is a run of at most :data:`SEGMENT` elements of one ``k``, or as many whole
-    ``k`` as fit when S is shorter. One pass over it while it is in L1 gathers its statistics
-    and, per ``k``, its sums of ``dy`` and of ``dy·(x − segment mean)``; once the row's mean is
-    known, each ``k``'s sum of ``dy·(x − mean)`` is put together from them exactly
-    (``+ (segment mean − mean)·Σ dy``). A second pass writes ``dx``."""
+    ``k`` as fit when S is shorter. A first pass over it finds its :func:`_centre`; a second,
+    while it is in L1, gathers its statistics and, per ``k``, its sums of ``dy`` and of
+    ``dy·(x − centre)``; once the row's mean is known, each ``k``'s sum of ``dy·(x − mean)``
+    is put together from them exactly (``+ (centre − mean)·Σ dy``). A last pass writes
+    ``dx``."""
     rows, k_size, s_size = x.shape
     count = k_size * s_size
     per_group = gamma.shape[0] > 1
@@ -157,9 +189,9 @@ def _row_backward(x, flat, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_bet
         d_beta = d_beta_blocks[b]
         d_gamma[:, :] = 0.0
         d_beta[:, :] = 0.0
-        part_means = np.empty(k_size * per_k, np.float64)  # the mean of the piece's segment
+        part_centres = np.empty(k_size * per_k, np.float64)  # the centre of the piece's segment
         part_dy = np.empty(k_size * per_k, np.float64)  # Σ dy over the piece
-        part_dy_x = np.empty(k_size * per_k, np.float64)  # Σ dy·(x − segment mean)
+        part_dy_x = np.empty(k_size * per_k, np.float64)  # Σ dy·(x − centre)
         for r in range(b * rows // blocks, (b + 1) * rows // blocks):
             g = r % groups if per_group else 0
             seen, mean, squares = 0.0, 0.0, 0.0
@@ -167,22 +199,27 @@ def _row_backward(x, flat, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_bet
                 k1 = min(k0 + k_step, k_size)
                 for s0 in range(0, s_size, SEGMENT):
                     segment = flat[r, k0 * s_size + s0:(k1 - 1) * s_size + min(s0 + SEGMENT, s_size)]
-                    part_mean, part_squares = _segment_stats(segment)
-                    seen, mean, squares = _combine(seen, mean, squares, float(segment.size), part_mean,
-                                                   part_squares)
-                    centre = x.dtype.type(part_mean)
+                    centre = _centre(segment)
+                    deviations = zero  # as in _segment_stats
+                    deviation_squares = zero
                     for k in range(k0, k1):
                         x_run = x[r, k, s0:s0 + SEGMENT]
                         dy_run = dy[r, k, s0:s0 + SEGMENT]
                         sum_dy = zero  # in the data's dtype along the run (full-width vectors),
                         sum_dy_x = zero  # in float64 across runs
                         for i in range(x_run.size):
+                            d = x_run[i] - centre
+                            deviations += d
+                            deviation_squares += d * d
                             sum_dy += dy_run[i]
-                            sum_dy_x += dy_run[i] * (x_run[i] - centre)
+                            sum_dy_x += dy_run[i] * d
                         p = k * per_k + s0 // SEGMENT
-                        part_means[p] = part_mean
+                        part_centres[p] = centre
                         part_dy[p] = sum_dy
                         part_dy_x[p] = sum_dy_x
+                    part_mean, part_squares = _corrected(centre, deviations, deviation_squares, segment.size)
+                    seen, mean, squares = _combine(seen, mean, squares, float(segment.size), part_mean,
+                                                   part_squares)
             if not squares < limit:
                 wide[r] = True
                 continue
@@ -194,7 +231,7 @@ def _row_backward(x, flat, dy, gamma, groups, epsilon, dx, d_gamma_blocks, d_bet
                 sum_dy_x = 0.0  # Σ dy·(x − mean) over this k
                 for p in range(k * per_k, (k + 1) * per_k):
                     sum_dy += part_dy[p]
-                    sum_dy_x += part_dy_x[p] + (part_means[p] - mean) * part_dy[p]
+                    sum_dy_x += part_dy_x[p] + (part_centres[p] - mean) * part_dy[p]
                 sum_dy_xhat = sum_dy_x * rstd
                 d_beta[g, k] += sum_dy
                 d_gamma[g, k] += sum_dy_xhat
@@ -225,7 +262,7 @@ def _flat_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide, b
     for b in numba.prange(blocks):
         wide_loops()
         for r in range(b * rows // blocks, (b + 1) * rows // blocks):
-            mean, squares = _segment_stats(x[r])
+            _, mean, squares = _gather(x[r], 0.0, 0.0, 0.0)
             if not squares < limit:
                 wide[r] = True
                 continue
@@ -261,7 +298,7 @@ def _flat_backward(x, dy, gamma, epsilon, dx, d_gamma_blocks, d_beta_blocks, lim
         run_beta = np.zeros(m, x.dtype)
         first, last = b * rows // blocks, (b + 1) * rows // blocks
         for r in range(first, last):
-            mean, squares = _segment_stats(x[r])
+            _, mean, squares = _gather(x[r], 0.0, 0.0, 0.0)
             if not squares < limit:
                 wide[r] = True
                 continue
@@ -294,16 +331,9 @@ def _channel_forward(x, gamma, beta, epsilon, out, means, variances, limit, wide
     count = batch * s_size
     for g in numba.prange(channels):
         wide_loops()
-        total = 0.0
+        seen, mean, squares = 0.0, 0.0, 0.0
         for n in range(batch):
-            for s in range(s_size):
-                total += x[n, g, s]
-        mean = total / count
-        squares = 0.0
-        for n in range(batch):
-            for s in range(s_size):
-                d = x[n, g, s] - mean
-                squares += d * d
+            seen, mean, squares = _gather(x[n, g], seen, mean, squares)
         if not squares < limit:
             wide[g] = True
             continue
@@ -325,16 +355,9 @@ def _channel_backward(x, dy, gamma, epsilon, dx, d_gamma, d_beta, limit, wide):
     count = batch * s_size
     for g in numba.prange(channels):
         wide_loops()
-        total = 0.0
+        seen, mean, squares = 0.0, 0.0, 0.0
         for n in range(batch):
-            for s in range(s_size):
-                total += x[n, g, s]
-        mean = total / count
-        squares = 0.0
-        for n in range(batch):
-            for s in range(s_size):
-                d = x[n, g, s] - mean
-                squares += d * d
+            seen, mean, squares = _gather(x[n, g], seen, mean, squares)
         if not squares < limit:
             wide[g] = True
             continue
@@ -382,7 +405,9 @@ def _threads(requested: int, size: int) -> Iterator[int]:
 
 #: Per dtype, the centred sum of squares of a statistics set below which the loops above are
 #: exact enough and cannot overflow: every |x − mean| is then below 1e38 in float32 (the loops
-#: centre in float32) and 1e150 in float64. Sets above it, or NaN, are left to ``redo``.
+#: centre in float32) and 1e150 in float64. Sets above it, or NaN, are left to ``redo``; so is
+#: a set whose segment sums overflow the data's dtype (from |x − mean| of about 1.8e19 in
+#: float32), which makes its statistics infinite or NaN.
 _LIMITS = {4: 1e76, 8: 1e300}
 
 #: ``redo(sets, target)``: the reference kernels on those statistics sets only (rows n·G + g, or
