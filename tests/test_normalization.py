@@ -1011,10 +1011,15 @@ def test_numba_keeps_small_calls_on_the_calling_thread(monkeypatch, rng):
 
     from bnnsfw.backends.numba import _normalization as _numba_normalization
 
-    counts = []
-    real = numba.set_num_threads
-    monkeypatch.setattr(numba, "set_num_threads", lambda n: (counts.append(n), real(n))[1])
+    counts = []  # Numba's thread count as each kernel starts
+
+    def counted(kernel):
+        return lambda *args: (counts.append(numba.get_num_threads()), kernel(*args))[1]
+
+    for name in ("_flat_forward", "_flat_backward"):
+        monkeypatch.setattr(_numba_normalization, name, counted(getattr(_numba_normalization, name)))
     most = getattr(numba.config, "NUMBA_NUM_THREADS")
+    before = numba.get_num_threads()
     for shape in ((64, 32), (64, 1024)):
         counts.clear()
         params = NormalizationParameters(type=NormalizationType.layer(), input_shape=shape[1:])
@@ -1023,7 +1028,8 @@ def test_numba_keeps_small_calls_on_the_calling_thread(monkeypatch, rng):
             y = layer.apply(x, phase="training")
             layer.apply_backward(x, np.ones_like(x), output=y, phase="training")
         small = x.size < _numba_normalization.PARALLEL_MIN_ELEMENTS
-        assert counts[0::2] == [1 if small else most] * 2, (shape, counts)
+        assert counts == [1 if small else most] * 2, (shape, counts)
+        assert numba.get_num_threads() == before
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 4100), (2, 2000, 3), (2, 6000)],

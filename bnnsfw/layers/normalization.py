@@ -627,6 +627,7 @@ class NormalizationLayer(Filter):
                                 moving_variance=view(self._moving_variance))
         beta = None if kind.root_mean_square else view(self._beta)  # RMS normalization has no shift
         self._public = attrs.evolve(parameters, type=kind, gamma=view(self._gamma), beta=beta)
+        self._affine_shape = affine
         # The kernels' view of a sample (made again for each call's sizes when some are open).
         self._layout = _Layout.of(parameters, None if not parameters.open_sizes
                                   else (parameters.channels, *(1 for _ in parameters.input_shape[1:])))
@@ -853,7 +854,7 @@ class NormalizationLayer(Filter):
         if x.ndim == rank:  # unbatched: a batch of one, through views
             batched = self._forward(where, x[None], phase, None if out is None else out[None])
             return (out if out is not None else batched[0][0]), batched[1], batched[2]
-        if out is not None and not _same_memory(out, x) and np.may_share_memory(out, x):
+        if out is not None and np.may_share_memory(out, x) and not _same_memory(out, x):
             raise InvalidParameterError(
                 must_be(f"{where}(output)", "x itself or an array that does not overlap x",
                         "an array overlapping x")
@@ -994,7 +995,7 @@ class NormalizationLayer(Filter):
             elif dx_buffer is not None:
                 dx = dx_buffer
             return NormalizationGradients(input=dx, beta=batched.beta, gamma=batched.gamma)
-        affine = self._parameters.affine_shape
+        affine = self._affine_shape
         dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
         dbeta_buffer = as_output(f"{where}(beta_gradient)", beta_gradient, dtype, affine)
         dgamma_buffer = as_output(f"{where}(gamma_gradient)", gamma_gradient, dtype, affine)
@@ -1042,13 +1043,13 @@ class NormalizationLayer(Filter):
         shape = self.input_shape
         rank = len(shape)
         leading = self._parameters.type.kind is FilterType.layer_norm
-        dims = _shape_text(shape)[1:-1].rstrip(",")
-        text = (f"(*leading, {dims}) with any number of leading axes" if leading
-                else f"(N, {dims}) or unbatched {_shape_text(shape)}")
         array = as_input(where, x, self.dtype)
         sample = array.shape[array.ndim - rank:] if array.ndim >= rank else ()
         fits = array.ndim >= rank and all(s is None or s == a for s, a in zip(shape, sample))
         if not fits or array.ndim > rank + 1 and not leading:
+            dims = _shape_text(shape)[1:-1].rstrip(",")
+            text = (f"(*leading, {dims}) with any number of leading axes" if leading
+                    else f"(N, {dims}) or unbatched {_shape_text(shape)}")
             raise ShapeError(must_be(where, f"of shape {text}", describe(array)))
         if any(a < 1 for a in array.shape[:array.ndim - rank]):
             raise ShapeError(must_be(where, "a batch of at least one sample", describe(array)))
