@@ -92,9 +92,10 @@ def _centre(v):
 def _corrected(centre, deviations, squares, count):
     """The mean and centred sum of squares, in float64, of ``count`` elements whose deviations
     ``d`` from ``centre`` sum to ``deviations`` and whose ``d²`` sum to ``squares``: the centre
-    corrected by the deviations' mean. The error of a centre summed in float32 is what the
-    deviations sum to, so the result keeps float64's precision of the mean, and the squares
-    taken around a point this close to the mean lose nothing to cancellation."""
+    corrected by the deviations' mean. What the deviations sum to is the error of a centre
+    summed in float32; adding it back leaves the mean with the rounding of a sum of small
+    deviations rather than of the values, and squares taken around a point this close to the
+    mean lose nothing to cancellation."""
     d = float(deviations)
     return float(centre) + d / count, max(float(squares) - d * d / count, 0.0)
 
