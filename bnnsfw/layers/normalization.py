@@ -627,7 +627,6 @@ class NormalizationLayer(Filter):
                                 moving_variance=view(self._moving_variance))
         beta = None if kind.root_mean_square else view(self._beta)  # RMS normalization has no shift
         self._public = attrs.evolve(parameters, type=kind, gamma=view(self._gamma), beta=beta)
-        self._affine_shape = affine
         # The kernels' view of a sample (made again for each call's sizes when some are open).
         self._layout = _Layout.of(parameters, None if not parameters.open_sizes
                                   else (parameters.channels, *(1 for _ in parameters.input_shape[1:])))
@@ -995,7 +994,7 @@ class NormalizationLayer(Filter):
             elif dx_buffer is not None:
                 dx = dx_buffer
             return NormalizationGradients(input=dx, beta=batched.beta, gamma=batched.gamma)
-        affine = self._affine_shape
+        affine = self._parameters.affine_shape
         dx_buffer = as_output(f"{where}(input_gradient)", input_gradient, dtype, x.shape)
         dbeta_buffer = as_output(f"{where}(beta_gradient)", beta_gradient, dtype, affine)
         dgamma_buffer = as_output(f"{where}(gamma_gradient)", gamma_gradient, dtype, affine)
