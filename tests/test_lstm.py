@@ -999,8 +999,10 @@ def test_numba_row_product_agrees_with_a_float64_product(rng):
     ``ROW_VECTORS`` and ``ROWS_VECTORS`` vectors, of one, and columns one by one, or none of
     some; an empty sum; ``b`` a view of the first columns of wider rows (NaN beyond, never
     read) and ``a`` a strided view (the transpose of a step's states, columns of a larger
-    array); ``out`` overwritten whatever it held (NaN), nothing written around it."""
-    from bnnsfw.backends.numba._tiles import ROW_VECTORS, ROWS_VECTORS, WIDE_BYTES, row_product
+    array); ``out`` overwritten whatever it held (NaN), nothing written around it.
+    ``add_row_product`` adds the same product to what ``out`` holds."""
+    from bnnsfw.backends.numba._tiles import (ROW_VECTORS, ROWS_VECTORS, WIDE_BYTES, add_row_product,
+                                              row_product)
 
     dtype = np.float32  # the compiled kernels' dtype
 
@@ -1023,6 +1025,12 @@ def test_numba_row_product_agrees_with_a_float64_product(rng):
                 edges = np.ones(frame.shape, bool)
                 edges[1:-1, 1:-1] = False
                 assert (frame[edges] == 7.0).all(), (m, k, n)
+                assert np.abs(out - want).max() <= tolerance * (1.0 + np.abs(want).max()), (m, k, n)
+                start = rng.standard_normal((m, n)).astype(dtype)
+                out[:] = start
+                add_row_product(a, b, out)
+                assert (frame[edges] == 7.0).all(), (m, k, n)
+                want = want + start
                 assert np.abs(out - want).max() <= tolerance * (1.0 + np.abs(want).max()), (m, k, n)
 
 

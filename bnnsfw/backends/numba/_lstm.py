@@ -311,19 +311,29 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
         steps = scratch.array("lstm_numba_blocks", (2, six_h, batch), dtype)
         hidden = scratch.array("lstm_numba_hidden", (2, h, batch), dtype)
     assert hidden is not None  # a training cache keeps the states
-    # ROW_PAD more columns than the chunk's: each step reads a run of every row, and rows of a
-    # multiple of 4 KiB (the chunks of 1 024 float32 columns of L, XL and the long row) would
-    # put all those runs in one set of the level-1 cache (as :func:`wide_rows` describes for U).
-    # A contiguous array, not a padded view of one: with the view (a kernel compiled for any
-    # strides) L's forward took 1.2 times as long.
-    projection = scratch.array("lstm_numba_projection", (4 * h, chunk * batch + ROW_PAD), dtype)
+    projection = scratch.array("lstm_numba_projection", projection_shape(h, chunk, batch), dtype)
     h_fin = scratch.array("lstm_numba_h_fin", (h, batch), dtype)
     c_fin = scratch.array("lstm_numba_c_fin", (h, batch), dtype)
     f = _forward_weights(w, x2.shape[1], h, batch, dtype, inference)
     return _ForwardCall(
-        x2, f.wx, f.bias, w.u_wide, w.u_t_wide, f.pe, f.full_pre, f.full_out, _feature_major(h0, dtype),
+        x2, f.wx, f.bias, w.u_wide, f.u_t, f.pe, f.full_pre, f.full_out, _feature_major(h0, dtype),
         _feature_major(c0, dtype), _NO_LENGTHS if lengths is None else lengths, steps, hidden,
         _any_layout(output), h_fin, c_fin, projection, f.light, h_final, c_final)
+
+
+def projection_shape(h: int, chunk: int, batch: int) -> tuple[int, int]:
+    """The shape of a forward's projection scratch for ``chunk`` steps (:func:`_forward`).
+
+    For one sequence a row a step, (chunk, 4H): a step reads one contiguous row, to which its
+    product is added (:func:`~._lstm_forward._recur`). Else a column a step and sequence,
+    (4H, chunk·N + :data:`ROW_PAD`): each step reads a run of every row, and rows of a
+    multiple of 4 KiB (the chunks of 1 024 float32 columns of L, XL and the long row) would
+    put all those runs in one set of the level-1 cache (as :func:`wide_rows` describes for
+    ``U``), hence the padding. A contiguous array, not a padded view of one: with the view (a
+    kernel compiled for any strides) L's forward took 1.2 times as long."""
+    if batch == 1:
+        return (chunk, 4 * h)
+    return (4 * h, chunk * batch + ROW_PAD)
 
 
 class _ForwardWeights(NamedTuple):
@@ -331,6 +341,7 @@ class _ForwardWeights(NamedTuple):
 
     wx: np.ndarray
     bias: np.ndarray
+    u_t: np.ndarray
     pe: np.ndarray
     full_pre: np.ndarray
     full_out: np.ndarray
@@ -344,7 +355,8 @@ FORWARD_WEIGHTS_KEPT = 8
 def _forward_weights(w: LSTMWeights, size_i: int, h: int, batch: int, dtype: np.dtype,
                      inference: bool) -> _ForwardWeights:
     """What :func:`_forward` reads from the weights for inputs of width ``size_i``, ``h``
-    units, ``batch`` sequences and an inference or not: made at the first such call of a packing and kept in
+    units, ``batch`` sequences and an inference or not (for one sequence ``Wᵀ`` instead of ``W``, and
+    :func:`_halved_u_t`): made at the first such call of a packing and kept in
     ``w.forward_args`` (the weights of a packing never change; a few kinds at most are kept).
     A call of a small layer spent about 4 µs making them each time."""
     kept = w.forward_args
@@ -354,8 +366,12 @@ def _forward_weights(w: LSTMWeights, size_i: int, h: int, batch: int, dtype: np.
         if found is not None:
             return found
     full_out = w.peepholes.full_output
+    wx, u_t = w.wx_bias[:4 * h, :size_i], w.u_t_wide
+    assert u_t is not None, "weights packed by NumbaBackend.lstm_pack_weights"
+    if batch == 1:  # Wᵀ, the operand of one sequence's projection (a view: the kernels' one type)
+        wx, u_t = wide_rows(np.ascontiguousarray(wx.T))[:, :4 * h], _halved_u_t(w)
     made = _ForwardWeights(
-        w.wx_bias[:4 * h, :size_i], np.ascontiguousarray(w.wx_bias[:4 * h, size_i]),
+        wx, np.ascontiguousarray(w.wx_bias[:4 * h, size_i]), u_t,
         _repeated(w.peepholes.diagonal, h, batch, dtype), _EMPTY[dtype] if w.full_pre is None else w.full_pre,
         _EMPTY[dtype] if full_out is None else full_out, _light(w, inference))
     if kept is not None:
@@ -363,6 +379,20 @@ def _forward_weights(w: LSTMWeights, size_i: int, h: int, batch: int, dtype: np.
             kept.clear()
         kept[key] = made
     return made
+
+
+def _halved_u_t(w: LSTMWeights) -> np.ndarray:
+    """``Uᵀ`` with the halved gates' columns halved, in wide rows (:func:`wide_rows`): the
+    transpose of the forward's ``u``, to which one sequence's step adds its product
+    (:func:`~._lstm_forward._recur`). Made at the first such forward of a packing, kept in
+    ``w.forward_args``."""
+    kept = w.forward_args
+    found = None if kept is None else kept.get(("u_t",))
+    if found is None:
+        found = wide_rows(np.ascontiguousarray(w.u.T))
+        if kept is not None:
+            kept[("u_t",)] = found
+    return found
 
 
 def _light(w: LSTMWeights, inference: bool) -> bool:
@@ -490,19 +520,19 @@ class StackInference:
         self._layers: list[tuple] = []
         for k, w in enumerate(weights):
             a = _forward_weights(w, size_i if k == 0 else h, h, batch, dtype, True)
-            self._layers.append((a.wx, a.bias, w.u_wide, w.u_t_wide, a.pe, a.full_pre, a.full_out, a.light))
+            self._layers.append((a.wx, a.bias, w.u_wide, a.u_t, a.pe, a.full_pre, a.full_out, a.light))
         self._x_shape = (seq_len * batch, size_i)
         chunk = chunk_steps(seq_len, batch, narrow(batch, dtype))
         size_l = len(weights)
         # as :func:`_forward_call` takes them: two blocks of steps and of states taken in turn
-        # and the chunk's projection (ROW_PAD more columns); every layer's initial and final
+        # and the chunk's projection (projection_shape); every layer's initial and final
         # states, feature-major; the outputs of the layers below the top, two taken in turn
         # (a layer reads one and writes the other)
         # (and the top layer's output when it is copied out)
         self._top_copied = seq_len * batch * h * dtype.itemsize <= self.TOP_COPIED_BYTES
         #: (L, H, 1), the kernels' view of a C-contiguous (L, 1, H) state, with one sequence
         self._columns = (size_l, h, 1) if batch == 1 else None
-        shapes = ((2, 6 * h, batch), (2, h, batch), (4 * h, chunk * batch + ROW_PAD),
+        shapes = ((2, 6 * h, batch), (2, h, batch), projection_shape(h, chunk, batch),
                   *[(size_l, h, batch)] * 4, *[(seq_len, batch, h)] * min(size_l - 1, 2),
                   *[(seq_len, batch, h)] * self._top_copied)
         self._layout = []

@@ -60,8 +60,8 @@ _cache.install()  # before any kernel: their cache entries' stamps cover the sou
 __all__ = ["ROWS", "NARROW_ROWS", "PAIR_ROWS", "PAIR_WIDE_ROWS", "PACK_ROWS", "PAIRS", "ROW_VECTORS",
            "ROWS_VECTORS", "SPLIT_WIDE_CPUS", "VECTOR_BYTES", "WIDE_BYTES", "COLUMN_ROWS", "COLUMN_COLUMNS",
            "column_tiles", "column_product", "TRANSPOSED_ROWS", "lanes", "packs", "pack_rows", "pack_size",
-           "packed_product", "paired", "paired_product", "product", "row_product", "transposed_product",
-           "wide_loops"]
+           "packed_product", "paired", "paired_product", "product", "row_product", "add_row_product",
+           "transposed_product", "wide_loops"]
 
 #: Rows of ``out`` per tile: six rows by two vectors keep twelve sums in flight, more than a
 #: fused multiply-add's latency times the two a cycle that a core issues (4 × 2 on the
@@ -867,10 +867,19 @@ def row_product(a, b, out):
     the row, where the tiles of :func:`product`, whose vectors run along the sequences, would
     fill a fraction of each vector."""
     m, n = out.shape
-    whole = n - n % (WIDE_BYTES // out.itemsize)
     for i in range(m):
         for j in range(n):
             out[i, j] = 0.0
+    add_row_product(a, b, out)
+
+
+@_inline
+def add_row_product(a, b, out):
+    """``out += a @ b`` by the tiles of :func:`row_product` (which is this on zeros): a step
+    that adds its product to what ``out`` holds already (one sequence's projection,
+    :func:`~._lstm_forward._recur`) makes no pass of its own to add it."""
+    m, n = out.shape
+    whole = n - n % (WIDE_BYTES // out.itemsize)
     i0 = 0
     while i0 + 4 <= m:
         a4, out4 = a[i0:i0 + 4], out[i0:i0 + 4]
