@@ -879,6 +879,50 @@ def test_numba_chunks_of_steps_agree_with_the_reference(peepholes, batch, monkey
     _assert_all_close(results[1], results[0], dtype)
 
 
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+@pytest.mark.parametrize("peepholes", [None, "diagonal", "full"])
+@pytest.mark.parametrize("length", [7, 5, 0])
+def test_numba_one_sequence_projects_a_row_a_step(peepholes, length, monkeypatch, rng):
+    """One sequence's forward lays its input projection out a row a step (``projection_shape``:
+    (chunk, 4H)), each step adding its product to its row. Over chunks of 3 steps (3, 3 and
+    1), two layers, both directions, a length of the whole sequence, a shorter one or 0, initial
+    states and final-state gradients, with no, diagonal or full peepholes, the inference (through
+    a prepared call), the training forward and every gradient agree with the reference; 4H = 76
+    takes whole vectors and a rest."""
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+
+    dtype = np.float32  # the compiled kernels' dtype
+
+    monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 3)
+    seen: list[tuple[int, ...]] = []
+    kernel = _numba_lstm._forward
+
+    def recorded(*args):
+        seen.append(_argument(kernel, args, "projection").shape)
+        return kernel(*args)
+
+    monkeypatch.setattr(_numba_lstm, "_forward", recorded)
+    hidden = 19
+    params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, bidirectional=True,
+                                   peepholes=peepholes, seed=5, dtype=dtype)
+    x = rng.standard_normal((7, 1, 3)).astype(dtype)
+    dy = rng.standard_normal((7, 1, 2 * hidden)).astype(dtype)
+    states = tuple(rng.standard_normal((4, 1, hidden)).astype(dtype) for _ in range(2))
+    final_grads = tuple(rng.standard_normal((4, 1, hidden)).astype(dtype) for _ in range(2))
+    lengths = np.array([length])
+    results = []
+    for name in ("numpy", "numba"):
+        with layer_for(params, name) as layer:
+            out = layer.apply(x, *states, training=True, sequence_lengths=lengths)
+            grads = layer.apply_backward(x, dy, *states, *final_grads, sequence_lengths=lengths,
+                                         training_cache=out.training_cache)
+            inferred = [layer.apply(x, *states).output for _ in range(2)]
+        arrays = [out.output, out.hidden, out.cell, *inferred, grads.input, grads.hidden, grads.cell]
+        results.append(arrays + _gate_gradients(grads))
+    _assert_all_close(results[1], results[0], dtype)
+    assert seen and set(seen) == {(3, 4 * hidden)}
+
+
 def _framed(make, shape, dtype):
     """``make(out)`` on an ``out`` of ``shape`` inside a larger array; checks that nothing
     around it was written and returns ``out``."""
