@@ -923,6 +923,37 @@ def test_numba_one_sequence_projects_a_row_a_step(peepholes, length, monkeypatch
     assert seen and set(seen) == {(3, 4 * hidden)}
 
 
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_one_sequence_shared_out_keeps_the_column_layout(monkeypatch, rng):
+    """One sequence's steps shared out over threads (only where ``step_parts`` is made to say
+    so) take the column layout of every threaded forward, not the row a step of the calling
+    thread's (``projection_shape``): inference, training and every gradient agree with the
+    reference."""
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+
+    dtype = np.float32  # the compiled kernels' dtype
+
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    seen: list[tuple[int, ...]] = []
+    threaded = _numba_lstm._forward_threads
+
+    def recorded(*args):
+        seen.append(_argument(threaded, args, "projection").shape)
+        return threaded(*args)
+
+    monkeypatch.setattr(_numba_lstm, "_forward_threads", recorded)
+    hidden = 40
+    params = LSTMParameters.random(input_size=3, hidden_size=hidden, seed=6, dtype=dtype)
+    x = rng.standard_normal((9, 1, 3)).astype(dtype)
+    dy = rng.standard_normal((9, 1, hidden)).astype(dtype)
+    results = []
+    for name in ("numpy", "numba"):
+        with layer_for(params, name) as layer:
+            results.append(_forward_and_backward(layer, x, dy))
+    _assert_all_close(results[1], results[0], dtype)
+    assert seen and all(shape[0] == 4 * hidden for shape in seen)
+
+
 def _framed(make, shape, dtype):
     """``make(out)`` on an ``out`` of ``shape`` inside a larger array; checks that nothing
     around it was written and returns ``out``."""

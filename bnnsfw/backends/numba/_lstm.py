@@ -299,9 +299,10 @@ class _ForwardCall(NamedTuple):
 def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
                   lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None,
                   output: np.ndarray, h_final: np.ndarray, c_final: np.ndarray, scratch,
-                  chunk: int) -> _ForwardCall:
-    """Scratch, laid-out states and weights for :func:`_forward`, from the arguments of
-    :func:`forward`; ``chunk`` steps per input projection."""
+                  chunk: int, one: bool = False) -> _ForwardCall:
+    """Scratch, laid-out states and weights for the forward kernels, from the arguments of
+    :func:`forward`; ``chunk`` steps per input projection; ``one``: one sequence on the calling
+    thread (:func:`projection_shape`)."""
     assert w.u_wide is not None and w.u_t_wide is not None, "weights packed by NumbaBackend.lstm_pack_weights"
     dtype = steps.dtype
     seq_len, six_h, batch = steps.shape
@@ -311,27 +312,29 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
         steps = scratch.array("lstm_numba_blocks", (2, six_h, batch), dtype)
         hidden = scratch.array("lstm_numba_hidden", (2, h, batch), dtype)
     assert hidden is not None  # a training cache keeps the states
-    projection = scratch.array("lstm_numba_projection", projection_shape(h, chunk, batch), dtype)
+    projection = scratch.array("lstm_numba_projection", projection_shape(h, chunk, batch, one), dtype)
     h_fin = scratch.array("lstm_numba_h_fin", (h, batch), dtype)
     c_fin = scratch.array("lstm_numba_c_fin", (h, batch), dtype)
-    f = _forward_weights(w, x2.shape[1], h, batch, dtype, inference)
+    f = _forward_weights(w, x2.shape[1], h, batch, dtype, inference, one)
     return _ForwardCall(
         x2, f.wx, f.bias, w.u_wide, f.u_t, f.pe, f.full_pre, f.full_out, _feature_major(h0, dtype),
         _feature_major(c0, dtype), _NO_LENGTHS if lengths is None else lengths, steps, hidden,
         _any_layout(output), h_fin, c_fin, projection, f.light, h_final, c_final)
 
 
-def projection_shape(h: int, chunk: int, batch: int) -> tuple[int, int]:
-    """The shape of a forward's projection scratch for ``chunk`` steps (:func:`_forward`).
+def projection_shape(h: int, chunk: int, batch: int, one: bool) -> tuple[int, int]:
+    """The shape of a forward's projection scratch for ``chunk`` steps.
 
-    For one sequence a row a step, (chunk, 4H): a step reads one contiguous row, to which its
-    product is added (:func:`~._lstm_forward._recur`). Else a column a step and sequence,
+    ``one`` (one sequence on the calling thread, :func:`_forward`): a row a step, (chunk, 4H),
+    a step reading one contiguous row, to which its product is added
+    (:func:`~._lstm_forward._recur`). Else (the steps shared out over threads, whatever the
+    batch, too) a column a step and sequence,
     (4H, chunk·N + :data:`ROW_PAD`): each step reads a run of every row, and rows of a
     multiple of 4 KiB (the chunks of 1 024 float32 columns of L, XL and the long row) would
     put all those runs in one set of the level-1 cache (as :func:`wide_rows` describes for
     ``U``), hence the padding. A contiguous array, not a padded view of one: with the view (a
     kernel compiled for any strides) L's forward took 1.2 times as long."""
-    if batch == 1:
+    if one:
         return (chunk, 4 * h)
     return (4 * h, chunk * batch + ROW_PAD)
 
@@ -353,14 +356,15 @@ FORWARD_WEIGHTS_KEPT = 8
 
 
 def _forward_weights(w: LSTMWeights, size_i: int, h: int, batch: int, dtype: np.dtype,
-                     inference: bool) -> _ForwardWeights:
-    """What :func:`_forward` reads from the weights for inputs of width ``size_i``, ``h``
-    units, ``batch`` sequences and an inference or not (for one sequence ``Wᵀ`` instead of ``W``, and
+                     inference: bool, one: bool = False) -> _ForwardWeights:
+    """What the forward kernels read from the weights for inputs of width ``size_i``, ``h``
+    units, ``batch`` sequences and an inference or not (with ``one``, one sequence on the
+    calling thread as :func:`projection_shape` says: ``Wᵀ`` instead of ``W``, and
     :func:`_halved_u_t`): made at the first such call of a packing and kept in
     ``w.forward_args`` (the weights of a packing never change; a few kinds at most are kept).
     A call of a small layer spent about 4 µs making them each time."""
     kept = w.forward_args
-    key = (size_i, h, batch, dtype, inference)
+    key = (size_i, h, batch, dtype, inference, one)
     if kept is not None:
         found = kept.get(key)
         if found is not None:
@@ -368,7 +372,7 @@ def _forward_weights(w: LSTMWeights, size_i: int, h: int, batch: int, dtype: np.
     full_out = w.peepholes.full_output
     wx, u_t = w.wx_bias[:4 * h, :size_i], w.u_t_wide
     assert u_t is not None, "weights packed by NumbaBackend.lstm_pack_weights"
-    if batch == 1:  # Wᵀ, the operand of one sequence's projection (a view: the kernels' one type)
+    if one:  # Wᵀ, the operand of one sequence's projection (a view: the kernels' one type)
         wx, u_t = wide_rows(np.ascontiguousarray(wx.T))[:, :4 * h], _halved_u_t(w)
     made = _ForwardWeights(
         wx, np.ascontiguousarray(w.wx_bias[:4 * h, size_i]), u_t,
@@ -475,7 +479,8 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
     tiles = _step_tiles(w, parts, batch) if parts > 1 else _NO_TILES[steps.dtype]
     # with packed rows the steps make the input's product too: no projection scratch
     chunk = 0 if tiles.shape[2] else chunk_steps(seq_len, batch, parts == 1 and narrow(batch, steps.dtype))
-    a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch, chunk)
+    a = _forward_call(w, x2, h0, c0, lengths, steps, hidden, output, h_final, c_final, scratch, chunk,
+                      parts == 1 and batch == 1)
     if parts > 1:
         assert a.full_pre.size == 0 and a.full_out.size == 0, "threads serve no full peepholes"
         with blas_limit(1):
@@ -519,7 +524,7 @@ class StackInference:
         #: per layer, the arguments of :func:`_forward` from ``wx`` to ``full_out``, and ``light``
         self._layers: list[tuple] = []
         for k, w in enumerate(weights):
-            a = _forward_weights(w, size_i if k == 0 else h, h, batch, dtype, True)
+            a = _forward_weights(w, size_i if k == 0 else h, h, batch, dtype, True, batch == 1)
             self._layers.append((a.wx, a.bias, w.u_wide, a.u_t, a.pe, a.full_pre, a.full_out, a.light))
         self._x_shape = (seq_len * batch, size_i)
         chunk = chunk_steps(seq_len, batch, narrow(batch, dtype))
@@ -532,7 +537,7 @@ class StackInference:
         self._top_copied = seq_len * batch * h * dtype.itemsize <= self.TOP_COPIED_BYTES
         #: (L, H, 1), the kernels' view of a C-contiguous (L, 1, H) state, with one sequence
         self._columns = (size_l, h, 1) if batch == 1 else None
-        shapes = ((2, 6 * h, batch), (2, h, batch), projection_shape(h, chunk, batch),
+        shapes = ((2, 6 * h, batch), (2, h, batch), projection_shape(h, chunk, batch, batch == 1),
                   *[(size_l, h, batch)] * 4, *[(seq_len, batch, h)] * min(size_l - 1, 2),
                   *[(seq_len, batch, h)] * self._top_copied)
         self._layout = []
