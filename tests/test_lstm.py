@@ -894,14 +894,8 @@ def test_numba_one_sequence_projects_a_row_a_step(peepholes, length, monkeypatch
     dtype = np.float32  # the compiled kernels' dtype
 
     monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 3)
-    seen: list[tuple[int, ...]] = []
-    kernel = _numba_lstm._forward
-
-    def recorded(*args):
-        seen.append(_argument(kernel, args, "projection").shape)
-        return kernel(*args)
-
-    monkeypatch.setattr(_numba_lstm, "_forward", recorded)
+    seen = _record_calls(monkeypatch, ["_forward"],
+                         lambda name, kernel, args: _argument(kernel, args, "projection").shape)
     hidden = 19
     params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, bidirectional=True,
                                    peepholes=peepholes, seed=5, dtype=dtype)
@@ -934,14 +928,8 @@ def test_numba_one_sequence_shared_out_keeps_the_column_layout(monkeypatch, rng)
     dtype = np.float32  # the compiled kernels' dtype
 
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
-    seen: list[tuple[int, ...]] = []
-    threaded = _numba_lstm._forward_threads
-
-    def recorded(*args):
-        seen.append(_argument(threaded, args, "projection").shape)
-        return threaded(*args)
-
-    monkeypatch.setattr(_numba_lstm, "_forward_threads", recorded)
+    seen = _record_calls(monkeypatch, ["_forward_threads"],
+                         lambda name, kernel, args: _argument(kernel, args, "projection").shape)
     hidden = 40
     params = LSTMParameters.random(input_size=3, hidden_size=hidden, seed=6, dtype=dtype)
     x = rng.standard_normal((9, 1, 3)).astype(dtype)
