@@ -112,6 +112,7 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
     # halved rows' transpose, else the true Uᵀ, the halved gates' ½ applied to its sums (exact)
     u_t_rows = u_t[:, :4 * h]
     z_row = np.empty((batch, 4 * h), steps.dtype)
+    z_one = z.reshape((1, z.size))  # with one sequence, z as the row its product is added to
     half = steps.dtype.type(0.5)
     for k in range(k_begin, k_end):
         t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
@@ -119,7 +120,6 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
         first = (t - chunk_first) * batch
         with_product = k > 0 or h0.size > 0  # U @ 0 adds nothing
         if batch == 1:  # one sequence: z, as a row, is the step's row of the projection + hᵀ Uᵀ
-            z_one = z.reshape((1, 4 * h))
             row = projection[t - chunk_first]
             for r in range(4 * h):
                 z_one[0, r] = row[r]
