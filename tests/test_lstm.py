@@ -907,12 +907,8 @@ def test_numba_one_sequence_projects_a_row_a_step(peepholes, length, monkeypatch
     results = []
     for name in ("numpy", "numba"):
         with layer_for(params, name) as layer:
-            out = layer.apply(x, *states, training=True, sequence_lengths=lengths)
-            grads = layer.apply_backward(x, dy, *states, *final_grads, sequence_lengths=lengths,
-                                         training_cache=out.training_cache)
-            inferred = [layer.apply(x, *states).output for _ in range(2)]
-        arrays = [out.output, out.hidden, out.cell, *inferred, grads.input, grads.hidden, grads.cell]
-        results.append(arrays + _gate_gradients(grads))
+            full_length = [layer.apply(x, *states).output for _ in range(2)]
+            results.append(_every_result(layer, x, lengths, states, dy, final_grads) + full_length)
     _assert_all_close(results[1], results[0], dtype)
     assert seen and set(seen) == {(3, 4 * hidden)}
 
