@@ -938,6 +938,30 @@ def test_numba_one_sequence_shared_out_keeps_the_column_layout(monkeypatch, rng)
     assert seen and all(shape[0] == 4 * hidden for shape in seen)
 
 
+@pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
+def test_numba_one_sequence_shared_out_projects_chunks_of_its_own_columns(monkeypatch, rng):
+    """One sequence's steps shared out over threads, in chunks of 6 columns (40 steps): each
+    chunk's projection fits the column layout's scratch (its steps are counted from the
+    columns, not from the rows of one sequence's row layout, which wrote past the scratch and
+    corrupted the heap), and the output agrees with the reference."""
+    from bnnsfw.backends.numba import _lstm as _numba_lstm
+
+    dtype = np.float32  # the compiled kernels' dtype
+
+    monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: 2)
+    monkeypatch.setattr(_numba_lstm, "CHUNK_COLUMNS", 6)
+    seen = _record_calls(monkeypatch, ["_forward_threads"],
+                         lambda name, kernel, args: _argument(kernel, args, "projection").shape)
+    params = LSTMParameters.random(input_size=3, hidden_size=40, seed=6, dtype=dtype)
+    x = rng.standard_normal((40, 1, 3)).astype(dtype)
+    results = []
+    for name in ("numpy", "numba"):
+        with layer_for(params, name) as layer:
+            results.append([layer.apply(x).output])
+    _assert_all_close(results[1], results[0], dtype)
+    assert seen and all(shape[0] == 160 for shape in seen)
+
+
 def _framed(make, shape, dtype):
     """``make(out)`` on an ``out`` of ``shape`` inside a larger array; checks that nothing
     around it was written and returns ``out``."""

@@ -153,10 +153,11 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
 
 
 @_inline
-def _projection_steps(projection, batch):
+def _projection_steps(projection, batch, one):
     """Steps per chunk of a forward's projection scratch, shaped by
-    :func:`~._lstm.projection_shape`: (chunk, 4H) for one sequence, else (4H, chunk·N + ROW_PAD)."""
-    if batch == 1:
+    :func:`~._lstm.projection_shape`: (chunk, 4H) for ``one`` sequence on the calling thread,
+    else (4H, chunk·N + ROW_PAD), one sequence's steps shared out over threads included."""
+    if one:
         return projection.shape[0]
     return (projection.shape[1] - ROW_PAD) // batch
 
@@ -186,7 +187,7 @@ def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, step
     """
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
-    chunk = _projection_steps(projection, batch)
+    chunk = _projection_steps(projection, batch, batch == 1)
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
@@ -442,7 +443,7 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
                        h_fin, c_fin, reverse, first, seq_len, light, x2, operands, bias_rows)
         return
     no_operands = np.empty((2, 0, 0), steps.dtype)
-    chunk = _projection_steps(projection, batch)
+    chunk = _projection_steps(projection, batch, False)
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)
