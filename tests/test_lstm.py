@@ -883,19 +883,19 @@ def test_numba_chunks_of_steps_agree_with_the_reference(peepholes, batch, monkey
 @pytest.mark.parametrize("peepholes", [None, "diagonal", "full"])
 @pytest.mark.parametrize("length", [7, 5, 0])
 def test_numba_one_sequence_projects_a_row_a_step(peepholes, length, monkeypatch, rng):
-    """One sequence's forward lays its input projection out a row a step (``projection_shape``:
-    (chunk, 4H)), each step adding its product to its row. Over chunks of 3 steps (3, 3 and
-    1), two layers, both directions, a length of the whole sequence, a shorter one or 0, initial
-    states and final-state gradients, with no, diagonal or full peepholes, the inference (through
-    a prepared call), the training forward and every gradient agree with the reference; 4H = 76
-    takes whole vectors and a rest."""
+    """One sequence's forward, a kernel of its own (``_forward_one``), lays its input projection
+    out a row a step (``projection_shape``: (chunk, 4H)), each step adding its product to its
+    row. Over chunks of 3 steps (3, 3 and 1), two layers, both directions, a length of the whole
+    sequence, a shorter one or 0, initial states and final-state gradients, with no, diagonal or
+    full peepholes, the inference (through a prepared call), the training forward and every
+    gradient agree with the reference; 4H = 76 takes whole vectors and a rest."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
 
     dtype = np.float32  # the compiled kernels' dtype
 
     monkeypatch.setattr(_numba_lstm, "NARROW_CHUNK_COLUMNS", 3)
-    seen = _record_calls(monkeypatch, ["_forward"],
-                         lambda name, kernel, args: _argument(kernel, args, "projection").shape)
+    seen = _record_calls(monkeypatch, ["_forward", "_forward_one"],
+                         lambda name, kernel, args: (name, _argument(kernel, args, "projection").shape))
     hidden = 19
     params = LSTMParameters.random(input_size=3, hidden_size=hidden, num_layers=2, bidirectional=True,
                                    peepholes=peepholes, seed=5, dtype=dtype)
@@ -910,7 +910,7 @@ def test_numba_one_sequence_projects_a_row_a_step(peepholes, length, monkeypatch
             full_length = [layer.apply(x, *states).output for _ in range(2)]
             results.append(_every_result(layer, x, lengths, states, dy, final_grads) + full_length)
     _assert_all_close(results[1], results[0], dtype)
-    assert seen and set(seen) == {(3, 4 * hidden)}
+    assert seen and set(seen) == {("_forward_one", (3, 4 * hidden))}
 
 
 @pytest.mark.skipif("numba" not in bf.available_backends(), reason="needs the numba backend")
@@ -2287,9 +2287,9 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
                     results.append((out.output, grads.input, grads.hidden))
             _assert_all_close(list(results[0]), list(results[1]), dtype)
     assert set(used) == {"_backward" if parts == 1 else "_backward_overlapped"}, used
-    kernels = {_lstm_forward._forward: "outs", _lstm_forward._forward_threads: "outs",
-               _lstm_backward._backward: "dys", _lstm_backward._backward_threads: "dys",
-               _lstm_backward._backward_overlapped: "dys"}
+    kernels = {_lstm_forward._forward: "outs", _lstm_forward._forward_one: "outs",
+               _lstm_forward._forward_threads: "outs", _lstm_backward._backward: "dys",
+               _lstm_backward._backward_threads: "dys", _lstm_backward._backward_overlapped: "dys"}
     for kernel, name in kernels.items():
         position = list(inspect.signature(kernel.py_func).parameters).index(name)
         for signature in kernel.signatures:

@@ -312,13 +312,13 @@ def test_a_one_sequence_inference_takes_the_states_where_they_lie(backend_name, 
     if backend_name == "numba":
         from bnnsfw.backends.numba import _lstm
 
-        forward = _lstm._forward
+        forward = _lstm._forward_one  # one sequence's kernel
 
         def spy(*args):
             seen.append(args[8:10] + args[13:16])  # h0, c0, output, h_fin, c_fin
             return forward(*args)
 
-        monkeypatch.setattr(_lstm, "_forward", spy)
+        monkeypatch.setattr(_lstm, "_forward_one", spy)
     params = bf.LSTMParameters.random(input_size=3, hidden_size=4, num_layers=num_layers, seed=6,
                                       dtype=np.float32, peepholes="diagonal")
     with bf.LSTMLayer(params, bf.FilterParameters(backend=backend_name)) as layer, \

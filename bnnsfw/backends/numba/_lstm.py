@@ -50,7 +50,7 @@ from ..contract import Workspace
 from . import _tiers
 from ._lstm_backward import _backward, _backward_overlapped, _backward_threads
 from ._lstm_cell import _part, _touch_threads
-from ._lstm_forward import _forward, _forward_threads, _groups_threads, _pack_tiles
+from ._lstm_forward import _forward, _forward_one, _forward_threads, _groups_threads, _pack_tiles
 from ._lstm_operands import (_EMPTY, _NO_LENGTHS, ROW_PAD, _aligned, _any_layout, _diagonal, _feature_major,
                              _repeated, wide_rows)
 from ._tiles import PACK_ROWS, VECTOR_BYTES, pack_size, packs
@@ -283,10 +283,12 @@ class _ForwardCall(NamedTuple):
     light: bool
     h_final: np.ndarray
     c_final: np.ndarray
+    one: bool
 
     def run(self, reverse: bool) -> None:
-        """:func:`_forward` on the calling thread."""
-        _forward(self.x2, self.wx, self.bias, self.u, self.u_t, self.pe, self.full_pre, self.full_out,
+        """:func:`_forward` (:func:`_forward_one` for ``one`` sequence) on the calling thread."""
+        kernel = _forward_one if self.one else _forward
+        kernel(self.x2, self.wx, self.bias, self.u, self.u_t, self.pe, self.full_pre, self.full_out,
                  self.h0, self.c0, self.lengths, self.steps, self.hidden, self.outs, self.h_fin, self.c_fin,
                  self.projection, reverse, self.light)
 
@@ -319,15 +321,15 @@ def _forward_call(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.
     return _ForwardCall(
         x2, f.wx, f.bias, w.u_wide, f.u_t, f.pe, f.full_pre, f.full_out, _feature_major(h0, dtype),
         _feature_major(c0, dtype), _NO_LENGTHS if lengths is None else lengths, steps, hidden,
-        _any_layout(output), h_fin, c_fin, projection, f.light, h_final, c_final)
+        _any_layout(output), h_fin, c_fin, projection, f.light, h_final, c_final, one)
 
 
 def projection_shape(h: int, chunk: int, batch: int, one: bool) -> tuple[int, int]:
     """The shape of a forward's projection scratch for ``chunk`` steps.
 
-    ``one`` (one sequence on the calling thread, :func:`_forward`): a row a step, (chunk, 4H),
-    a step reading one contiguous row, to which its product is added
-    (:func:`~._lstm_forward._recur`). Else (the steps shared out over threads, whatever the
+    ``one`` (one sequence on the calling thread, :func:`_forward_one`): a row a step, (chunk,
+    4H), a step reading one contiguous row, to which its product is added
+    (:func:`~._lstm_forward._recur_one`). Else (the steps shared out over threads, whatever the
     batch, too) a column a step and sequence,
     (4H, chunk·N + :data:`ROW_PAD`): each step reads a run of every row, and rows of a
     multiple of 4 KiB (the chunks of 1 024 float32 columns of L, XL and the long row) would
@@ -388,7 +390,7 @@ def _forward_weights(w: LSTMWeights, size_i: int, h: int, batch: int, dtype: np.
 def _halved_u_t(w: LSTMWeights) -> np.ndarray:
     """``Uᵀ`` with the halved gates' columns halved, in wide rows (:func:`wide_rows`): the
     transpose of the forward's ``u``, to which one sequence's step adds its product
-    (:func:`~._lstm_forward._recur`). Made at the first such forward of a packing, kept in
+    (:func:`~._lstm_forward._recur_one`). Made at the first such forward of a packing, kept in
     ``w.forward_args``."""
     kept = w.forward_args
     found = None if kept is None else kept.get(("u_t",))
@@ -494,8 +496,9 @@ def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarra
 class StackInference:
     """:func:`forward` of every inference of one kind through a stack of one-direction layers
     whose steps stay on the calling thread (``parts`` 1, which :func:`threads_matter` False
-    makes so), calling :func:`_forward` for each layer in turn: layer k's output, in scratch of
-    the call's own, is layer k + 1's input (a stack's dropout acts in training only).
+    makes so), calling :func:`_forward` (:func:`_forward_one` for one sequence) for each layer
+    in turn: layer k's output, in scratch of the call's own, is layer k + 1's input (a stack's
+    dropout acts in training only).
 
     What each call would otherwise work out is worked out once: each layer's weight arguments
     (:func:`_forward_weights`), the chunk, and where the scratch arrays lie in one workspace
@@ -521,6 +524,7 @@ class StackInference:
         assert all(w.u_wide is not None and w.u_t_wide is not None for w in weights), \
             "weights packed by NumbaBackend"
         self._dtype = dtype
+        self._one = batch == 1  # the kernel: _forward_one, else _forward
         #: per layer, the arguments of :func:`_forward` from ``wx`` to ``full_out``, and ``light``
         self._layers: list[tuple] = []
         for k, w in enumerate(weights):
@@ -596,9 +600,10 @@ class StackInference:
         h_last = hidden_out.reshape(columns) if self._in_place(hidden_out) else h_fin
         c_last = cell_out.reshape(columns) if self._in_place(cell_out) else c_fin
         x2 = x.reshape(self._x_shape)
+        kernel = _forward_one if self._one else _forward
         for k, (weights, (outs, following)) in enumerate(zip(self._layers, layers)):
             wx, bias, u, u_t, pe, full_pre, full_out, light = weights
-            _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, empty if hidden is None else h0[k],
+            kernel(x2, wx, bias, u, u_t, pe, full_pre, full_out, empty if hidden is None else h0[k],
                      empty if cell is None else c0[k],
                      _NO_LENGTHS, steps, states, _any_layout(output) if outs is None else outs, h_last[k],
                      c_last[k], projection, False, light)

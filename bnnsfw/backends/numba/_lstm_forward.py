@@ -1,7 +1,7 @@
 """The compiled forward of one LSTM layer and direction (the default cell): on the calling
-thread (:func:`_forward`), with each step's units shared out over threads
-(:func:`_forward_threads`), or with each thread walking a group of the sequences through
-every step (:func:`_groups_threads`). :mod:`._lstm` chooses among them.
+thread (:func:`_forward`, and :func:`_forward_one` for one sequence), with each step's units
+shared out over threads (:func:`_forward_threads`), or with each thread walking a group of the
+sequences through every step (:func:`_groups_threads`). :mod:`._lstm` chooses among them.
 
 - **Time in chunks.** The input projection ``W x_t + b`` is one product per chunk of steps
   (BLAS adding ``W x_t`` to rows filled with ``b``: :func:`~._lstm_cell._biased_product`),
@@ -12,7 +12,8 @@ every step (:func:`_groups_threads`). :mod:`._lstm` chooses among them.
   float64): a tile kept in registers, with no packing of ``U`` at each step; fewer
   sequences take a tile of their states as rows (:func:`~._tiles.row_product`). One
   sequence's projection is a row a step (:func:`~._lstm.projection_shape`), to which the step
-  adds ``hᵀ Uᵀ`` in place (:func:`~._tiles.add_row_product`).
+  adds ``hᵀ Uᵀ`` in place (:func:`~._tiles.add_row_product`), in a kernel of its own
+  (:func:`_forward_one`): no model compiles the steps it never takes.
 - **Full peepholes** add a product per step: ``P c_{t−1}`` for the candidate, forget and
   input gates goes into ``z`` with ``U h``. Such cells keep their steps on the calling thread.
 - **Steps shared out over threads**: each of Numba's threads takes a run of units and
@@ -96,8 +97,8 @@ def _step_views(k, seq_len, reverse, steps, hidden, h_fin, c_fin):
 def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out,
            h_fin, c_fin, reverse, k_begin, k_end, light):
     """The forward steps ``k_begin … k_end − 1`` (in walking order); ``projection`` holds
-    ``W x + b`` of the chunk that starts at time step ``chunk_first``. Arrays as in
-    :func:`_forward` (``u`` and ``u_t`` with their padded rows)."""
+    ``W x + b`` of the chunk that starts at time step ``chunk_first``, a column a step and
+    sequence. Arrays as in :func:`_forward` (``u`` and ``u_t`` with their padded rows)."""
     wide_loops()
     six_h, batch = steps.shape[1], steps.shape[2]
     seq_len = out.shape[0]
@@ -108,24 +109,17 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
     z = np.empty((4 * h, batch), steps.dtype)
     tiled = batch * z.itemsize >= VECTOR_BYTES  # a vector's worth of sequences: the tile product
     u_rows = u[:, :h]
-    # fewer sequences than a vector holds: hᵀ Uᵀ a row a sequence; with one sequence the
-    # halved rows' transpose, else the true Uᵀ, the halved gates' ½ applied to its sums (exact)
+    # fewer sequences than a vector holds: hᵀ Uᵀ a row a sequence, the halved gates' ½ applied
+    # to its sums (exact)
     u_t_rows = u_t[:, :4 * h]
     z_row = np.empty((batch, 4 * h), steps.dtype)
-    z_one = z.reshape((1, z.size))  # with one sequence, z as the row its product is added to
     half = steps.dtype.type(0.5)
     for k in range(k_begin, k_end):
         t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
                                                         c_fin)
         first = (t - chunk_first) * batch
         with_product = k > 0 or h0.size > 0  # U @ 0 adds nothing
-        if batch == 1:  # one sequence: z, as a row, is the step's row of the projection + hᵀ Uᵀ
-            row = projection[t - chunk_first]
-            for r in range(4 * h):
-                z_one[0, r] = row[r]
-            if with_product:
-                add_row_product(h_prev.T, u_t_rows, z_one)
-        elif with_product and tiled:  # z = the projection's columns + U h: the fused pass reads z alone
+        if with_product and tiled:  # z = the projection's columns + U h: the fused pass reads z alone
             product(u_rows, h_prev, projection[:, first:first + batch], z)
         elif with_product:  # fewer sequences than a vector holds: hᵀ Uᵀ, a row a sequence
             row_product(h_prev.T, u_t_rows, z_row)
@@ -134,47 +128,67 @@ def _recur(projection, chunk_first, u, u_t, pe, full_pre, full_out, h0, c0, leng
             for r in range(4 * h):
                 for n in range(batch):
                     z[r, n] = projection[r, first + n]
-        if full_pre.size:  # full peepholes of g, f, i on the cell before the step
-            _mm(full_pre, False, block[:h], False, z, 1.0)
-        if full_out.size:
-            _forward_step_full(h, z, pe, block, c_next, h_next, full_out)
-        else:
-            _forward_step(h, z, pe, block, c_next, h_next, light)
-        out_t = out[t]
-        for n in range(batch):
-            if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
-                for j in range(h):
-                    c_next[j, n] = block[j, n]
-                    h_next[j, n] = h_prev[j, n]
-                    out_t[n, j] = 0.0
-            else:
-                for j in range(h):
-                    out_t[n, j] = h_next[j, n]
+        _finish_step(h, z, pe, full_pre, full_out, block, h_prev, c_next, h_next, out[t], lengths, t, light)
+
+
+@_kernel
+def _recur_one(projection, chunk_first, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out,
+               h_fin, c_fin, reverse, k_begin, k_end, light):
+    """:func:`_recur` for one sequence, whose ``projection`` holds a row a step: each step
+    copies its row into ``z`` and adds ``hᵀ Uᵀ`` to it (``u_t`` the halved rows' transpose,
+    :func:`~._lstm._halved_u_t`), so no pass puts the product back."""
+    wide_loops()
+    h = steps.shape[1] // 6
+    seq_len = out.shape[0]
+    z = np.empty((4 * h, 1), steps.dtype)  # memory of the kernel's own, as in _recur
+    z_one = z.reshape((1, z.size))  # z as the row its product is added to
+    u_t_rows = u_t[:, :4 * h]
+    for k in range(k_begin, k_end):
+        t, block, h_prev, c_next, h_next = _step_arrays(k, seq_len, reverse, steps, hidden, h0, c0, h_fin,
+                                                        c_fin)
+        row = projection[t - chunk_first]
+        for r in range(4 * h):
+            z_one[0, r] = row[r]
+        if k > 0 or h0.size > 0:  # U @ 0 adds nothing
+            add_row_product(h_prev.T, u_t_rows, z_one)
+        _finish_step(h, z, pe, full_pre, full_out, block, h_prev, c_next, h_next, out[t], lengths, t, light)
 
 
 @_inline
-def _projection_steps(projection, batch, one):
-    """Steps per chunk of a forward's projection scratch, shaped by
-    :func:`~._lstm.projection_shape`: (chunk, 4H) for ``one`` sequence on the calling thread,
-    else (4H, chunk·N + ROW_PAD), one sequence's steps shared out over threads included."""
-    if one:
-        return projection.shape[0]
-    return (projection.shape[1] - ROW_PAD) // batch
+def _finish_step(h, z, pe, full_pre, full_out, block, h_prev, c_next, h_next, out_t, lengths, t, light):
+    """The rest of a step once ``z`` holds ``W x_t + b + U h``: the full peepholes' products,
+    the fused pass, and the step's output ``out_t`` (N, H). A sequence past its length keeps
+    its state and outputs zeros."""
+    batch = z.shape[1]
+    if full_pre.size:  # full peepholes of g, f, i on the cell before the step
+        _mm(full_pre, False, block[:h], False, z, 1.0)
+    if full_out.size:
+        _forward_step_full(h, z, pe, block, c_next, h_next, full_out)
+    else:
+        _forward_step(h, z, pe, block, c_next, h_next, light)
+    for n in range(batch):
+        if lengths.size and t >= lengths[n]:  # past its length: keep the state, output 0
+            for j in range(h):
+                c_next[j, n] = block[j, n]
+                h_next[j, n] = h_prev[j, n]
+                out_t[n, j] = 0.0
+        else:
+            for j in range(h):
+                out_t[n, j] = h_next[j, n]
 
 
 @_kernel
 def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin,
              c_fin, projection, reverse, light):
-    """One layer and direction forward, on one thread (BLAS may use more).
+    """One layer and direction forward, on one thread (BLAS may use more); one sequence takes
+    :func:`_forward_one`, with the same arguments.
 
-    ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I) (for one sequence
-    ``Wᵀ``, (I, 4H): :func:`_project_chunk`), ``bias`` (4H,) and ``u``
-    (4H, H + ROW_PAD: :func:`~._lstm_operands.wide_rows`) the forward weights (halved rows), ``u_t`` (H, 4H +
-    ROW_PAD) ``Uᵀ`` for the steps of fewer sequences than a vector holds: for one sequence
-    ``u``'s transpose (:func:`~._lstm._halved_u_t`), else the true ``Uᵀ``, ``pe`` (4, H·N)
-    the diagonal peepholes repeated over the sequences (zeros without them), ``full_pre``
-    (4H, H) the full peepholes of the candidate, forget and input gates and ``full_out`` (H, H)
-    the output gate's ((0, 0) without);
+    ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
+    (4H, H + ROW_PAD: :func:`~._lstm_operands.wide_rows`) the forward weights (halved rows),
+    ``u_t`` (H, 4H + ROW_PAD) the true ``Uᵀ`` for the steps of fewer sequences than a vector
+    holds, ``pe`` (4, H·N) the diagonal peepholes repeated over the sequences (zeros without
+    them), ``full_pre`` (4H, H) the full peepholes of the candidate, forget and input gates and
+    ``full_out`` (H, H) the output gate's ((0, 0) without);
     ``h0``/``c0`` (H, N), or (0, 0) for zeros; ``lengths`` (N,) or (0,); ``steps`` (T, 6H, N)
     and ``hidden`` (T, H, N) the cache, or (2, 6H, N) and (2, H, N) taken in turn when nothing
     is kept (inference); ``outs[0]`` (T, N, H) the output (any strides; ``outs`` as
@@ -187,7 +201,7 @@ def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, step
     """
     out = outs[0]
     seq_len, batch = out.shape[0], out.shape[1]
-    chunk = _projection_steps(projection, batch, batch == 1)
+    chunk = _column_steps(projection, batch)
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_chunk(wx, bias, x2, projection, first_t, k_end - k_begin, batch)
@@ -195,23 +209,54 @@ def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, step
                h_fin, c_fin, reverse, k_begin, k_end, light)
 
 
+@_inline
+def _column_steps(projection, batch):
+    """Steps per chunk of a projection scratch laid out a column a step and sequence, (4H,
+    chunk·N + ROW_PAD) (:func:`~._lstm.projection_shape`), one sequence's steps shared out over
+    threads included."""
+    return (projection.shape[1] - ROW_PAD) // batch
+
+
+@_kernel
+def _forward_one(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin,
+                 c_fin, projection, reverse, light):
+    """:func:`_forward` of one sequence, a kernel of its own so that a model of several
+    sequences does not compile its steps (nor one sequence theirs): ``wx`` is ``Wᵀ`` (I, 4H,
+    :func:`_project_rows`), ``u_t`` the halved rows' transpose (:func:`~._lstm._halved_u_t`),
+    ``u`` not read, ``projection`` (chunk, 4H) a row a step. From an empty cache, the demo's
+    model (32 sequences) compiled its forward in 19.4–19.7 s with these steps apart, 26.8–27.7 s
+    with them in :func:`_recur`; S (one sequence) in 11.6–12.5 s against 25.9–26.6 (a process
+    each, alternated)."""
+    out = outs[0]
+    seq_len = out.shape[0]
+    chunk = projection.shape[0]
+    for q in range((seq_len + chunk - 1) // chunk):
+        k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
+        _project_rows(wx, bias, x2, projection, first_t, k_end - k_begin)
+        _recur_one(projection, first_t, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, out,
+                   h_fin, c_fin, reverse, k_begin, k_end, light)
+
+
 @_kernel
 def _project_chunk(wx, bias, x2, projection, first_t, count, batch):
     """``projection[:, :count·N]`` = ``W x + b`` for the ``count`` steps from ``first_t``: one
-    product and one pass. With one sequence, ``projection[:count]`` = ``x Wᵀ + b``, a row a
-    step (:func:`~._lstm.projection_shape`), ``wx`` being ``Wᵀ`` (I, 4H), by the tile of
+    product and one pass."""
+    wide_loops()
+    width = count * batch
+    _biased_product(wx, bias, x2[first_t * batch:first_t * batch + width], projection, 0, wx.shape[0], width)
+
+
+@_kernel
+def _project_rows(wx, bias, x2, projection, first_t, count):
+    """One sequence's ``projection[:count]`` = ``x Wᵀ + b``, a row a step
+    (:func:`~._lstm.projection_shape`), ``wx`` being ``Wᵀ`` (I, 4H), by the tile of
     :func:`~._tiles.add_row_product`: S's (100 × 32 × 256) took 16–17 µs, where BLAS took
     17–38 µs from one process to the next on ``W`` as it is."""
     wide_loops()
-    width = count * batch
-    rows = x2[first_t * batch:first_t * batch + width]
-    if batch == 1:
-        for s in range(count):
-            for r in range(wx.shape[1]):
-                projection[s, r] = bias[r]
-        add_row_product(rows, wx, projection[:count])
-    else:
-        _biased_product(wx, bias, rows, projection, 0, wx.shape[0], width)
+    for s in range(count):
+        for r in range(wx.shape[1]):
+            projection[s, r] = bias[r]
+    add_row_product(x2[first_t:first_t + count], wx, projection[:count])
 
 
 @_inline
@@ -443,7 +488,7 @@ def _forward_threads(parts, x2, wx, bias, u, tiles, pe, h0, c0, lengths, steps, 
                        h_fin, c_fin, reverse, first, seq_len, light, x2, operands, bias_rows)
         return
     no_operands = np.empty((2, 0, 0), steps.dtype)
-    chunk = _projection_steps(projection, batch, False)
+    chunk = _column_steps(projection, batch)
     for q in range((seq_len + chunk - 1) // chunk):
         k_begin, k_end, first_t = _chunk(seq_len, chunk, q, reverse)
         _project_threads(parts, wx, bias, x2, projection, first_t, k_end - k_begin, batch)

@@ -877,7 +877,7 @@ def row_product(a, b, out):
 def add_row_product(a, b, out):
     """``out += a @ b`` by the tiles of :func:`row_product` (which is this on zeros): a step
     that adds its product to what ``out`` holds already (one sequence's projection,
-    :func:`~._lstm_forward._recur`) makes no pass of its own to add it."""
+    :func:`~._lstm_forward._recur_one`) makes no pass of its own to add it."""
     m, n = out.shape
     whole = n - n % (WIDE_BYTES // out.itemsize)
     i0 = 0
