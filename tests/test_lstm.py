@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 
 import attrs
 import numpy as np
@@ -2260,8 +2261,9 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
     """A contiguous output, a bidirectional layer's strided halves and an absent output
     gradient (only the final states carry one) reach the same compiled kernels: each takes its
     output, or output gradient, as a 4-D view of layout 'A' (``_numba_lstm._any_layout``),
-    never as a layout of its own (on two threads the backward is overlapped). The results
-    agree with the reference, the absent gradient's case included."""
+    never as a layout of its own (on two threads the backward is overlapped). On one thread,
+    one sequence's forward kernel (``_forward_one``) too. The results agree with the reference,
+    the absent gradient's case included."""
     from bnnsfw.backends.numba import _lstm as _numba_lstm
     from bnnsfw.backends.numba import _lstm_backward, _lstm_forward
 
@@ -2269,14 +2271,15 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
 
     used = _record_calls(monkeypatch, ("_backward", "_backward_threads", "_backward_overlapped"),
                          lambda name, function, args: name)
+    forwards = _record_calls(monkeypatch, ("_forward", "_forward_one"), lambda name, function, args: name)
     monkeypatch.setattr(_numba_lstm, "step_parts", lambda hidden_size, batch: parts)
-    x = rng.standard_normal((5, 3, 4)).astype(dtype)
-    for bidirectional in (False, True):
+    for bidirectional, batch in itertools.product((False, True), (3, 1) if parts == 1 else (3,)):
+        x = rng.standard_normal((5, batch, 4)).astype(dtype)
         params = LSTMParameters.random(input_size=4, hidden_size=6, bidirectional=bidirectional, seed=3,
                                        dtype=dtype)
         d = 2 if bidirectional else 1
-        dy = rng.standard_normal((5, 3, d * 6)).astype(dtype)
-        dh = rng.standard_normal((d, 3, 6)).astype(dtype)
+        dy = rng.standard_normal((5, batch, d * 6)).astype(dtype)
+        dh = rng.standard_normal((d, batch, 6)).astype(dtype)
         for output_gradient in (dy, None):
             results = []
             for backend in ("numba", "numpy"):
@@ -2287,6 +2290,7 @@ def test_numba_compiles_one_kernel_for_every_output_layout(monkeypatch, rng, par
                     results.append((out.output, grads.input, grads.hidden))
             _assert_all_close(list(results[0]), list(results[1]), dtype)
     assert set(used) == {"_backward" if parts == 1 else "_backward_overlapped"}, used
+    assert set(forwards) == ({"_forward", "_forward_one"} if parts == 1 else set()), forwards
     kernels = {_lstm_forward._forward: "outs", _lstm_forward._forward_one: "outs",
                _lstm_forward._forward_threads: "outs", _lstm_backward._backward: "dys",
                _lstm_backward._backward_threads: "dys", _lstm_backward._backward_overlapped: "dys"}

@@ -260,8 +260,8 @@ def group_sequences(parts: int, batch: int, dtype: np.dtype) -> bool:
 # The arguments a call hands the kernels, and the entry points the stack calls.
 # --------------------------------------------------------------------------------------
 class _ForwardCall(NamedTuple):
-    """The arguments of :func:`_forward` for one layer and direction (after the scratch is
-    taken and the states laid out), and where its final states go."""
+    """The arguments of :func:`_forward` or :func:`_forward_one` for one layer and direction
+    (after the scratch is taken and the states laid out), and where its final states go."""
 
     x2: np.ndarray
     wx: np.ndarray
@@ -289,8 +289,8 @@ class _ForwardCall(NamedTuple):
         """:func:`_forward` (:func:`_forward_one` for ``one`` sequence) on the calling thread."""
         kernel = _forward_one if self.one else _forward
         kernel(self.x2, self.wx, self.bias, self.u, self.u_t, self.pe, self.full_pre, self.full_out,
-                 self.h0, self.c0, self.lengths, self.steps, self.hidden, self.outs, self.h_fin, self.c_fin,
-                 self.projection, reverse, self.light)
+               self.h0, self.c0, self.lengths, self.steps, self.hidden, self.outs, self.h_fin, self.c_fin,
+               self.projection, reverse, self.light)
 
     def finish(self) -> None:
         """Copy the final states out, batch-major."""
@@ -342,7 +342,8 @@ def projection_shape(h: int, chunk: int, batch: int, one: bool) -> tuple[int, in
 
 
 class _ForwardWeights(NamedTuple):
-    """The arguments of :func:`_forward` taken from the weights alone (:func:`_forward_weights`)."""
+    """The arguments of :func:`_forward` or :func:`_forward_one` taken from the weights alone
+    (:func:`_forward_weights`)."""
 
     wx: np.ndarray
     bias: np.ndarray
@@ -456,13 +457,13 @@ def _step_tiles(w: LSTMWeights, parts: int, batch: int) -> np.ndarray:
 def forward(w: LSTMWeights, x2: np.ndarray, h0: np.ndarray | None, c0: np.ndarray | None,
             lengths: np.ndarray | None, steps: np.ndarray, hidden: np.ndarray | None, output: np.ndarray,
             h_final: np.ndarray, c_final: np.ndarray, *, reverse: bool, scratch, parts: int = 1) -> None:
-    """One layer and direction forward (:func:`_forward`); ``steps`` is (T, 6H, N), with a
-    zero stride along T in inference (then ``hidden`` is None). With ``parts`` > 1 each step's
-    units are shared out over that many threads (:func:`_forward_threads`, BLAS held to one
-    thread meanwhile); :func:`backward` then takes the same ``parts``. An inference whose sequences
-    :func:`group_sequences` shares out instead walks one group a thread
-    (:func:`_groups_threads`), and so does one with ``parts`` 1 that :func:`group_parts` gives
-    threads."""
+    """One layer and direction forward (:func:`_forward`, :func:`_forward_one`); ``steps`` is
+    (T, 6H, N), with a zero stride along T in inference (then ``hidden`` is None). With
+    ``parts`` > 1 each step's units are shared out over that many threads
+    (:func:`_forward_threads`, BLAS held to one thread meanwhile); :func:`backward` then takes
+    the same ``parts``. An inference whose sequences :func:`group_sequences` shares out instead
+    walks one group a thread (:func:`_groups_threads`), and so does one with ``parts`` 1 that
+    :func:`group_parts` gives threads."""
     seq_len, six_h, batch = steps.shape
     inference = hidden is None or not steps.strides[0]
     threads = parts
@@ -525,7 +526,7 @@ class StackInference:
             "weights packed by NumbaBackend"
         self._dtype = dtype
         self._one = batch == 1  # the kernel: _forward_one, else _forward
-        #: per layer, the arguments of :func:`_forward` from ``wx`` to ``full_out``, and ``light``
+        #: per layer, the kernel's arguments from ``wx`` to ``full_out``, and ``light``
         self._layers: list[tuple] = []
         for k, w in enumerate(weights):
             a = _forward_weights(w, size_i if k == 0 else h, h, batch, dtype, True, batch == 1)
@@ -604,9 +605,9 @@ class StackInference:
         for k, (weights, (outs, following)) in enumerate(zip(self._layers, layers)):
             wx, bias, u, u_t, pe, full_pre, full_out, light = weights
             kernel(x2, wx, bias, u, u_t, pe, full_pre, full_out, empty if hidden is None else h0[k],
-                     empty if cell is None else c0[k],
-                     _NO_LENGTHS, steps, states, _any_layout(output) if outs is None else outs, h_last[k],
-                     c_last[k], projection, False, light)
+                   empty if cell is None else c0[k],
+                   _NO_LENGTHS, steps, states, _any_layout(output) if outs is None else outs, h_last[k],
+                   c_last[k], projection, False, light)
             x2 = following
         if top is not None:
             output[...] = top

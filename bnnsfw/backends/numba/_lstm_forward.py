@@ -181,7 +181,7 @@ def _finish_step(h, z, pe, full_pre, full_out, block, h_prev, c_next, h_next, ou
 def _forward(x2, wx, bias, u, u_t, pe, full_pre, full_out, h0, c0, lengths, steps, hidden, outs, h_fin,
              c_fin, projection, reverse, light):
     """One layer and direction forward, on one thread (BLAS may use more); one sequence takes
-    :func:`_forward_one`, with the same arguments.
+    :func:`_forward_one`, whose parameters are the same but some operands laid out otherwise.
 
     ``x2`` (T·N, I) the layer input (rows ``t·N + n``); ``wx`` (4H, I), ``bias`` (4H,) and ``u``
     (4H, H + ROW_PAD: :func:`~._lstm_operands.wide_rows`) the forward weights (halved rows),

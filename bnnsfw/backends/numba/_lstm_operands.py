@@ -71,7 +71,7 @@ def wide_rows(a: np.ndarray) -> np.ndarray:
     on it: S's forward kernel (one sequence, H = 64, 100 steps) took 174–191 µs with ``U`` on a
     line and 211–258 µs at each of the three other 16-byte offsets (one thread, the same
     arguments but ``U``, two runs), so the same layer ran at either speed from one process to
-    the next. Such products take no BLAS call now (:func:`~._lstm_forward._recur`,
+    the next. Such products take no BLAS call now (:func:`~._lstm_forward._recur_one`,
     :func:`~._lstm_backward._backprop`)."""
     rows, columns = a.shape
     wide = _on_a_line(lambda size: np.zeros(size, a.dtype), rows, columns + ROW_PAD, a.dtype)
