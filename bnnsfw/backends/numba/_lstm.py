@@ -525,11 +525,11 @@ class StackInference:
         assert all(w.u_wide is not None and w.u_t_wide is not None for w in weights), \
             "weights packed by NumbaBackend"
         self._dtype = dtype
-        self._one = batch == 1  # the kernel: _forward_one, else _forward
+        self._one = batch == 1  # one sequence's layout and kernel (_forward_one), else _forward's
         #: per layer, the kernel's arguments from ``wx`` to ``full_out``, and ``light``
         self._layers: list[tuple] = []
         for k, w in enumerate(weights):
-            a = _forward_weights(w, size_i if k == 0 else h, h, batch, dtype, True, batch == 1)
+            a = _forward_weights(w, size_i if k == 0 else h, h, batch, dtype, True, self._one)
             self._layers.append((a.wx, a.bias, w.u_wide, a.u_t, a.pe, a.full_pre, a.full_out, a.light))
         self._x_shape = (seq_len * batch, size_i)
         chunk = chunk_steps(seq_len, batch, narrow(batch, dtype))
@@ -542,7 +542,7 @@ class StackInference:
         self._top_copied = seq_len * batch * h * dtype.itemsize <= self.TOP_COPIED_BYTES
         #: (L, H, 1), the kernels' view of a C-contiguous (L, 1, H) state, with one sequence
         self._columns = (size_l, h, 1) if batch == 1 else None
-        shapes = ((2, 6 * h, batch), (2, h, batch), projection_shape(h, chunk, batch, batch == 1),
+        shapes = ((2, 6 * h, batch), (2, h, batch), projection_shape(h, chunk, batch, self._one),
                   *[(size_l, h, batch)] * 4, *[(seq_len, batch, h)] * min(size_l - 1, 2),
                   *[(seq_len, batch, h)] * self._top_copied)
         self._layout = []
